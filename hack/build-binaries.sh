@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Build (once) and cache the control-plane binaries the testbed needs.
+#
+# Why a script and not a package: no registry ships kube-apiserver, so we build
+# it from the Go module proxy through a wrapper module that pins every staging
+# module (see ../shared/REFERENCE.md). Binaries live outside the repo, keyed by
+# version, so a second run is a no-op and nothing built is ever committed.
+#
+# Usage: hack/build-binaries.sh [--print-dir]
+set -euo pipefail
+
+K8S_VERSION="${K8S_VERSION:-v1.34.4}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.6}"
+KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
+HELM_VERSION="${HELM_VERSION:-v3.21.4}"
+CACHE="${VLM_CACHE:-$HOME/.cache/vlm-operator}"
+BIN="$CACHE/bin"
+
+if [[ "${1:-}" == "--print-dir" ]]; then echo "$BIN"; exit 0; fi
+
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+mkdir -p "$BIN" "$CACHE/src"
+log() { printf '[build-binaries] %s\n' "$*" >&2; }
+
+have() { [[ -x "$BIN/$1-$2" ]]; }
+
+link() {  # stable names the testbed uses -> versioned files
+  ln -sf "$1-$2" "$BIN/$1"
+}
+
+build_k8s() {
+  local comps=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  local missing=()
+  for c in "${comps[@]}"; do have "$c" "$K8S_VERSION" || missing+=("$c"); done
+  if ((${#missing[@]})); then
+    local dir="$CACHE/src/k8s-$K8S_VERSION"
+    mkdir -p "$dir"
+    log "building ${missing[*]} $K8S_VERSION (cold: tens of minutes on 2 cores)"
+    (
+      cd "$dir"
+      go mod download -json "k8s.io/kubernetes@$K8S_VERSION" >/dev/null
+      local kdir
+      kdir="$(go env GOMODCACHE)/k8s.io/kubernetes@$K8S_VERSION"
+      local minor="${K8S_VERSION#v1.}"  # 34.4 -> staging modules are v0.34.4
+      {
+        echo "module vlmops.dev/k8s-build"
+        echo
+        grep -E '^go [0-9]' "$kdir/go.mod"
+        grep -E '^godebug ' "$kdir/go.mod" || true
+        echo
+        echo "require k8s.io/kubernetes $K8S_VERSION"
+        echo
+        echo "replace ("
+        grep -E '=> \./staging/src/' "$kdir/go.mod" | awk -v v="v0.$minor" '{print "\t" $1 " => " $1 " " v}'
+        echo ")"
+      } >go.mod
+      printf 'package tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kube-controller-manager"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n\t_ "k8s.io/kubernetes/cmd/kubectl"\n)\n' >tools.go
+      sed -i 's/^package tools/\/\/go:build tools\n\npackage tools/' tools.go
+      go mod tidy -e >/dev/null 2>&1 || true
+      go get "k8s.io/kubernetes@$K8S_VERSION" >/dev/null
+      local ld="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor%%.*}"
+      for c in "${missing[@]}"; do
+        log "go build $c"
+        go build -trimpath -ldflags "$ld" -o "$BIN/$c-$K8S_VERSION.tmp" "k8s.io/kubernetes/cmd/$c"
+        mv "$BIN/$c-$K8S_VERSION.tmp" "$BIN/$c-$K8S_VERSION"
+      done
+    )
+  fi
+  for c in "${comps[@]}"; do link "$c" "$K8S_VERSION"; done
+}
+
+build_etcd() {
+  if ! have etcd "$ETCD_VERSION"; then
+    local dir="$CACHE/src/etcd-$ETCD_VERSION"
+    mkdir -p "$dir"
+    log "building etcd $ETCD_VERSION"
+    (
+      cd "$dir"
+      printf 'module vlmops.dev/etcd-build\n\ngo 1.24\n' >go.mod
+      printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' >tools.go
+      go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null
+      go mod tidy -e >/dev/null 2>&1 || true
+      go build -trimpath -ldflags "-s -w" -o "$BIN/etcd-$ETCD_VERSION.tmp" go.etcd.io/etcd/server/v3
+      mv "$BIN/etcd-$ETCD_VERSION.tmp" "$BIN/etcd-$ETCD_VERSION"
+    )
+  fi
+  link etcd "$ETCD_VERSION"
+}
+
+build_goinstall() {  # name version module-path
+  local name="$1" ver="$2" pkg="$3"
+  if ! have "$name" "$ver"; then
+    log "go install $pkg@$ver"
+    local tmp; tmp="$(mktemp -d)"
+    GOBIN="$tmp" go install -trimpath -ldflags "-s -w" "$pkg@$ver"
+    mv "$tmp/$name" "$BIN/$name-$ver"
+    rm -rf "$tmp"
+  fi
+  link "$name" "$ver"
+}
+
+kwok_stages() {  # kwok's stage configs ship in its module, not in the binary
+  local out="$CACHE/kwok-stages-$KWOK_VERSION"
+  if [[ ! -d "$out" ]]; then
+    go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" >/dev/null
+    local kdir; kdir="$(go env GOMODCACHE)/sigs.k8s.io/kwok@$KWOK_VERSION"
+    mkdir -p "$out.tmp"
+    for s in node/fast node/heartbeat-with-lease pod/fast; do
+      cp "$kdir/kustomize/stage/$s"/*.yaml "$out.tmp/"
+    done
+    rm -f "$out.tmp/kustomization.yaml"
+    chmod -R u+w "$out.tmp"
+    mv "$out.tmp" "$out"
+  fi
+  ln -sfn "$out" "$CACHE/kwok-stages"
+}
+
+start=$(date +%s)
+build_etcd
+build_goinstall kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
+kwok_stages
+build_goinstall helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+build_k8s
+log "binaries ready in $BIN ($(( $(date +%s) - start ))s)"

@@ -1,0 +1,399 @@
+"""The VLMService API (serving.vlmops.dev/v1alpha1) as pydantic models.
+
+These models are the single source of truth: `vlm_operator.crdgen` turns them
+into the CRD in crds/ (and the chart's copy), with the same patterns, bounds
+and cross-field rules as CEL (`x-kubernetes-validations`). Python validators
+below mirror every CEL rule, so the operator rejects exactly what the API
+server rejects; an integration test checks that the two agree.
+
+camelCase in YAML, snake_case in Python.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from .units import DURATION_PATTERN, QUANTITY_PATTERN, parse_duration
+
+GROUP = "serving.vlmops.dev"
+VERSION = "v1alpha1"
+KIND = "VLMService"
+PLURAL = "vlmservices"
+SINGULAR = "vlmservice"
+SHORT_NAMES = ["vlms", "vlmsvc"]
+
+DEFAULT_SGLANG_IMAGE = "lmsysorg/sglang:v0.5.23"
+DEFAULT_GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+
+# Launch arguments the operator owns; users set them through spec fields.
+MANAGED_ARGS = ("--model-path", "--model", "--tp", "--tp-size", "--tensor-parallel-size", "--host", "--port")
+MANAGED_ARGS_CEL = r"^--(model-path|model|tp|tp-size|tensor-parallel-size|host|port)(=.*)?$"
+# Env the operator owns when ipcCache.mode is On or Off.
+IPC_ENV = ("SGLANG_USE_CUDA_IPC_TRANSPORT", "SGLANG_USE_IPC_POOL_HANDLE_CACHE")
+
+IMAGE_PATTERN = (
+    r"^([a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?/)?[a-z0-9]+([._/-][a-z0-9]+)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
+)
+VERSION_PATTERN = r"^[0-9]+\.[0-9]+\.[0-9]+([.-]?(post|rc|dev)[0-9]+)?$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+FUNCTION_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.<>]*$"
+
+Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)]
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=32)]
+
+
+class KubeModel(BaseModel):
+    """camelCase aliases, unknown fields rejected (the API server would prune them)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True
+    )
+    # CEL rules attached to this object in the CRD: (rule, message, fieldPath or None).
+    cel: ClassVar[tuple[tuple[str, str, str | None], ...]] = ()
+
+
+# ---------------------------------------------------------------- spec
+
+
+class ModelCache(KubeModel):
+    """A PersistentVolumeClaim that holds the weights, mounted read-only."""
+
+    claim_name: str = Field(description="Name of a PVC in the service's namespace.", pattern=DNS_LABEL_PATTERN, max_length=253)
+    mount_path: str = Field("/models", description="Where the PVC is mounted in the SGLang container.", pattern=r"^/.*")
+    read_only: bool = Field(True, description="Mount the PVC read-only.")
+
+
+class ModelSpec(KubeModel):
+    path: str = Field(
+        description="Hugging Face id or a local path inside the container (e.g. Qwen/Qwen2.5-VL-3B-Instruct).",
+        min_length=1,
+        max_length=512,
+        pattern=r"^\S+$",
+    )
+    revision: str | None = Field(None, description="Model revision (branch, tag or commit) to load.", max_length=128)
+    served_name: str | None = Field(
+        None, description="Name clients use in the OpenAI API (--served-model-name).", max_length=128, pattern=r"^\S+$"
+    )
+    cache: ModelCache | None = Field(None, description="PVC with the weights; without it SGLang downloads them.")
+
+
+class IPCCache(KubeModel):
+    mode: Literal["Auto", "On", "Off"] = Field(
+        "Auto",
+        description=(
+            "CUDA IPC pool-handle cache for multimodal features (SGLang >= 0.5.10). Auto switches it on where the "
+            "SGLang version has it; On refuses versions without it; Off forces it off."
+        ),
+    )
+    feature_cache_mb: int | None = Field(
+        None,
+        alias="featureCacheMB",
+        description="Size of the CUDA IPC feature pool in MiB (SGLANG_MM_FEATURE_CACHE_MB).",
+        ge=64,
+        le=65536,
+    )
+
+
+class EnvVar(KubeModel):
+    name: str = Field(description="Environment variable name.", pattern=ENV_NAME_PATTERN, max_length=256)
+    value: str = Field("", description="Value.", max_length=4096)
+
+
+class SGLangSpec(KubeModel):
+    cel = (
+        (
+            "!has(self.args) || !self.args.exists(a, a.matches('" + MANAGED_ARGS_CEL + "'))",
+            "args must not set --model-path, --tp, --host or --port: use spec.model.path and "
+            "spec.sglang.tensorParallel",
+            ".args",
+        ),
+        (
+            "self.ipcCache.mode == 'Auto' || !has(self.env) || !self.env.exists(e, e.name in "
+            + str(list(IPC_ENV)).replace('"', "'")
+            + ")",
+            "env must not set SGLANG_USE_CUDA_IPC_TRANSPORT or SGLANG_USE_IPC_POOL_HANDLE_CACHE when "
+            "ipcCache.mode is On or Off: the operator sets them",
+            ".env",
+        ),
+    )
+
+    image: str = Field(
+        DEFAULT_SGLANG_IMAGE, description="SGLang container image.", pattern=IMAGE_PATTERN, max_length=512
+    )
+    version: str | None = Field(
+        None,
+        description="SGLang version (e.g. 0.5.10.post1). Derived from the image tag when absent.",
+        pattern=VERSION_PATTERN,
+        max_length=32,
+    )
+    tensor_parallel: int = Field(1, description="Tensor-parallel degree (--tp).", ge=1, le=16)
+    args: list[Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=list, description="Extra launch arguments for sglang.launch_server.", max_length=64
+    )
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.", max_length=64)
+    ipc_cache: IPCCache = Field(default_factory=IPCCache, description="CUDA IPC pool-handle cache.")
+
+    @field_validator("args")
+    @classmethod
+    def _managed_args(cls, v: list[str]) -> list[str]:
+        for a in v:
+            if re.match(MANAGED_ARGS_CEL, a):
+                raise ValueError(
+                    f"{a!r}: args must not set --model-path, --tp, --host or --port: use spec.model.path and "
+                    "spec.sglang.tensorParallel"
+                )
+        return v
+
+    @model_validator(mode="after")
+    def _ipc_env(self) -> SGLangSpec:
+        if self.ipc_cache.mode != "Auto":
+            for e in self.env:
+                if e.name in IPC_ENV:
+                    raise ValueError(
+                        f"env: {e.name} must not be set when ipcCache.mode is {self.ipc_cache.mode}: "
+                        "the operator sets it"
+                    )
+        return self
+
+
+class Toleration(KubeModel):
+    key: str | None = Field(None, max_length=253)
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = Field(None, max_length=253)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(None, ge=0)
+
+
+class GPUSpec(KubeModel):
+    product: str = Field(
+        DEFAULT_GPU_PRODUCT,
+        description="Value of the nvidia.com/gpu.product node label the pods must run on.",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+    )
+    count: int | None = Field(
+        None, description="GPUs per replica; defaults to tensorParallel. Must be a multiple of it.", ge=1, le=16
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node selector labels.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for GPU node taints.")
+
+
+class ResourcesSpec(KubeModel):
+    cpu: Quantity = Field("8", description="CPU request and limit of the SGLang container.")
+    memory: Quantity = Field("64Gi", description="Memory request and limit of the SGLang container.")
+    shm_size: Quantity = Field("16Gi", description="Size of the memory-backed /dev/shm.")
+
+
+class TelemetrySpec(KubeModel):
+    cel = (("duration(self.duration) <= duration(self.interval)", "duration must not exceed interval", ".duration"),)
+
+    enabled: bool = Field(True, description="Run the profiler sidecar.")
+    interval: Duration = Field("15s", description="Time between the starts of two sampling windows.")
+    duration: Duration = Field("5s", description="Length of one sampling window.")
+    rate: int = Field(1000, description="py-spy sampling rate in Hz.", ge=1, le=2000)
+    watch_functions: list[Annotated[str, Field(pattern=FUNCTION_PATTERN, max_length=128)]] = Field(
+        default_factory=lambda: ["process_input_requests", "hash_feature", "reconstruct_on_target_device"],
+        description="Functions whose share is always exported (besides the top N).",
+        max_length=32,
+    )
+    image: str | None = Field(None, description="Sidecar image override.", pattern=IMAGE_PATTERN, max_length=512)
+
+    @model_validator(mode="after")
+    def _window_fits(self) -> TelemetrySpec:
+        if parse_duration(self.duration) > parse_duration(self.interval):
+            raise ValueError(f"duration {self.duration} must not exceed interval {self.interval}")
+        return self
+
+
+class RolloutStep(KubeModel):
+    replicas: int = Field(description="Canary replicas during this step.", ge=1, le=64)
+    analysis: Duration = Field("5m", description="How long to analyse this step before moving on.")
+
+
+class MaxRegression(KubeModel):
+    loop_latency: float = Field(5.0, description="Allowed increase of scheduler loop latency, percent.", ge=0, le=100)
+    ttft: float = Field(10.0, description="Allowed increase of time to first token, percent.", ge=0, le=100)
+    itl: float = Field(10.0, description="Allowed increase of inter-token latency, percent.", ge=0, le=100)
+    throughput: float = Field(5.0, description="Allowed drop of generation throughput, percent.", ge=0, le=100)
+    stage_share: float = Field(5.0, description="Allowed growth of a stage's share, percentage points.", ge=0, le=100)
+
+
+class AnalysisSpec(KubeModel):
+    cel = (
+        ("self.source != 'Prometheus' || has(self.prometheusURL)",
+         "source Prometheus needs prometheusURL (or leave source Auto to use the operator's default)",
+         ".prometheusURL"),
+        ("duration(self.interval) <= duration(self.maxDuration)", "interval must not exceed maxDuration", ".interval"),
+    )
+
+    source: Literal["Auto", "Prometheus", "Sidecar"] = Field(
+        "Auto",
+        description="Where signals come from: Prometheus (PromQL), Sidecar (scrape the sidecars directly), "
+        "or Auto (Prometheus when a URL is known, else the sidecars).",
+    )
+    prometheus_url: str | None = Field(
+        None, alias="prometheusURL", description="Prometheus base URL.", pattern=r"^https?://\S+$", max_length=512
+    )
+    interval: Duration = Field("1m", description="Time between two analyses.")
+    max_regression: MaxRegression = Field(default_factory=MaxRegression, description="Allowed regression per signal.")
+    confidence: float = Field(0.95, description="Confidence level of the statistical test.", ge=0.5, le=0.999)
+    min_samples: int = Field(5, description="Profiler windows needed per revision before any verdict.", ge=2, le=1000)
+    max_duration: Duration = Field("30m", description="Give up analysing after this long.")
+    on_inconclusive: Literal["Rollback", "Promote", "Pause"] = Field(
+        "Rollback", description="What to do when maxDuration passes without a verdict."
+    )
+
+    @model_validator(mode="after")
+    def _checks(self) -> AnalysisSpec:
+        if self.source == "Prometheus" and not self.prometheus_url:
+            raise ValueError("prometheusURL: source Prometheus needs prometheusURL")
+        if parse_duration(self.interval) > parse_duration(self.max_duration):
+            raise ValueError(f"interval {self.interval} must not exceed maxDuration {self.max_duration}")
+        return self
+
+
+class RolloutSpec(KubeModel):
+    steps: list[RolloutStep] = Field(
+        default_factory=lambda: [RolloutStep(replicas=1)],
+        description="Canary steps, each analysed before the next.",
+        min_length=1,
+        max_length=10,
+    )
+    capacity: Literal["Auto", "Surge", "Borrow"] = Field(
+        "Auto",
+        description="Surge adds canary pods on spare GPUs; Borrow scales stable down by the canary's replicas; "
+        "Auto surges when spare GPUs exist, else borrows.",
+    )
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, description="Canary analysis.")
+
+
+class VLMServiceSpec(KubeModel):
+    cel = (
+        (
+            "!has(self.gpu.count) || self.gpu.count % self.sglang.tensorParallel == 0",
+            "gpu.count must be a multiple of sglang.tensorParallel",
+            ".gpu.count",
+        ),
+        (
+            "!has(self.rollout) || self.rollout.steps.all(s, s.replicas <= self.replicas)",
+            "rollout steps must not ask for more canary replicas than spec.replicas",
+            ".rollout.steps",
+        ),
+    )
+
+    model: ModelSpec = Field(description="The model to serve.")
+    replicas: int = Field(1, description="Number of serving replicas.", ge=0, le=64)
+    sglang: SGLangSpec = Field(default_factory=SGLangSpec, description="SGLang runtime.")
+    gpu: GPUSpec = Field(default_factory=GPUSpec, description="GPU placement.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Container resources.")
+    telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec, description="Profiler sidecar.")
+    rollout: RolloutSpec | None = Field(
+        None, description="Canary rollout; without it a template change rolls the Deployment in place."
+    )
+    paused: bool = Field(False, description="Stop reconciling changes (status is still updated).")
+
+    @model_validator(mode="after")
+    def _checks(self) -> VLMServiceSpec:
+        tp = self.sglang.tensor_parallel
+        if self.gpu.count is not None and self.gpu.count % tp:
+            raise ValueError(f"gpu.count {self.gpu.count} must be a multiple of sglang.tensorParallel {tp}")
+        if self.rollout:
+            for i, s in enumerate(self.rollout.steps):
+                if s.replicas > self.replicas:
+                    raise ValueError(
+                        f"rollout.steps[{i}].replicas {s.replicas} must not exceed spec.replicas {self.replicas}"
+                    )
+        return self
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.gpu.count or self.sglang.tensor_parallel
+
+
+# ---------------------------------------------------------------- status
+
+
+class Condition(KubeModel):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
+    message: str = Field("", max_length=32768)
+    observed_generation: int | None = Field(None, ge=0)
+    last_transition_time: str = Field(description="RFC 3339 time of the last status flip.")
+
+
+class SignalStatus(KubeModel):
+    name: str
+    baseline: float | None = None
+    canary: float | None = None
+    delta: float | None = Field(None, description="Relative change canary vs baseline.")
+    ci_low: float | None = None
+    ci_high: float | None = None
+    p_value: float | None = None
+    verdict: str | None = None
+
+
+class RolloutStatus(KubeModel):
+    phase: Literal[
+        "Idle", "Progressing", "Analysing", "Paused", "Promoted", "RolledBack", "Inconclusive", "Aborted"
+    ] = "Idle"
+    revision: str | None = Field(None, description="Canary revision this rollout is about.")
+    step: int = Field(0, ge=0)
+    capacity: Literal["Surge", "Borrow"] | None = None
+    verdict: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    started_at: str | None = None
+    step_started_at: str | None = None
+    last_analysis_at: str | None = None
+    analyses: int = Field(0, ge=0)
+    signals: list[SignalStatus] = Field(default_factory=list)
+    regressed_function: str | None = None
+    regressed_stage: str | None = None
+
+
+class ProfilerStatus(KubeModel):
+    last_sample_time: str | None = None
+    loop_p50: str | None = Field(None, description="Scheduler loop latency p50, e.g. 21.3ms.")
+    loop_p95: str | None = Field(None, description="Scheduler loop latency p95, e.g. 24.0ms.")
+    top_function: str | None = None
+
+
+class VLMServiceStatus(KubeModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    observed_generation: int | None = None
+    phase: str | None = Field(None, description="Summary for humans: Pending, Ready, Canary, RolledBack, Failed.")
+    conditions: list[Condition] = Field(default_factory=list)
+    replicas: int = 0
+    ready_replicas: int = 0
+    selector: str | None = Field(None, description="Label selector of the pods, for the scale subresource.")
+    stable_revision: str | None = None
+    canary_revision: str | None = None
+    rollout: RolloutStatus | None = None
+    profiler: ProfilerStatus | None = None
+
+
+PRINTER_COLUMNS = [
+    {"name": "Model", "type": "string", "jsonPath": ".spec.model.path"},
+    {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Canary", "type": "string", "jsonPath": ".status.rollout.phase"},
+    {"name": "LoopP95", "type": "string", "jsonPath": ".status.profiler.loopP95"},
+    {"name": "TopFn", "type": "string", "jsonPath": ".status.profiler.topFunction"},
+    {"name": "Replicas", "type": "integer", "jsonPath": ".status.readyReplicas", "priority": 1},
+    {"name": "Revision", "type": "string", "jsonPath": ".status.stableRevision", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def parse_spec(spec: dict[str, Any]) -> VLMServiceSpec:
+    """Validate a spec as read from the API server (camelCase)."""
+    return VLMServiceSpec.model_validate(spec)
