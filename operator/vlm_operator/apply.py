@@ -1,0 +1,191 @@
+"""The only module that talks to the Kubernetes API server.
+
+Server-side apply with one field manager; an object is applied only when the
+desired fields are not already a subset of what the server has, so a resync
+with nothing changed writes nothing. Errors are classified here: conflicts,
+429 and 5xx are temporary, anything else from the server is permanent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from . import metrics
+from .api import GROUP, PLURAL, VERSION
+from .errors import PermanentError, TemporaryError
+
+log = logging.getLogger("vlm_operator.apply")
+
+_PLURALS = {
+    "Deployment": "deployments",
+    "Service": "services",
+    "PodMonitor": "podmonitors",
+    "PrometheusRule": "prometheusrules",
+    "VLMService": PLURAL,
+}
+
+
+def object_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    path = f"{base}/namespaces/{namespace}/{_PLURALS[kind]}"
+    return f"{path}/{name}" if name else path
+
+
+def is_subset(desired: Any, observed: Any) -> bool:
+    """Every field we want is already there with the same value (server defaults may add more)."""
+    if isinstance(desired, Mapping):
+        return isinstance(observed, Mapping) and all(is_subset(v, observed.get(k)) for k, v in desired.items())
+    if isinstance(desired, list):
+        return (
+            isinstance(observed, list)
+            and len(desired) == len(observed)
+            and all(is_subset(d, o) for d, o in zip(desired, observed, strict=True))
+        )
+    if isinstance(desired, int | float) and isinstance(observed, int | float) and not isinstance(desired, bool):
+        return desired == observed
+    return desired == observed or (isinstance(desired, str) and str(observed) == desired and observed is not None)
+
+
+def classify(e: ApiException, what: str) -> Exception:
+    status = e.status or 0
+    try:
+        message = json.loads(e.body or "{}").get("message") or e.reason
+    except (ValueError, AttributeError):
+        message = str(e.reason)
+    metrics.ERRORS.labels(reason=f"Http{status}").inc()
+    if status in (409, 429) or status >= 500 or status == 0:
+        return TemporaryError(f"{what}: {status} {message}", reason=f"Http{status}", delay=5 if status == 409 else 15)
+    return PermanentError(f"{what}: {status} {message}", reason=f"Http{status}")
+
+
+class Kube:
+    """A thin, typed facade over the API server for the reconcile loop."""
+
+    def __init__(self, api_client: client.ApiClient, field_manager: str):
+        self.api = api_client
+        self.field_manager = field_manager
+
+    def _call(
+        self, method: str, path: str, *, body: Any = None, query: list | None = None, content_type: str | None = None
+    ) -> Any:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        _, url, headers, body, _ = self.api.param_serialize(
+            method, path, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
+        )
+        if method != "GET":
+            metrics.API_WRITES.labels(verb=method).inc()
+        resp = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=30)
+        resp.read()
+        if not 200 <= resp.status < 300:
+            raise ApiException(status=resp.status, reason=resp.reason, body=resp.data)
+        return json.loads(resp.data or b"null")
+
+    def apply(self, obj: Mapping[str, Any], observed: Mapping[str, Any] | None) -> bool:
+        """Server-side apply `obj` unless `observed` already has it. Returns True when it wrote."""
+        if observed is not None and is_subset(obj, observed):
+            return False
+        meta = obj["metadata"]
+        what = f"apply {obj['kind']} {meta['namespace']}/{meta['name']}"
+        try:
+            self._call(
+                "PATCH",
+                object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]),
+                body=obj,
+                query=[("fieldManager", self.field_manager), ("force", "true")],
+                content_type="application/apply-patch+yaml",
+            )
+        except ApiException as e:
+            raise classify(e, what) from e
+        log.info("%s %s %s/%s", "Created" if observed is None else "Updated", obj["kind"], meta["namespace"], meta["name"])
+        return True
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        try:
+            self._call(
+                "DELETE",
+                object_path(api_version, kind, namespace, name),
+                body={"propagationPolicy": "Background"},
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise classify(e, f"delete {kind} {namespace}/{name}") from e
+        log.info("Deleted %s %s/%s", kind, namespace, name)
+        return True
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call("GET", object_path(api_version, kind, namespace, name))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise classify(e, f"get {kind} {namespace}/{name}") from e
+
+    def patch_status(self, namespace: str, name: str, current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+        """Merge-patch the status subresource; keys we no longer set are nulled. No-op when equal."""
+        patch: dict[str, Any] = dict(new)
+        for k in current:
+            if k not in new:
+                patch[k] = None
+        if all(current.get(k) == v for k, v in patch.items()):
+            return False
+        try:
+            self._call(
+                "PATCH",
+                f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
+                body={"status": patch},
+                content_type="application/merge-patch+json",
+            )
+        except ApiException as e:
+            if e.status == 404:  # deleted meanwhile
+                return False
+            raise classify(e, f"patch status of VLMService {namespace}/{name}") from e
+        return True
+
+    def clear_annotation(self, namespace: str, name: str, key: str) -> None:
+        try:
+            self._call(
+                "PATCH",
+                f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}",
+                body={"metadata": {"annotations": {key: None}}},
+                content_type="application/merge-patch+json",
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise classify(e, f"clear annotation on {namespace}/{name}") from e
+
+    def crd_exists(self, name: str) -> bool:
+        try:
+            self._call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            return True
+        except ApiException as e:
+            if e.status in (404, 403):
+                return False
+            raise classify(e, f"get CRD {name}") from e
+
+    def free_gpus(self, product: str, resource: str = "nvidia.com/gpu") -> int:
+        """Allocatable GPUs of a product minus what non-terminated pods request on those nodes."""
+        try:
+            nodes = self._call("GET", "/api/v1/nodes", query=[("labelSelector", f"nvidia.com/gpu.product={product}")])
+            names = {n["metadata"]["name"]: int((n.get("status") or {}).get("allocatable", {}).get(resource, 0)) for n in nodes.get("items", [])}
+            free = sum(names.values())
+            for node in names:
+                pods = self._call(
+                    "GET",
+                    "/api/v1/pods",
+                    query=[("fieldSelector", f"spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed")],
+                )
+                for p in pods.get("items", []):
+                    for c in p["spec"].get("containers", []):
+                        free -= int(((c.get("resources") or {}).get("requests") or {}).get(resource, 0))
+            return free
+        except ApiException as e:
+            raise classify(e, "count free GPUs") from e

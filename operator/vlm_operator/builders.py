@@ -1,0 +1,323 @@
+"""Pure builders: a VLMService spec -> the Kubernetes objects that serve it.
+
+Nothing here talks to the API server or reads the clock; `apply` applies what
+these return. Golden files in tests/golden/builders/ pin the output.
+
+Names: the stable Deployment is `<name>`, the canary `<name>-canary`; one
+Service `<name>` selects both. The revision label is a hash of the pod
+template without role-specific labels, so stable and canary built from the
+same spec carry the same revision.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from . import sglang
+from .api import GROUP, KIND, VERSION, VLMServiceSpec
+from .settings import PREFIX, Settings
+
+SGLANG_PORT = 30000
+SIDECAR_PORT = 9400
+ROLE_STABLE = "stable"
+ROLE_CANARY = "canary"
+
+LABEL_SERVICE = f"{PREFIX}/vlmservice"
+LABEL_REVISION = f"{PREFIX}/revision"
+LABEL_ROLE = f"{PREFIX}/role"
+ANNOTATION_IPC = f"{PREFIX}/ipc-cache"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+# Startup budget: large VLMs can take 10+ minutes to load (REFERENCE.md); 20 minutes.
+STARTUP_PERIOD_S = 10
+STARTUP_FAILURES = 120
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The VLMService the objects belong to."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def common_labels(owner: Owner) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "sglang",
+        "app.kubernetes.io/instance": owner.name,
+        "app.kubernetes.io/component": "inference",
+        "app.kubernetes.io/managed-by": "vlm-operator",
+        LABEL_SERVICE: owner.name,
+    }
+
+
+def deployment_name(owner: Owner, role: str) -> str:
+    return owner.name if role == ROLE_STABLE else f"{owner.name}-{role}"
+
+
+def selector(owner: Owner) -> str:
+    """Label selector of all the service's pods (status.selector, for the scale subresource)."""
+    return f"{LABEL_SERVICE}={owner.name}"
+
+
+def revision_of(template: dict[str, Any]) -> str:
+    """Stable short hash of a pod template (role-independent)."""
+    blob = json.dumps(template, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:10]
+
+
+def _sglang_args(spec: VLMServiceSpec, plan: sglang.IPCPlan) -> list[str]:
+    args = ["--model-path", spec.model.path]
+    if spec.model.revision:
+        args += ["--revision", spec.model.revision]
+    if spec.model.served_name:
+        args += ["--served-model-name", spec.model.served_name]
+    args += [
+        "--host", "0.0.0.0",
+        "--port", str(SGLANG_PORT),
+        "--enable-metrics",
+        "--tp", str(spec.sglang.tensor_parallel),
+    ]
+    return args + list(plan.args) + list(spec.sglang.args)
+
+
+def _env_list(pairs: dict[str, str]) -> list[dict[str, str]]:
+    return [{"name": k, "value": v} for k, v in pairs.items()]
+
+
+def _sglang_container(spec: VLMServiceSpec, plan: sglang.IPCPlan, image: str) -> dict[str, Any]:
+    env = dict(plan.env)
+    for e in spec.sglang.env:
+        env.setdefault(e.name, e.value)  # the plan wins; CEL already refuses conflicts when mode != Auto
+    res = spec.resources
+    gpus = str(spec.gpus_per_replica)
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    if spec.model.cache:
+        mounts.append(
+            {"name": "model-cache", "mountPath": spec.model.cache.mount_path, "readOnly": spec.model.cache.read_only}
+        )
+    probe = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5}
+    return {
+        "name": "sglang",
+        "image": image,
+        "command": ["python3", "-m", "sglang.launch_server"],
+        "args": _sglang_args(spec, plan),
+        "env": _env_list(env),
+        "ports": [{"name": "http", "containerPort": SGLANG_PORT, "protocol": "TCP"}],
+        "resources": {
+            "requests": {"cpu": res.cpu, "memory": res.memory, GPU_RESOURCE: gpus},
+            "limits": {"cpu": res.cpu, "memory": res.memory, GPU_RESOURCE: gpus},
+        },
+        "volumeMounts": mounts,
+        "startupProbe": {**probe, "periodSeconds": STARTUP_PERIOD_S, "failureThreshold": STARTUP_FAILURES},
+        "readinessProbe": {
+            "httpGet": {"path": "/health_generate", "port": "http"},
+            "timeoutSeconds": 10,
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {**probe, "periodSeconds": 15, "failureThreshold": 4},
+    }
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _sidecar_container(spec: VLMServiceSpec, image: str) -> dict[str, Any]:
+    t = spec.telemetry
+    return {
+        "name": "profiler",
+        "image": image,
+        "command": ["vlm-sidecar"],
+        "env": [
+            {"name": "VLM_SIDECAR_PORT", "value": str(SIDECAR_PORT)},
+            {"name": "VLM_PROFILE_INTERVAL", "value": t.interval},
+            {"name": "VLM_PROFILE_DURATION", "value": t.duration},
+            {"name": "VLM_PROFILE_RATE", "value": str(t.rate)},
+            {"name": "VLM_WATCH_FUNCTIONS", "value": ",".join(t.watch_functions)},
+            {"name": "VLM_SGLANG_METRICS_URL", "value": f"http://127.0.0.1:{SGLANG_PORT}/metrics"},
+            _field_env("POD_NAME", "metadata.name"),
+            _field_env("POD_NAMESPACE", "metadata.namespace"),
+            _field_env("VLM_SERVICE_NAME", f"metadata.labels['{LABEL_SERVICE}']"),
+            _field_env("VLM_REVISION", f"metadata.labels['{LABEL_REVISION}']"),
+        ],
+        "ports": [{"name": "profiler", "containerPort": SIDECAR_PORT, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
+        # py-spy reads the scheduler's memory through ptrace: SYS_PTRACE and nothing else. It runs as
+        # root because SGLang images run as root and ptrace needs the same uid (or root).
+        "securityContext": {
+            "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]},
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsUser": 0,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "profiler"},
+            "periodSeconds": 20,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "volumeMounts": [{"name": "profiler-tmp", "mountPath": "/tmp"}],
+    }
+
+
+def _tolerations(spec: VLMServiceSpec) -> list[dict[str, Any]]:
+    tol = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    for t in spec.gpu.tolerations:
+        d = t.model_dump(by_alias=True, exclude_none=True)
+        if d not in tol:
+            tol.append(d)
+    return tol
+
+
+def build_pod_template(
+    owner: Owner, spec: VLMServiceSpec, settings: Settings, plan: sglang.IPCPlan
+) -> dict[str, Any]:
+    """The role-independent pod template; its hash is the revision."""
+    image = spec.sglang.image or settings.sglang_image
+    containers = [_sglang_container(spec, plan, image)]
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
+    ]
+    if spec.telemetry.enabled:
+        containers.append(_sidecar_container(spec, spec.telemetry.image or settings.sidecar_image))
+        volumes.append({"name": "profiler-tmp", "emptyDir": {"sizeLimit": "256Mi"}})
+    if spec.model.cache:
+        volumes.append(
+            {
+                "name": "model-cache",
+                "persistentVolumeClaim": {
+                    "claimName": spec.model.cache.claim_name,
+                    "readOnly": spec.model.cache.read_only,
+                },
+            }
+        )
+    node_selector = {GPU_PRODUCT_LABEL: spec.gpu.product, **spec.gpu.node_selector}
+    return {
+        "metadata": {
+            "labels": common_labels(owner),
+            "annotations": {ANNOTATION_IPC: "active" if plan.active else "inactive"},
+        },
+        "spec": {
+            "shareProcessNamespace": spec.telemetry.enabled,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 60,
+            "nodeSelector": node_selector,
+            "tolerations": _tolerations(spec),
+            "containers": containers,
+            "volumes": volumes,
+        },
+    }
+
+
+def with_role(template: dict[str, Any], revision: str, role: str) -> dict[str, Any]:
+    t = copy.deepcopy(template)
+    t["metadata"]["labels"] = {**t["metadata"]["labels"], LABEL_REVISION: revision, LABEL_ROLE: role}
+    return t
+
+
+def build_deployment(
+    owner: Owner, template: dict[str, Any], revision: str, role: str, replicas: int
+) -> dict[str, Any]:
+    """A Deployment of one revision. maxSurge 0: rolling a GPU pod never needs a spare GPU."""
+    labels = {**common_labels(owner), LABEL_REVISION: revision, LABEL_ROLE: role}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": deployment_name(owner, role),
+            "namespace": owner.namespace,
+            "labels": labels,
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "replicas": replicas,
+            "revisionHistoryLimit": 3,
+            "progressDeadlineSeconds": STARTUP_PERIOD_S * STARTUP_FAILURES + 600,
+            "selector": {"matchLabels": {LABEL_SERVICE: owner.name, LABEL_ROLE: role}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": with_role(template, revision, role),
+        },
+    }
+
+
+def build_service(owner: Owner) -> dict[str, Any]:
+    """One Service over stable and canary pods: the canary takes traffic in proportion to its replicas."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": owner.name,
+            "namespace": owner.namespace,
+            "labels": common_labels(owner),
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {LABEL_SERVICE: owner.name},
+            "ports": [
+                {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"},
+                {"name": "profiler", "port": SIDECAR_PORT, "targetPort": "profiler", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def build_pod_monitor(owner: Owner) -> dict[str, Any]:
+    """Prometheus Operator PodMonitor for SGLang and the sidecar (only when its CRD exists)."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {
+            "name": owner.name,
+            "namespace": owner.namespace,
+            "labels": common_labels(owner),
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "selector": {"matchLabels": {LABEL_SERVICE: owner.name}},
+            "podTargetLabels": [LABEL_SERVICE, LABEL_REVISION, LABEL_ROLE],
+            "podMetricsEndpoints": [
+                {"port": "http", "path": "/metrics", "interval": "15s"},
+                {"port": "profiler", "path": "/metrics", "interval": "15s"},
+            ],
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Desired:
+    """Everything one VLMService should own, plus facts the status needs."""
+
+    template: dict[str, Any]
+    revision: str
+    plan: sglang.IPCPlan
+    service: dict[str, Any]
+
+
+def build_desired(owner: Owner, spec: VLMServiceSpec, settings: Settings) -> Desired:
+    """Raises errors.InvalidSpec when the spec cannot be honoured (e.g. ipcCache On on an old SGLang)."""
+    image = spec.sglang.image or settings.sglang_image
+    version = sglang.resolve_version(spec.sglang.version, image)
+    plan = sglang.plan_ipc_cache(
+        version, spec.sglang.ipc_cache.mode, spec.sglang.tensor_parallel, spec.sglang.ipc_cache.feature_cache_mb
+    )
+    sglang.check_user_overrides(plan, spec.sglang.args, {e.name: e.value for e in spec.sglang.env})
+    template = build_pod_template(owner, spec, settings, plan)
+    return Desired(template=template, revision=revision_of(template), plan=plan, service=build_service(owner))

@@ -1,0 +1,71 @@
+"""Kubernetes-style conditions: type/status/reason/message/observedGeneration/lastTransitionTime.
+
+The transition time moves only when the status flips; a changed reason or
+message with the same status keeps the old time (API conventions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+READY = "Ready"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+IPC_CACHE_ACTIVE = "IPCCacheActive"
+ORDER = (READY, PROGRESSING, DEGRADED, IPC_CACHE_ACTIVE)
+
+
+@dataclass(frozen=True)
+class Cond:
+    type: str
+    status: bool | None  # None -> "Unknown"
+    reason: str
+    message: str = ""
+
+
+def _status_word(v: bool | None) -> str:
+    return "Unknown" if v is None else ("True" if v else "False")
+
+
+def rfc3339(now: datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def merge(
+    current: Sequence[dict], wanted: Sequence[Cond], *, generation: int | None, now: datetime
+) -> list[dict]:
+    """New conditions list: wanted ones updated in place, others kept, in a stable order."""
+    by_type = {c.get("type"): dict(c) for c in current if isinstance(c, dict)}
+    for w in wanted:
+        old = by_type.get(w.type)
+        status = _status_word(w.status)
+        flipped = old is None or old.get("status") != status
+        by_type[w.type] = {
+            "type": w.type,
+            "status": status,
+            "reason": w.reason,
+            "message": w.message,
+            "observedGeneration": generation,
+            "lastTransitionTime": rfc3339(now) if flipped else old.get("lastTransitionTime", rfc3339(now)),
+        }
+    known = [by_type.pop(t) for t in ORDER if t in by_type]
+    return known + [by_type[t] for t in sorted(by_type)]
+
+
+def find(conditions: Sequence[dict], type_: str) -> dict | None:
+    for c in conditions:
+        if isinstance(c, dict) and c.get("type") == type_:
+            return c
+    return None
+
+
+def transitions(before: Sequence[dict], after: Sequence[dict]) -> list[dict]:
+    """Conditions whose status or reason changed (these become Events)."""
+    out = []
+    for c in after:
+        old = find(before, c["type"])
+        if old is None or old.get("status") != c["status"] or old.get("reason") != c["reason"]:
+            out.append(c)
+    return out

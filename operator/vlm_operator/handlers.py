@@ -1,0 +1,105 @@
+"""kopf handlers: the only module that registers with kopf. Each handler is a few lines.
+
+Owned Deployments, Pods and Services are held in kopf indexes (filled by
+watches), so a reconcile reads no object from the API server; it writes only
+what differs. Every VLMService is reconciled on create, on update, and on a
+timer (status refresh, drift repair, canary analysis).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+
+from . import api, metrics
+from . import builders as B
+from .apply import Kube
+from .errors import PermanentError, TemporaryError
+from .reconcile import Runtime, Target, reconcile
+from .settings import PREFIX, Settings
+from .status import Observed, PodInfo
+
+SETTINGS = Settings.from_env()
+MANAGED = {"app.kubernetes.io/managed-by": "vlm-operator"}
+_locks: dict[str, threading.Lock] = {}
+log = logging.getLogger("vlm_operator")
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Keep kopf's own bookkeeping in annotations with our prefix; build the API client."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=PREFIX, key="last-applied-spec")
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 300
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    kube = Kube(client.ApiClient(), SETTINGS.field_manager)
+    memo.rt = Runtime(kube=kube, settings=SETTINGS, monitoring=kube.crd_exists("podmonitors.monitoring.coreos.com"))
+    log.info("vlm-operator started (monitoring CRDs: %s)", memo.rt.monitoring)
+
+
+@kopf.index("apps", "v1", "deployments", labels=MANAGED)
+def vlm_deployments(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
+    return {(namespace, labels.get(B.LABEL_SERVICE)): (labels.get(B.LABEL_ROLE), dict(body))}
+
+
+@kopf.index("", "v1", "pods", labels=MANAGED)
+def vlm_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
+    return {(namespace, labels.get(B.LABEL_SERVICE)): PodInfo.from_body(body)}
+
+
+@kopf.index("", "v1", "services", labels=MANAGED)
+def vlm_services(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
+    return {(namespace, name): dict(body)}
+
+
+def _observed(key: tuple[str, str], deployments: kopf.Index, pods: kopf.Index, services: kopf.Index) -> Observed:
+    return Observed(
+        deployments={role: body for role, body in deployments.get(key, [])},
+        pods=tuple(pods.get(key, [])),
+        service=next(iter(services.get(key, [])), None),
+    )
+
+
+@kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
+@kopf.on.update(api.GROUP, api.VERSION, api.PLURAL)
+@kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=SETTINGS.resync_seconds, initial_delay=1.0)
+def reconcile_vlmservice(
+    name: str, namespace: str, uid: str, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status, body: kopf.Body,
+    memo: kopf.Memo, vlm_deployments: kopf.Index, vlm_pods: kopf.Index, vlm_services: kopf.Index, **_: Any,
+) -> None:
+    """Create, update and periodic resync share one idempotent reconcile."""
+    target = Target(name, namespace, uid, meta.get("generation"), dict(spec), dict(status), dict(meta.annotations))
+    observed = _observed((namespace, name), vlm_deployments, vlm_pods, vlm_services)
+    with _locks.setdefault(uid, threading.Lock()):
+        try:
+            reconcile(memo.rt, target, observed, lambda t, r, m: kopf.event(body, type=t, reason=r, message=m))
+        except TemporaryError as e:
+            raise kopf.TemporaryError(str(e), delay=e.delay) from e
+        except PermanentError as e:
+            raise kopf.PermanentError(str(e)) from e
+
+
+@kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True)
+def forget_vlmservice(name: str, namespace: str, uid: str, **_: Any) -> None:
+    """Owned objects go with the owner (garbage collection); only our metric series need removing."""
+    metrics.forget(namespace, name)
+    _locks.pop(uid, None)
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+def count_vlmservices(type: str | None, memo: kopf.Memo, uid: str, **_: Any) -> None:
+    """Gauge of managed services (the watch's own stream, no extra reads)."""
+    seen = memo.setdefault("seen", set())
+    if type == "DELETED":
+        seen.discard(uid)
+    else:
+        seen.add(uid)
+    metrics.MANAGED.set(len(seen))

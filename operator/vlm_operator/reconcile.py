@@ -1,0 +1,258 @@
+"""One reconcile of one VLMService: gather, decide (pure), act, report.
+
+Gather: the spec, the status (all rollout state lives there), the owned
+objects (from kopf indexes, no API reads), free GPUs when a canary starts,
+and profiler windows when an analysis is due. Decide: `builders`, `rollout`,
+`gate`, `status` (pure). Act: `apply` writes only what differs, then one
+status patch and Events for what changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from . import api, builders, gate, metrics, rollout, signals
+from . import conditions as C
+from . import status as S
+from .apply import Kube
+from .errors import InvalidSpec
+from .settings import Settings
+from .units import parse_duration
+
+log = logging.getLogger("vlm_operator.reconcile")
+Emit = Callable[[str, str, str], None]  # (type, reason, message)
+LOOP_ROOTS = ("event_loop", "run_scheduler_process", "<module>", "main", "run_event_loop")
+
+
+@dataclass
+class Runtime:
+    kube: Kube
+    settings: Settings
+    monitoring: bool = False  # monitoring.coreos.com CRDs present (checked at start-up)
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    namespace: str
+    uid: str
+    generation: int | None
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any]
+    annotations: Mapping[str, str]
+
+
+def _validation_message(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors()[:5]:
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        parts.append(f"spec.{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
+    return "; ".join(parts)
+
+
+def _policy(spec: api.VLMServiceSpec) -> gate.GatePolicy:
+    a = spec.rollout.analysis  # type: ignore[union-attr]
+    m = a.max_regression
+    return gate.GatePolicy(
+        max_regression={
+            "loop_latency": m.loop_latency / 100,
+            "ttft": m.ttft / 100,
+            "itl": m.itl / 100,
+            "throughput": m.throughput / 100,
+            "stage_share": m.stage_share / 100,
+        },
+        confidence=a.confidence,
+        min_samples=a.min_samples,
+        max_duration_s=parse_duration(a.max_duration),
+        on_inconclusive=a.on_inconclusive,
+        interval_s=parse_duration(a.interval),
+        stale_after_s=max(3 * parse_duration(spec.telemetry.interval), 60.0),
+    )
+
+
+def _read_windows(
+    rt: Runtime, t: Target, spec: api.VLMServiceSpec, observed: S.Observed, revisions: Sequence[str], since: float, now: float
+) -> list[gate.Window]:
+    analysis = spec.rollout.analysis if spec.rollout else None
+    url = (analysis.prometheus_url if analysis else None) or rt.settings.prometheus_url
+    source = analysis.source if analysis else "Auto"
+    if source == "Prometheus" or (source == "Auto" and url):
+        step = parse_duration(spec.telemetry.interval)
+        return signals.from_prometheus(url, t.namespace, t.name, revisions, since=since, now=now, step=step)
+    if os.environ.get("VLM_SIDECAR_ENDPOINTS") is None and os.environ.get("VLM_SIDECAR_SCRAPE", "pod-ip") == "off":
+        raise signals.SignalsUnavailable("sidecar scraping is off (VLM_SIDECAR_SCRAPE=off)")
+    pods = [(p.name, p.revision, p.ip) for p in observed.pods if p.ready and p.revision in revisions]
+    return signals.from_sidecars(pods, since)
+
+
+def _analyse(
+    rt: Runtime, t: Target, spec: api.VLMServiceSpec, observed: S.Observed, prev: api.RolloutStatus, stable_rev: str, now: float
+) -> gate.Decision:
+    started = rollout._ts(prev.step_started_at)
+    step = spec.rollout.steps[min(prev.step, len(spec.rollout.steps) - 1)]  # type: ignore[union-attr]
+    try:
+        windows = _read_windows(rt, t, spec, observed, [stable_rev, prev.revision or ""], started, now)
+    except signals.SignalsUnavailable as e:
+        return gate.Decision(verdict="Inconclusive", reason="SignalsUnavailable", message=str(e))
+    base = [w for w in windows if w.revision == stable_rev]
+    can = [w for w in windows if w.revision == prev.revision]
+    return gate.decide(base, can, _policy(spec), started_at=started, now=now, step_duration_s=parse_duration(step.analysis))
+
+
+def _profiler_summary(windows: Sequence[gate.Window]) -> dict[str, Any] | None:
+    ws = [w for w in windows if w.loop_mean_seconds and not w.stale]
+    if not ws:
+        return None
+    latest = max(ws, key=lambda w: w.end)
+    shares: dict[str, list[float]] = {}
+    for w in ws:
+        for fn, v in w.function_shares.items():
+            if not fn.startswith(LOOP_ROOTS):
+                shares.setdefault(fn, []).append(v)
+    top = max(shares, key=lambda f: statistics.fmean(shares[f])) if shares else None
+    p95s = [w.loop_p95_seconds for w in ws if w.loop_p95_seconds]
+    return {
+        "lastSampleTime": datetime.fromtimestamp(latest.end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "loopP50": f"{statistics.median(w.loop_mean_seconds for w in ws) * 1000:.1f}ms",
+        "loopP95": f"{statistics.median(p95s) * 1000:.1f}ms" if p95s else None,
+        "topFunction": top,
+    }
+
+
+def _profiler(
+    rt: Runtime, t: Target, spec: api.VLMServiceSpec, observed: S.Observed, stable_rev: str | None, now: float
+) -> dict[str, Any] | None:
+    """Refresh status.profiler at most once per sampling interval (one read of the sidecars or Prometheus)."""
+    current = t.status.get("profiler")
+    interval = parse_duration(spec.telemetry.interval)
+    last = rollout._ts((current or {}).get("lastSampleTime"))
+    if not spec.telemetry.enabled or not stable_rev or now - last < 2 * interval:
+        return current
+    try:
+        windows = _read_windows(rt, t, spec, observed, [stable_rev], now - 4 * interval, now)
+    except signals.SignalsUnavailable:
+        return current
+    return _profiler_summary(windows) or current
+
+
+def reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, *, now: float | None = None) -> None:
+    started = time.monotonic()
+    result = "ok"
+    try:
+        _reconcile(rt, t, observed, emit, now if now is not None else time.time())
+    except Exception:
+        result = "error"
+        raise
+    finally:
+        metrics.RECONCILE.labels(result=result).observe(time.monotonic() - started)
+
+
+def _events_for(transitions: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """Ready and Degraded flips become Events: Warnings for trouble, Normal for recovery."""
+    out = []
+    for c in transitions:
+        text = f"{c['type']}={c['status']}: {c['message']}"
+        if c["type"] == "Ready" and c["status"] == "True":
+            out.append(("Normal", c["reason"], text))
+        elif (c["type"] == "Ready" and c["status"] == "False" and c["reason"] != "ReplicasNotReady") or (
+            c["type"] == "Degraded" and c["status"] == "True" and c["reason"] != "InvalidSpec"
+        ):
+            out.append(("Warning", c["reason"], text))
+    return out
+
+
+def _write_status(rt: Runtime, t: Target, new: dict[str, Any], emit: Emit) -> None:
+    before = t.status.get("conditions") or []
+    if rt.kube.patch_status(t.namespace, t.name, t.status, new):
+        for ev in _events_for(C.transitions(before, new["conditions"])):
+            emit(*ev)
+
+
+def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: float) -> None:
+    now_dt = datetime.fromtimestamp(now, UTC)
+    owner = builders.Owner(t.name, t.namespace, t.uid)
+    try:
+        spec = api.parse_spec(dict(t.spec))
+        desired = builders.build_desired(owner, spec, rt.settings)
+    except (ValidationError, InvalidSpec) as e:
+        msg = _validation_message(e) if isinstance(e, ValidationError) else str(e)
+        metrics.ERRORS.labels(reason="InvalidSpec").inc()
+        h = S.Health(want=int(t.spec.get("replicas", 1) or 0), ready=observed.ready_replicas(builders.ROLE_STABLE), invalid=msg)
+        keep = {k: v for k, v in t.status.items() if k in ("stableRevision", "canaryRevision", "rollout", "profiler", "selector")}
+        _write_status(rt, t, S.build_status(t.status, h, generation=t.generation, now=now_dt, extra=keep), emit)
+        return
+
+    prev = api.RolloutStatus.model_validate(t.status["rollout"]) if t.status.get("rollout") else None
+    stable_rev = observed.deployment_revision(builders.ROLE_STABLE)
+    action = (t.annotations.get(rollout.ANNOTATION_ACTION) or "").strip().lower() or None
+    if action and action not in rollout.ACTIONS:
+        emit("Warning", "UnknownAction", f"{rollout.ANNOTATION_ACTION}={action}: use one of {', '.join(rollout.ACTIONS)}")
+        action = None
+
+    free = None
+    starting = spec.rollout and stable_rev and stable_rev != desired.revision and (prev is None or prev.revision != desired.revision)
+    if starting and spec.rollout.capacity == "Auto":  # type: ignore[union-attr]
+        free = rt.kube.free_gpus(spec.gpu.product)
+    decision = None
+    if stable_rev and rollout.analysis_due(spec, prev, observed, desired.revision, now):
+        decision = _analyse(rt, t, spec, observed, prev, stable_rev, now)  # type: ignore[arg-type]
+        for s in decision.signals:
+            if s.delta is not None:
+                metrics.SIGNAL_DELTA.labels(t.namespace, t.name, s.name).set(s.delta)
+
+    plan = rollout.plan(owner, spec, desired, observed, prev, now=now, free_gpus=free, decision=decision, action=action)
+
+    if not plan.hands_off:
+        rt.kube.apply(desired.service, observed.service)
+        if plan.stable is not None:
+            rt.kube.apply(plan.stable, observed.deployments.get(builders.ROLE_STABLE))
+        if plan.canary is not None:
+            rt.kube.apply(plan.canary, observed.deployments.get(builders.ROLE_CANARY))
+        elif builders.ROLE_CANARY in observed.deployments:
+            rt.kube.delete("apps/v1", "Deployment", t.namespace, builders.deployment_name(owner, builders.ROLE_CANARY))
+        if rt.monitoring and t.status.get("observedGeneration") != t.generation:
+            rt.kube.apply(builders.build_pod_monitor(owner), None)
+    if action:
+        rt.kube.clear_annotation(t.namespace, t.name, rollout.ANNOTATION_ACTION)
+
+    for ev in plan.events:
+        emit(ev.type, ev.reason, ev.message)
+        if ev.reason in ("CanaryPromoted", "CanaryRolledBack", "CanaryAborted"):
+            metrics.ROLLOUTS.labels(result=ev.reason.removeprefix("Canary").lower()).inc()
+    if plan.rollout:
+        metrics.set_phase(t.namespace, t.name, plan.rollout.phase)
+
+    ready = sum(1 for p in observed.pods if p.ready)
+    unsched = observed.unschedulable()
+    h = S.Health(
+        want=plan.want_ready,
+        ready=ready,
+        unschedulable=f"pod {unsched.name}: {unsched.unschedulable}" if unsched else None,
+        rolling=S.rolling(observed),
+        rollout_phase=plan.rollout.phase if plan.rollout else None,
+        rollout_message=plan.rollout.message if plan.rollout else None,
+        ipc_active=desired.plan.active,
+        ipc_reason=desired.plan.reason,
+        ipc_message=desired.plan.message,
+    )
+    extra: dict[str, Any] = {
+        "selector": builders.selector(owner),
+        "stableRevision": plan.stable_revision,
+        "canaryRevision": plan.canary_revision,
+        "rollout": plan.rollout.model_dump(by_alias=True, exclude_none=True) if plan.rollout else None,
+        "profiler": _profiler(rt, t, spec, observed, stable_rev, now),
+    }
+    if t.status.get("observedGeneration") != t.generation:
+        for w in desired.plan.warnings:
+            emit("Warning", "IPCCacheWarning", w)
+    new = S.build_status(t.status, h, generation=t.generation, now=now_dt, extra={k: v for k, v in extra.items() if v is not None})
+    _write_status(rt, t, new, emit)

@@ -1,0 +1,264 @@
+"""Pure: what the Deployments should be, and the rollout's next state.
+
+Every fact the canary needs lives in `status.rollout` (revision, step, capacity,
+times, verdict), so a restarted operator computes the same plan from the same
+status and cluster. Inputs are plain values; `now` is unix seconds.
+
+Without a `rollout` block a template change rolls the stable Deployment in
+place (maxSurge 0). With one, a new revision gets a canary Deployment:
+
+    Progressing --canary ready--> Analysing --Promote (last step)--> Promoted
+         |                          |  \\--Promote (more steps)--> next step
+         |                          |--Rollback--> RolledBack (held until the spec changes)
+         |                          |--Inconclusive at maxDuration--> onInconclusive
+    annotations: promote / abort / pause
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from . import builders as B
+from .api import RolloutStatus, SignalStatus, VLMServiceSpec
+from .gate import Decision
+from .status import Observed
+from .units import parse_duration
+
+ANNOTATION_ACTION = f"{B.PREFIX}/rollout-action"
+ACTIONS = ("promote", "abort", "pause", "resume")
+ACTIVE = ("Progressing", "Analysing", "Paused")
+# A surged canary pod that stays unschedulable this long falls back to borrowing a stable replica.
+SURGE_PATIENCE_S = 120.0
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    stable: dict[str, Any] | None  # desired Deployment, or None to leave it alone
+    canary: dict[str, Any] | None  # desired Deployment, or None to delete it
+    stable_revision: str | None
+    canary_revision: str | None
+    rollout: RolloutStatus | None
+    events: tuple[Event, ...] = field(default=())
+    want_ready: int = 0
+    hands_off: bool = False  # spec.paused: change no Deployment
+
+
+def _strip_role(template: Mapping[str, Any]) -> dict[str, Any]:
+    t = {k: v for k, v in template.items()}
+    meta = dict(t.get("metadata") or {})
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k not in (B.LABEL_ROLE, B.LABEL_REVISION)}
+    meta["labels"] = labels
+    t["metadata"] = meta
+    return t
+
+
+def _observed_stable(owner: B.Owner, observed: Observed, replicas: int) -> dict[str, Any] | None:
+    """Re-apply the stable Deployment as it is (its template untouched), only its replicas change."""
+    d = observed.deployments.get(B.ROLE_STABLE)
+    if not d:
+        return None
+    rev = observed.deployment_revision(B.ROLE_STABLE) or ""
+    return B.build_deployment(owner, _strip_role(d["spec"]["template"]), rev, B.ROLE_STABLE, replicas)
+
+
+def analysis_due(spec: VLMServiceSpec, prev: RolloutStatus | None, observed: Observed, revision: str, now: float) -> bool:
+    """Should the operator read signals this round? (Only then does it pay for the I/O.)"""
+    if spec.rollout is None or prev is None or prev.revision != revision or prev.phase not in ("Progressing", "Analysing"):
+        return False
+    if observed.updated_ready(B.ROLE_CANARY, revision) < 1:
+        return False
+    if prev.last_analysis_at is None:
+        return True
+    return now - _ts(prev.last_analysis_at) >= parse_duration(spec.rollout.analysis.interval)
+
+
+def _upd(r: RolloutStatus, **changes: Any) -> RolloutStatus:
+    return r.model_copy(update=changes)
+
+
+def _ts(text: str | None) -> float:
+    if not text:
+        return 0.0
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _signals(d: Decision) -> list[SignalStatus]:
+    return [
+        SignalStatus(
+            name=s.name,
+            baseline=s.baseline,
+            canary=s.canary,
+            delta=s.delta,
+            ci_low=s.ci_low,
+            ci_high=s.ci_high,
+            p_value=s.p_value,
+            verdict=s.verdict,
+        )
+        for s in d.signals
+    ]
+
+
+def plan(
+    owner: B.Owner,
+    spec: VLMServiceSpec,
+    desired: B.Desired,
+    observed: Observed,
+    prev: RolloutStatus | None,
+    *,
+    now: float,
+    free_gpus: int | None,
+    decision: Decision | None = None,
+    action: str | None = None,
+) -> Plan:
+    rev = desired.revision
+    full = spec.replicas
+    stable_obs_rev = observed.deployment_revision(B.ROLE_STABLE)
+
+    def in_place() -> Plan:
+        return Plan(
+            stable=B.build_deployment(owner, desired.template, rev, B.ROLE_STABLE, full),
+            canary=None,
+            stable_revision=rev,
+            canary_revision=None,
+            rollout=prev if prev and prev.phase not in ACTIVE else None,
+            want_ready=full,
+        )
+
+    if spec.paused:
+        return Plan(None, None, stable_obs_rev, observed.deployment_revision(B.ROLE_CANARY), prev, want_ready=full, hands_off=True)
+    if spec.rollout is None or stable_obs_rev is None or stable_obs_rev == rev:
+        # No canary wanted, or nothing to compare with yet (first deploy), or the spec is the stable one.
+        p = in_place()
+        if prev and prev.phase in ACTIVE and stable_obs_rev == rev:
+            p = replace(p, rollout=_upd(prev, phase="Aborted", reason="SpecReverted", message="spec is back at the stable revision"))
+        return p
+
+    held = prev is not None and prev.revision == rev and prev.phase in ("RolledBack", "Aborted")
+    if held:
+        return Plan(
+            stable=_observed_stable(owner, observed, full),
+            canary=None,
+            stable_revision=stable_obs_rev,
+            canary_revision=None,
+            rollout=prev,
+            want_ready=full,
+        )
+
+    steps = spec.rollout.steps
+    events: list[Event] = []
+    if prev is None or prev.revision != rev or prev.phase not in ACTIVE:
+        need = steps[0].replicas * spec.gpus_per_replica
+        capacity = spec.rollout.capacity
+        if capacity == "Auto":
+            capacity = "Surge" if free_gpus is not None and free_gpus >= need else "Borrow"
+        r = RolloutStatus(
+            phase="Progressing",
+            revision=rev,
+            step=0,
+            capacity=capacity,
+            started_at=_iso(now),
+            step_started_at=_iso(now),
+            message=f"canary {rev} started ({capacity.lower()}), stable {stable_obs_rev}",
+        )
+        events.append(Event("Normal", "CanaryStarted", f"canary revision {rev} against stable {stable_obs_rev} ({capacity})"))
+    else:
+        r = prev
+
+    # Manual control through the rollout-action annotation.
+    if action == "abort":
+        r = _upd(r, phase="Aborted", reason="AbortedByUser", message="aborted by annotation")
+        events.append(Event("Warning", "CanaryAborted", f"canary {rev} aborted by annotation"))
+    elif action == "pause" and r.phase != "Paused":
+        r = _upd(r, phase="Paused", reason="PausedByUser", message="paused by annotation")
+    elif action == "resume" and r.phase == "Paused":
+        r = _upd(r, phase="Progressing", reason="Resumed", message="resumed by annotation")
+    elif action == "promote":
+        decision = Decision(verdict="Promote", reason="PromotedByUser", message="promoted by annotation", signals=(), regressed_function=None, regressed_stage=None)
+        r = _upd(r, step=len(steps) - 1)
+
+    # Canary pods that cannot be placed on spare GPUs: borrow a stable replica instead of waiting.
+    if r.phase == "Progressing" and r.capacity == "Surge":
+        stuck = observed.unschedulable(B.ROLE_CANARY)
+        if stuck and now - _ts(r.step_started_at) >= SURGE_PATIENCE_S:
+            r = _upd(r, capacity="Borrow", message=f"no spare GPU for the canary ({stuck.unschedulable}); borrowing")
+            events.append(Event("Normal", "CanaryBorrowing", "no spare GPU for the canary: borrowing a stable replica"))
+
+    if r.phase in ACTIVE and observed.updated_ready(B.ROLE_CANARY, rev) >= 1 and r.phase == "Progressing":
+        r = _upd(r, phase="Analysing")
+
+    if decision is not None and r.phase in ("Progressing", "Analysing"):
+        r = _upd(
+            r,
+            last_analysis_at=_iso(now),
+            analyses=r.analyses + 1,
+            signals=_signals(decision) or r.signals,
+            verdict=decision.verdict,
+            reason=decision.reason,
+            message=decision.message,
+        )
+        verdict = decision.verdict
+        if verdict == "Inconclusive" and spec.rollout and now - _ts(r.started_at) >= parse_duration(spec.rollout.analysis.max_duration):
+            verdict = {"Rollback": "Rollback", "Promote": "Promote", "Pause": "Pause"}[spec.rollout.analysis.on_inconclusive]
+            r = _upd(r, reason="MaxDurationReached", message=f"inconclusive after maxDuration: {decision.message}")
+        if verdict == "Rollback":
+            r = _upd(r, phase="RolledBack", regressed_function=decision.regressed_function, regressed_stage=decision.regressed_stage)
+            fn = f"; function {decision.regressed_function} grew most" if decision.regressed_function else ""
+            events.append(Event("Warning", "CanaryRolledBack", f"canary {rev} rolled back: {decision.message}{fn}"))
+        elif verdict == "Pause":
+            r = _upd(r, phase="Paused")
+        elif verdict == "Promote":
+            step_time = parse_duration(steps[min(r.step, len(steps) - 1)].analysis)
+            manual = decision.reason == "PromotedByUser"
+            if r.step + 1 < len(steps) and not manual:
+                if now - _ts(r.step_started_at) >= step_time:
+                    r = _upd(r, step=r.step + 1, step_started_at=_iso(now), phase="Progressing")
+                    events.append(Event("Normal", "CanaryStep", f"canary {rev} passed step {r.step}; moving on"))
+            elif manual or now - _ts(r.step_started_at) >= step_time:
+                r = _upd(r, phase="Promoted")
+                events.append(Event("Normal", "CanaryPromoted", f"canary {rev} promoted to stable: {decision.message}"))
+
+    if r.phase == "Promoted":
+        return Plan(
+            stable=B.build_deployment(owner, desired.template, rev, B.ROLE_STABLE, full),
+            canary=None,
+            stable_revision=rev,
+            canary_revision=None,
+            rollout=r,
+            events=tuple(events),
+            want_ready=full,
+        )
+    if r.phase in ("RolledBack", "Aborted"):
+        return Plan(
+            stable=_observed_stable(owner, observed, full),
+            canary=None,
+            stable_revision=stable_obs_rev,
+            canary_revision=None,
+            rollout=r,
+            events=tuple(events),
+            want_ready=full,
+        )
+    canary_replicas = steps[min(r.step, len(steps) - 1)].replicas
+    stable_replicas = full if r.capacity == "Surge" else max(full - canary_replicas, 0)
+    return Plan(
+        stable=_observed_stable(owner, observed, stable_replicas),
+        canary=B.build_deployment(owner, desired.template, rev, B.ROLE_CANARY, canary_replicas),
+        stable_revision=stable_obs_rev,
+        canary_revision=rev,
+        rollout=r,
+        events=tuple(events),
+        want_ready=stable_replicas + canary_replicas,
+    )

@@ -1,0 +1,144 @@
+"""The rollout state machine: pure, so each phase change is checked on constructed inputs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from vlm_operator import api, builders, rollout
+from vlm_operator.gate import Decision
+from vlm_operator.settings import Settings
+from vlm_operator.status import Observed, PodInfo
+
+OWNER = builders.Owner("svc", "ns", "uid-1")
+SETTINGS = Settings()
+T0 = 1_800_000_000.0
+
+
+def spec(**over) -> api.VLMServiceSpec:
+    base = {
+        "model": {"path": "m"},
+        "replicas": 3,
+        "rollout": {"steps": [{"replicas": 1, "analysis": "5m"}], "analysis": {"interval": "1m", "maxDuration": "30m"}},
+    }
+    base.update(over)
+    return api.parse_spec(base)
+
+
+def desired(s: api.VLMServiceSpec) -> builders.Desired:
+    return builders.build_desired(OWNER, s, SETTINGS)
+
+
+def observed_with_stable(d: builders.Desired, replicas: int = 3, canary: builders.Desired | None = None, canary_ready=0) -> Observed:
+    deps = {builders.ROLE_STABLE: builders.build_deployment(OWNER, d.template, d.revision, builders.ROLE_STABLE, replicas)}
+    pods = [PodInfo(f"s{i}", builders.ROLE_STABLE, d.revision, "Running", True) for i in range(replicas)]
+    if canary is not None:
+        deps[builders.ROLE_CANARY] = builders.build_deployment(OWNER, canary.template, canary.revision, builders.ROLE_CANARY, 1)
+        pods += [PodInfo(f"c{i}", builders.ROLE_CANARY, canary.revision, "Running", True) for i in range(canary_ready)]
+    return Observed(deployments=deps, pods=tuple(pods))
+
+
+def decision(verdict: str, **kw) -> Decision:
+    return Decision(verdict=verdict, reason=kw.pop("reason", verdict), message=kw.pop("message", verdict), **kw)
+
+
+def test_first_deploy_creates_stable_without_canary():
+    s = spec()
+    d = desired(s)
+    p = rollout.plan(OWNER, s, d, Observed(), None, now=T0, free_gpus=16)
+    assert p.stable["spec"]["replicas"] == 3 and p.canary is None and p.stable_revision == d.revision
+
+
+def test_without_rollout_block_a_change_rolls_in_place():
+    old = spec(rollout=None)
+    new = spec(rollout=None, sglang={"ipcCache": {"mode": "Off"}})
+    p = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=0)
+    assert p.canary is None
+    assert p.stable["spec"]["template"]["metadata"]["labels"][builders.LABEL_REVISION] == desired(new).revision
+
+
+def test_new_revision_starts_a_canary_and_surges_when_gpus_are_free():
+    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
+    obs = observed_with_stable(desired(old))
+    p = rollout.plan(OWNER, new, desired(new), obs, None, now=T0, free_gpus=8)
+    assert p.rollout.phase == "Progressing" and p.rollout.capacity == "Surge"
+    assert p.canary["spec"]["replicas"] == 1 and p.stable["spec"]["replicas"] == 3
+    # The stable Deployment keeps its own template.
+    assert p.stable["spec"]["template"]["metadata"]["labels"][builders.LABEL_REVISION] == desired(old).revision
+    assert [e.reason for e in p.events] == ["CanaryStarted"]
+
+
+def test_no_free_gpu_borrows_a_stable_replica():
+    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
+    p = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=0)
+    assert p.rollout.capacity == "Borrow"
+    assert p.stable["spec"]["replicas"] == 2 and p.canary["spec"]["replicas"] == 1
+
+
+def test_surge_stuck_unschedulable_falls_back_to_borrow():
+    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
+    p0 = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=8)
+    obs = observed_with_stable(desired(old), canary=desired(new))
+    obs = replace(obs, pods=(*obs.pods, PodInfo("c0", "canary", desired(new).revision, "Pending", False, "0/2 nodes: Insufficient nvidia.com/gpu")))
+    p1 = rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=T0 + rollout.SURGE_PATIENCE_S + 1, free_gpus=None)
+    assert p1.rollout.capacity == "Borrow" and p1.stable["spec"]["replicas"] == 2
+
+
+def _analysing(old, new, verdict, now):
+    p0 = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=8)
+    obs = observed_with_stable(desired(old), canary=desired(new), canary_ready=1)
+    assert rollout.analysis_due(new, p0.rollout, obs, desired(new).revision, T0 + 1)
+    return rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=now, free_gpus=None, decision=verdict)
+
+
+def test_rollback_deletes_the_canary_and_names_the_function():
+    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
+    d = decision("Rollback", reason="StageShareRegressed", regressed_function="reconstruct_on_target_device", regressed_stage="process_input_requests")
+    p = _analysing(old, new, d, T0 + 120)
+    assert p.rollout.phase == "RolledBack" and p.canary is None
+    assert p.rollout.regressed_function == "reconstruct_on_target_device"
+    assert p.stable["spec"]["replicas"] == 3
+    ev = [e for e in p.events if e.reason == "CanaryRolledBack"]
+    assert ev and ev[0].type == "Warning" and "reconstruct_on_target_device" in ev[0].message
+    # Held: the same revision does not start again.
+    again = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), p.rollout, now=T0 + 200, free_gpus=8)
+    assert again.canary is None and again.rollout.phase == "RolledBack" and not again.events
+
+
+def test_promote_waits_for_the_step_time_then_takes_the_canary_template():
+    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
+    early = _analysing(old, new, decision("Promote"), T0 + 60)
+    assert early.rollout.phase == "Analysing" and early.canary is not None
+    late = _analysing(old, new, decision("Promote"), T0 + 301)
+    assert late.rollout.phase == "Promoted" and late.canary is None
+    assert late.stable_revision == desired(new).revision
+    assert late.stable["spec"]["template"]["metadata"]["labels"][builders.LABEL_REVISION] == desired(new).revision
+
+
+def test_inconclusive_never_promotes_and_max_duration_rolls_back_by_default():
+    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
+    mid = _analysing(old, new, decision("Inconclusive", reason="SignalsUnavailable"), T0 + 600)
+    assert mid.rollout.phase == "Analysing" and mid.canary is not None
+    end = _analysing(old, new, decision("Inconclusive", reason="SignalsUnavailable"), T0 + 1801)
+    assert end.rollout.phase == "RolledBack" and end.rollout.reason == "MaxDurationReached"
+
+
+def test_manual_actions():
+    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
+    p0 = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=8)
+    obs = observed_with_stable(desired(old), canary=desired(new), canary_ready=1)
+    assert rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=T0 + 5, free_gpus=None, action="abort").rollout.phase == "Aborted"
+    assert rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=T0 + 5, free_gpus=None, action="promote").rollout.phase == "Promoted"
+    paused = rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=T0 + 5, free_gpus=None, action="pause")
+    assert paused.rollout.phase == "Paused" and paused.canary is not None
+    assert not rollout.analysis_due(new, paused.rollout, obs, desired(new).revision, T0 + 500)
+
+
+def test_same_inputs_same_plan_after_a_restart():
+    """All state is in status: replaying the stored rollout status gives the same plan."""
+    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
+    p0 = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=8)
+    stored = api.RolloutStatus.model_validate(p0.rollout.model_dump(by_alias=True, exclude_none=True))
+    obs = observed_with_stable(desired(old), canary=desired(new))
+    a = rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=T0 + 30, free_gpus=None)
+    b = rollout.plan(OWNER, new, desired(new), obs, stored, now=T0 + 30, free_gpus=None)
+    assert a == b
