@@ -34,7 +34,7 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Keep kopf's own bookkeeping in annotations with our prefix; build the API client."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=PREFIX, key="last-applied-spec")
-    settings.posting.level = logging.INFO
+    settings.posting.level = logging.WARNING  # our own Events only; kopf still reports handler failures
     settings.watching.server_timeout = 300
     try:
         config.load_incluster_config()

@@ -1,0 +1,54 @@
+# vlm-operator: the two commands a user needs are `make demo` (main job on a
+# local control plane) and `make test` (everything CI runs). Both set up what
+# they need first; setup is cached and idempotent.
+SHELL := /bin/bash
+PY ?= python3
+PYTEST_ARGS ?=
+
+.PHONY: setup deps binaries lint crds test test-unit test-integration test-e2e demo demo-down bench testbed-up testbed-down
+
+setup: deps binaries
+
+deps:
+	bash hack/install-system-deps.sh
+	$(PY) -m pip install -q -e '.[test]'
+
+binaries:
+	bash hack/build-binaries.sh
+
+crds:
+	$(PY) -m vlm_operator.crdgen
+
+lint:
+	ruff check .
+	lint-imports
+	$(PY) -m vlm_operator.crdgen --check
+
+# Unit (fast and slow), SGLang wheel compatibility, integration and e2e tiers.
+test: setup lint
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-unit:
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: setup
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+test-e2e: setup
+	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+testbed-up: setup
+	hack/testbed up
+
+testbed-down:
+	hack/testbed down
+
+demo: setup
+	$(PY) hack/demo.py up
+
+demo-down:
+	$(PY) hack/demo.py down
+
+bench:
+	$(PY) bench/gate_quality.py
+	$(PY) bench/sidecar_overhead.py

@@ -1,0 +1,132 @@
+"""Running the real operator as a subprocess against the testbed (integration and e2e tiers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubernetes import client
+
+REPO = Path(__file__).resolve().parents[1]
+CRD = REPO / "crds" / "serving.vlmops.dev_vlmservices.yaml"
+GROUP, VERSION, PLURAL = "serving.vlmops.dev", "v1alpha1", "vlmservices"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def install_crd(kubectl) -> None:
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/vlmservices.serving.vlmops.dev")
+
+
+@dataclass
+class OperatorProcess:
+    kubeconfig: Path
+    namespace: str
+    log_path: Path
+    env_extra: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    metrics_port: int = 0
+
+    def start(self) -> OperatorProcess:
+        self.metrics_port = free_port()
+        endpoints = self.log_path.with_suffix(".endpoints.json")
+        if not endpoints.exists():
+            endpoints.write_text("{}")
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "VLM_METRICS_PORT": str(self.metrics_port),
+            "VLM_METRICS_ADDR": "127.0.0.1",
+            "VLM_RESYNC_SECONDS": "2",
+            # kwok pods have fake IPs: never scrape them, only the endpoints this file names.
+            "VLM_SIDECAR_ENDPOINTS": str(endpoints),
+            "PYTHONUNBUFFERED": "1",
+            **self.env_extra,
+        }
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vlm_operator", "--namespace", self.namespace,
+             "--liveness", f"http://127.0.0.1:{free_port()}/healthz"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+        )
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"operator exited {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                self.metrics()
+                return self
+            except OSError:
+                time.sleep(0.3)
+        raise AssertionError(f"operator did not serve /metrics in 60s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def metric_sum(self, name: str) -> float:
+        total = 0.0
+        for line in self.metrics().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+def run_operator(kubeconfig: Path, namespace: str, tmp: Path, **env: str) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(kubeconfig, namespace, tmp / f"operator-{namespace}.log", dict(env)).start()
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+def vlms(kube: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(kube)
+
+
+def get_vlms(kube, namespace: str, name: str) -> dict:
+    return vlms(kube).get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+
+def condition(obj: dict, type_: str) -> dict | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == type_:
+            return c
+    return None
+
+
+def dump(obj) -> str:
+    return json.dumps(obj, indent=1, default=str)[:3000]
