@@ -7,6 +7,8 @@
     vlm_operator_rollout_phase{namespace,vlmservice,phase}  1 for the current phase
     vlm_operator_rollouts_total{result}               counter: promoted, rolled_back, aborted
     vlm_operator_signal_delta{namespace,vlmservice,signal}  last relative delta canary vs baseline
+    vlm_operator_ipc_cache_active{namespace,vlmservice}     1/0
+    vlm_operator_canary_rollback_info{namespace,vlmservice,revision,signal,function}  1 while rolled back
 
 Series of a deleted VLMService are removed by `forget`.
 """
@@ -35,6 +37,14 @@ SIGNAL_DELTA = Gauge(
     "Last relative change of a signal, canary vs baseline.",
     ["namespace", "vlmservice", "signal"],
 )
+IPC_ACTIVE = Gauge(
+    "vlm_operator_ipc_cache_active", "1 when the pods run with the CUDA IPC pool-handle cache.", ["namespace", "vlmservice"]
+)
+ROLLBACK_INFO = Gauge(
+    "vlm_operator_canary_rollback_info",
+    "1 while a VLMService holds a rolled-back canary: the revision, the signal and the function that grew most.",
+    ["namespace", "vlmservice", "revision", "signal", "function"],
+)
 PHASES = ("Idle", "Progressing", "Analysing", "Paused", "Promoted", "RolledBack", "Inconclusive", "Aborted")
 
 
@@ -43,10 +53,22 @@ def set_phase(namespace: str, name: str, phase: str) -> None:
         ROLLOUT_PHASE.labels(namespace, name, p).set(1.0 if p == phase else 0.0)
 
 
+def _drop(gauge: Gauge, namespace: str, name: str) -> None:
+    for labels in list(gauge._metrics):  # prometheus_client has no public prefix removal
+        if labels[:2] == (namespace, name):
+            gauge.remove(*labels)
+
+
+def set_rollback(namespace: str, name: str, revision: str | None, signal: str | None, function: str | None) -> None:
+    """One series while rolled back; none otherwise."""
+    _drop(ROLLBACK_INFO, namespace, name)
+    if revision:
+        ROLLBACK_INFO.labels(namespace, name, revision, signal or "unknown", function or "unknown").set(1)
+
+
 def forget(namespace: str, name: str) -> None:
     for p in PHASES:
         with contextlib.suppress(KeyError):
             ROLLOUT_PHASE.remove(namespace, name, p)
-    for labels in list(SIGNAL_DELTA._metrics):  # prometheus_client has no public prefix removal
-        if labels[:2] == (namespace, name):
-            SIGNAL_DELTA.remove(*labels)
+    for g in (SIGNAL_DELTA, IPC_ACTIVE, ROLLBACK_INFO):
+        _drop(g, namespace, name)

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import api, builders, gate, metrics, rollout, signals
+from . import alerts, api, builders, gate, metrics, rollout, signals
 from . import conditions as C
 from . import status as S
 from .apply import Kube
@@ -221,6 +221,9 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
             rt.kube.delete("apps/v1", "Deployment", t.namespace, builders.deployment_name(owner, builders.ROLE_CANARY))
         if rt.monitoring and t.status.get("observedGeneration") != t.generation:
             rt.kube.apply(builders.build_pod_monitor(owner), None)
+            rt.kube.apply(
+                alerts.build_prometheus_rule(t.name, t.namespace, owner.reference(), builders.common_labels(owner)), None
+            )
     if action:
         rt.kube.clear_annotation(t.namespace, t.name, rollout.ANNOTATION_ACTION)
 
@@ -230,6 +233,13 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
             metrics.ROLLOUTS.labels(result=ev.reason.removeprefix("Canary").lower()).inc()
     if plan.rollout:
         metrics.set_phase(t.namespace, t.name, plan.rollout.phase)
+    metrics.IPC_ACTIVE.labels(t.namespace, t.name).set(1.0 if desired.plan.active else 0.0)
+    r = plan.rollout
+    if r and r.phase == "RolledBack":
+        failed = next((s.name for s in r.signals if s.verdict == "fail"), r.reason)
+        metrics.set_rollback(t.namespace, t.name, r.revision, failed, r.regressed_function)
+    else:
+        metrics.set_rollback(t.namespace, t.name, None, None, None)
 
     ready = sum(1 for p in observed.pods if p.ready)
     unsched = observed.unschedulable()
