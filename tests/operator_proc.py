@@ -41,20 +41,20 @@ class OperatorProcess:
     metrics_port: int = 0
 
     def start(self) -> OperatorProcess:
-        self.metrics_port = free_port()
+        self.metrics_port = int(self.env_extra.get("VLM_METRICS_PORT") or free_port())
         endpoints = self.log_path.with_suffix(".endpoints.json")
         if not endpoints.exists():
             endpoints.write_text("{}")
         env = {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
-            "VLM_METRICS_PORT": str(self.metrics_port),
             "VLM_METRICS_ADDR": "127.0.0.1",
             "VLM_RESYNC_SECONDS": "2",
             # kwok pods have fake IPs: never scrape them, only the endpoints this file names.
             "VLM_SIDECAR_ENDPOINTS": str(endpoints),
             "PYTHONUNBUFFERED": "1",
             **self.env_extra,
+            "VLM_METRICS_PORT": str(self.metrics_port),
         }
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(

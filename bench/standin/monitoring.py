@@ -1,0 +1,148 @@
+"""Real Prometheus and Alertmanager (Debian packages) on loopback, for the e2e tests and the demo.
+
+Prometheus scrapes the sidecars and stand-ins through file-based service
+discovery (`targets.json`, written by podmap) with `honor_labels` so each
+series keeps the pod's labels, scrapes the operator's /metrics, evaluates
+alerts/vlm-operator.rules.yaml and sends alerts to Alertmanager.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "alerts" / "vlm-operator.rules.yaml"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _binary(*names: str) -> str:
+    for n in names:
+        path = shutil.which(n) or (f"/usr/bin/{n}" if Path(f"/usr/bin/{n}").exists() else None)
+        if path:
+            return path
+    raise RuntimeError(f"none of {names} found: run hack/install-system-deps.sh (Debian prometheus packages)")
+
+
+def _wait_http(url: str, what: str, proc: subprocess.Popen, log: Path, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited {proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"{what} not ready at {url} in {timeout}s:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+@dataclass
+class Monitoring:
+    workdir: Path
+    targets_file: Path
+    operator_metrics: str = ""  # host:port of the operator's /metrics, if any
+    scrape_interval: str = "2s"
+    prom_port: int = 0
+    am_port: int = 0
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://127.0.0.1:{self.prom_port}"
+
+    @property
+    def alertmanager_url(self) -> str:
+        return f"http://127.0.0.1:{self.am_port}"
+
+    def start(self) -> Monitoring:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.start_alertmanager()
+        self.start_prometheus()
+        return self
+
+    def start_alertmanager(self) -> None:
+        self.am_port = self.am_port or _free_port()
+        cfg = self.workdir / "alertmanager.yml"
+        cfg.write_text(yaml.safe_dump({
+            "route": {"receiver": "default", "group_wait": "1s", "group_interval": "5s", "repeat_interval": "1h"},
+            "receivers": [{"name": "default"}],
+        }))
+        log = self.workdir / "alertmanager.log"
+        (self.workdir / "am-data").mkdir(exist_ok=True)
+        self.procs["alertmanager"] = subprocess.Popen(
+            [_binary("prometheus-alertmanager", "alertmanager"), f"--config.file={cfg}",
+             f"--storage.path={self.workdir / 'am-data'}", f"--web.listen-address=127.0.0.1:{self.am_port}",
+             "--cluster.listen-address="],
+            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,  # noqa: SIM115
+        )
+        _wait_http(f"{self.alertmanager_url}/-/ready", "alertmanager", self.procs["alertmanager"], log)
+
+    def start_prometheus(self) -> None:
+        self.prom_port = self.prom_port or _free_port()
+        scrape = [
+            {
+                "job_name": "vlm-pods",
+                "honor_labels": True,
+                "scrape_interval": self.scrape_interval,
+                "file_sd_configs": [{"files": [str(self.targets_file)], "refresh_interval": "2s"}],
+            }
+        ]
+        if self.operator_metrics:
+            scrape.append({"job_name": "vlm-operator", "scrape_interval": self.scrape_interval,
+                           "static_configs": [{"targets": [self.operator_metrics]}]})
+        cfg = self.workdir / "prometheus.yml"
+        cfg.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.scrape_interval},
+            "rule_files": [str(RULES)],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.am_port}"]}]}]},
+            "scrape_configs": scrape,
+        }))
+        if not self.targets_file.exists():
+            self.targets_file.write_text("[]")
+        log = self.workdir / "prometheus.log"
+        self.procs["prometheus"] = subprocess.Popen(
+            [_binary("prometheus"), f"--config.file={cfg}", f"--storage.tsdb.path={self.workdir / 'prom-data'}",
+             f"--web.listen-address=127.0.0.1:{self.prom_port}", "--storage.tsdb.retention.time=2h"],
+            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,  # noqa: SIM115
+        )
+        _wait_http(f"{self.prometheus_url}/-/ready", "prometheus", self.procs["prometheus"], log)
+
+    def stop_prometheus(self) -> None:
+        self._stop("prometheus")
+
+    def _stop(self, name: str) -> None:
+        p = self.procs.pop(name, None)
+        if p and p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+
+    def stop(self) -> None:
+        for name in list(self.procs):
+            self._stop(name)
+
+    def query(self, expr: str) -> list[dict]:
+        url = f"{self.prometheus_url}/api/v1/query?query={urllib.request.quote(expr)}"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return json.loads(r.read())["data"]["result"]
+
+    def alerts(self) -> list[dict]:
+        with urllib.request.urlopen(f"{self.alertmanager_url}/api/v2/alerts", timeout=5) as r:
+            return json.loads(r.read())

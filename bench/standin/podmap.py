@@ -1,0 +1,222 @@
+"""Map the operator's (kwok, fake) pods to local processes: a scheduler stand-in plus a real sidecar each.
+
+Used by the e2e tests and `make demo`; never shipped. kwok pods have no
+containers, so for every Running pod of a VLMService this starts
+`sglang_standin.py` with the args and env the operator put in the pod's
+`sglang` container (so the IPC-cache flags decide its speed) and `vlm-sidecar`
+with the pod's profiler env and Downward-API labels, pinned to that stand-in
+with VLM_DISCOVERY_ROOT_PID. It writes:
+
+- `endpoints.json`: pod -> 127.0.0.1:sidecar-port (the operator's VLM_SIDECAR_ENDPOINTS);
+- `targets.json`: Prometheus file_sd targets for the sidecars and stand-ins, labelled like the pods.
+
+Everything listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+HERE = Path(__file__).resolve().parent
+STANDIN = HERE / "sglang_standin.py"
+LABEL_SERVICE = "serving.vlmops.dev/vlmservice"
+LABEL_REVISION = "serving.vlmops.dev/revision"
+LABEL_ROLE = "serving.vlmops.dev/role"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _version_from_image(image: str) -> str | None:
+    m = re.search(r":v?(\d+\.\d+\.\d+(?:\.post\d+)?)", image or "")
+    return m.group(1) if m else None
+
+
+def _replace_flag(args: list[str], flag: str, value: str) -> list[str]:
+    out = list(args)
+    if flag in out:
+        out[out.index(flag) + 1] = value
+    else:
+        out += [flag, value]
+    return out
+
+
+@dataclass
+class Mapped:
+    pod: str
+    revision: str
+    role: str
+    standin: subprocess.Popen
+    sidecar: subprocess.Popen
+    standin_port: int
+    sidecar_port: int
+    labels: dict[str, str]
+
+
+@dataclass
+class PodMapper:
+    api: client.ApiClient
+    namespace: str
+    workdir: Path
+    standin_args: list[str] = field(default_factory=list)  # extra --standin-* flags for every pod
+    mapped: dict[str, Mapped] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def endpoints_file(self) -> Path:
+        return self.workdir / "endpoints.json"
+
+    @property
+    def targets_file(self) -> Path:
+        return self.workdir / "targets.json"
+
+    def start(self, period: float = 1.0) -> PodMapper:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._write()
+        self._thread = threading.Thread(target=self._loop, args=(period,), daemon=True, name="podmap")
+        self._thread.start()
+        return self
+
+    def _loop(self, period: float) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except Exception as e:  # a flaky API call must not end the mapper; the next round retries
+                print(f"[podmap] sync failed: {e}", file=sys.stderr)
+            self._stop.wait(period)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(10)
+        with self._lock:
+            for name in list(self.mapped):
+                self._kill(self.mapped.pop(name))
+            self._write()
+
+    def sync(self) -> None:
+        pods = client.CoreV1Api(self.api).list_namespaced_pod(
+            self.namespace, label_selector="app.kubernetes.io/managed-by=vlm-operator"
+        ).items
+        running = {p.metadata.name: p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp}
+        with self._lock:
+            for name in list(self.mapped):
+                m = self.mapped[name]
+                if name not in running or m.standin.poll() is not None:
+                    self._kill(self.mapped.pop(name))
+            for name, pod in running.items():
+                if name not in self.mapped:
+                    self.mapped[name] = self._launch(pod)
+            self._write()
+
+    def _container(self, pod: Any, name: str) -> Any:
+        return next((c for c in pod.spec.containers if c.name == name), None)
+
+    def _launch(self, pod: Any) -> Mapped:
+        labels = pod.metadata.labels or {}
+        sg = self._container(pod, "sglang")
+        prof = self._container(pod, "profiler")
+        sp, cp = free_port(), free_port()
+        args = _replace_flag(list(sg.args or []), "--port", str(sp))
+        args = _replace_flag(args, "--host", "127.0.0.1")
+        version = _version_from_image(sg.image)
+        if version:
+            args += ["--standin-version", version]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "VLM_"))}
+        env.update({e.name: e.value for e in (sg.env or []) if e.value is not None})
+        log = open(self.workdir / f"{pod.metadata.name}.standin.log", "ab")  # noqa: SIM115
+        standin = subprocess.Popen(
+            [sys.executable, str(STANDIN), *args, *self.standin_args], env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        senv = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "VLM_"))}
+        senv.update({e.name: e.value for e in ((prof.env if prof else None) or []) if e.value is not None})
+        senv.update(
+            {
+                "VLM_SIDECAR_PORT": str(cp),
+                "VLM_SIDECAR_HOST": "127.0.0.1",
+                "VLM_SGLANG_METRICS_URL": f"http://127.0.0.1:{sp}/metrics",
+                "VLM_DISCOVERY_ROOT_PID": str(standin.pid),
+                "POD_NAME": pod.metadata.name,
+                "POD_NAMESPACE": pod.metadata.namespace,
+                "VLM_SERVICE_NAME": labels.get(LABEL_SERVICE, ""),
+                "VLM_REVISION": labels.get(LABEL_REVISION, ""),
+            }
+        )
+        sidecar_bin = shutil.which("vlm-sidecar")
+        cmd = [sidecar_bin] if sidecar_bin else [sys.executable, "-m", "vlm_sidecar"]
+        slog = open(self.workdir / f"{pod.metadata.name}.sidecar.log", "ab")  # noqa: SIM115
+        sidecar = subprocess.Popen(cmd, env=senv, stdout=slog, stderr=subprocess.STDOUT, start_new_session=True)
+        print(f"[podmap] {pod.metadata.name}: stand-in :{sp} (pid {standin.pid}), sidecar :{cp}", file=sys.stderr)
+        return Mapped(
+            pod=pod.metadata.name,
+            revision=labels.get(LABEL_REVISION, ""),
+            role=labels.get(LABEL_ROLE, ""),
+            standin=standin,
+            sidecar=sidecar,
+            standin_port=sp,
+            sidecar_port=cp,
+            labels={
+                "namespace": pod.metadata.namespace,
+                "vlmservice": labels.get(LABEL_SERVICE, ""),
+                "pod": pod.metadata.name,
+                "revision": labels.get(LABEL_REVISION, ""),
+                "role": labels.get(LABEL_ROLE, ""),
+            },
+        )
+
+    @staticmethod
+    def _kill(m: Mapped) -> None:
+        for p in (m.sidecar, m.standin):
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    continue
+        for p in (m.sidecar, m.standin):
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
+
+    def _write(self) -> None:
+        endpoints = {m.pod: f"127.0.0.1:{m.sidecar_port}" for m in self.mapped.values()}
+        targets = [
+            {"targets": [f"127.0.0.1:{m.sidecar_port}"], "labels": {**m.labels, "job_kind": "sidecar"}}
+            for m in self.mapped.values()
+        ] + [
+            {"targets": [f"127.0.0.1:{m.standin_port}"], "labels": {**m.labels, "job_kind": "sglang"}}
+            for m in self.mapped.values()
+        ]
+        for path, data in ((self.endpoints_file, endpoints), (self.targets_file, targets)):
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, indent=1))
+            tmp.replace(path)
+
+    def wait_mapped(self, n: int, timeout: float = 60) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if len(self.mapped) >= n:
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"only {len(self.mapped)} of {n} pods mapped to stand-ins")
