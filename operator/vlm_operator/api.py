@@ -114,7 +114,8 @@ class SGLangSpec(KubeModel):
             ".args",
         ),
         (
-            "self.ipcCache.mode == 'Auto' || !has(self.env) || !self.env.exists(e, e.name in "
+            "!has(self.ipcCache) || !has(self.ipcCache.mode) || self.ipcCache.mode == 'Auto' || !has(self.env) "
+            "|| !self.env.exists(e, e.name in "
             + str(list(IPC_ENV)).replace('"', "'")
             + ")",
             "env must not set SGLANG_USE_CUDA_IPC_TRANSPORT or SGLANG_USE_IPC_POOL_HANDLE_CACHE when "
@@ -192,7 +193,14 @@ class ResourcesSpec(KubeModel):
 
 
 class TelemetrySpec(KubeModel):
-    cel = (("duration(self.duration) <= duration(self.interval)", "duration must not exceed interval", ".duration"),)
+    # has() guards: the API server also checks these rules against the `{}` default, before nested defaulting.
+    cel = (
+        (
+            "!has(self.duration) || !has(self.interval) || duration(self.duration) <= duration(self.interval)",
+            "duration must not exceed interval",
+            ".duration",
+        ),
+    )
 
     enabled: bool = Field(True, description="Run the profiler sidecar.")
     interval: Duration = Field("15s", description="Time between the starts of two sampling windows.")
@@ -227,10 +235,14 @@ class MaxRegression(KubeModel):
 
 class AnalysisSpec(KubeModel):
     cel = (
-        ("self.source != 'Prometheus' || has(self.prometheusURL)",
+        ("!has(self.source) || self.source != 'Prometheus' || has(self.prometheusURL)",
          "source Prometheus needs prometheusURL (or leave source Auto to use the operator's default)",
          ".prometheusURL"),
-        ("duration(self.interval) <= duration(self.maxDuration)", "interval must not exceed maxDuration", ".interval"),
+        (
+            "!has(self.interval) || !has(self.maxDuration) || duration(self.interval) <= duration(self.maxDuration)",
+            "interval must not exceed maxDuration",
+            ".interval",
+        ),
     )
 
     source: Literal["Auto", "Prometheus", "Sidecar"] = Field(
@@ -277,12 +289,14 @@ class RolloutSpec(KubeModel):
 class VLMServiceSpec(KubeModel):
     cel = (
         (
-            "!has(self.gpu.count) || self.gpu.count % self.sglang.tensorParallel == 0",
+            "!has(self.gpu) || !has(self.gpu.count) || !has(self.sglang) || !has(self.sglang.tensorParallel) "
+            "|| self.gpu.count % self.sglang.tensorParallel == 0",
             "gpu.count must be a multiple of sglang.tensorParallel",
             ".gpu.count",
         ),
         (
-            "!has(self.rollout) || self.rollout.steps.all(s, s.replicas <= self.replicas)",
+            "!has(self.rollout) || !has(self.rollout.steps) || !has(self.replicas) "
+            "|| self.rollout.steps.all(s, s.replicas <= self.replicas)",
             "rollout steps must not ask for more canary replicas than spec.replicas",
             ".rollout.steps",
         ),
