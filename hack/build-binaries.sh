@@ -19,6 +19,13 @@ BIN="$CACHE/bin"
 if [[ "${1:-}" == "--print-dir" ]]; then echo "$BIN"; exit 0; fi
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+command -v go >/dev/null || { echo "[build-binaries] go not found; need Go >= 1.24 (k8s $K8S_VERSION)" >&2; exit 1; }
+# GOTOOLCHAIN=local means no toolchain download: fail early and clearly on an old Go (Debian's
+# golang-go 1.19 is too old) instead of midway through a 15-minute build.
+gov="$(go env GOVERSION)"; gov="${gov#go}"
+if ! printf '1.24\n%s\n' "${gov%%[!0-9.]*}" | sort -V -C; then
+  echo "[build-binaries] Go $gov is too old; need >= 1.24 for k8s $K8S_VERSION" >&2; exit 1
+fi
 mkdir -p "$BIN" "$CACHE/src"
 log() { printf '[build-binaries] %s\n' "$*" >&2; }
 

@@ -1,0 +1,194 @@
+"""Pytest plugin with the fixtures for tests that run against the local control plane.
+
+`cluster` reuses a healthy testbed (``hack/testbed status``) or starts one with ``hack/testbed up``;
+a testbed that cannot start fails the test with the component's log tail, it never skips. A
+testbed a pytest session started is stopped when the last session using it ends, unless
+VLM_TESTBED_KEEP=1; start it by hand (``hack/testbed up``) to keep it between runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+REPO = Path(__file__).resolve().parents[1]
+TESTBED = REPO / "hack" / "testbed"
+UP_TIMEOUT_S = float(os.environ.get("VLM_TESTBED_UP_TIMEOUT", "240"))
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A running testbed: where its admin kubeconfig and binaries are."""
+
+    kubeconfig: Path
+    bin_dir: Path
+    run_dir: Path
+    api_url: str
+    started_here: bool
+
+    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None, timeout: float = 60) -> str:
+        """Run the cached kubectl as admin; stdout, or AssertionError with stderr when check fails."""
+        proc = subprocess.run(
+            [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc.stdout
+
+
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float = 30.0,
+    what: str = "condition",
+    interval: float = 0.2,
+    ignore: tuple[type[BaseException], ...] = (),
+) -> T:
+    """Poll predicate until it returns something truthy and return that; AssertionError on timeout.
+
+    Exceptions listed in `ignore` count as "not yet" (e.g. a 404 before an object exists).
+    """
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = predicate()
+        except ignore as e:
+            last = e
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last value: {last!r}")
+        time.sleep(interval)
+
+
+def _testbed(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(TESTBED), *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
+
+
+def _live_sessions(run_dir: Path) -> list[int]:
+    """Pids of pytest sessions registered as using this testbed that are still alive."""
+    live = []
+    for f in (run_dir / "sessions").glob("*"):
+        if f.name.isdigit() and Path(f"/proc/{f.name}").exists():
+            live.append(int(f.name))
+        else:
+            f.unlink(missing_ok=True)
+    return live
+
+
+def _register(session_file: Path) -> None:
+    session_file.parent.mkdir(parents=True, exist_ok=True)
+    session_file.touch()
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """The local control plane, reused when already healthy, else started (and later stopped).
+
+    A testbed that a pytest session started is stopped by the last session using it (unless
+    VLM_TESTBED_KEEP=1); one started by hand with `hack/testbed up` is left running.
+    """
+    info = json.loads(_testbed("env", "--json").stdout)
+    run_dir = Path(info["VLM_TESTBED_DIR"])
+    # Register before looking: a session ending now then sees us and leaves the testbed up.
+    me = run_dir / "sessions" / str(os.getpid())
+    _register(me)
+    started_here = False
+    if _testbed("status").returncode != 0:
+        try:
+            res = _testbed("up", "--timeout", str(UP_TIMEOUT_S), timeout=UP_TIMEOUT_S + 30)
+        except subprocess.TimeoutExpired as e:
+            res = subprocess.CompletedProcess(e.cmd, 124, "", f"{e.stderr or ''}\nhack/testbed up hung")
+        if res.returncode != 0:
+            me.unlink(missing_ok=True)
+            _testbed("down", "--keep")  # stop what did start; keep the logs for a look
+            pytest.fail(
+                "the local control plane did not start (integration tests need it and are not skipped; "
+                f"build binaries with hack/build-binaries.sh):\n{res.stderr}",
+                pytrace=False,
+            )
+        # A fresh etcd means a fresh testbed; restarting one crashed component of a testbed
+        # somebody started by hand does not make it ours to stop.
+        started_here = "etcd: started" in res.stderr
+        _register(me)  # a `down` racing with us may have removed the run dir
+        if started_here:
+            (run_dir / "started-by-pytest").touch()
+    yield Cluster(
+        kubeconfig=Path(info["KUBECONFIG"]),
+        bin_dir=Path(info["VLM_TESTBED_BIN"]),
+        run_dir=run_dir,
+        api_url=info["VLM_TESTBED_API"],
+        started_here=started_here,
+    )
+    me.unlink(missing_ok=True)
+    last_out = not _live_sessions(run_dir)
+    if last_out and (run_dir / "started-by-pytest").exists() and os.environ.get("VLM_TESTBED_KEEP") != "1":
+        _testbed("down")
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: Cluster) -> Iterator[client.ApiClient]:
+    """kubernetes ApiClient authenticated as the testbed admin (system:masters)."""
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def kubectl(cluster: Cluster) -> Callable[..., str]:
+    return cluster.kubectl
+
+
+def _namespace_prefix(test_name: str) -> str:
+    """A DNS-label prefix from the test name; the API server appends 5 random characters."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", test_name.lower().removeprefix("test_")).strip("-")
+    return f"t-{slug[:40].rstrip('-')}-"
+
+
+@pytest.fixture
+def namespace(kube: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace, ready for pods (its default ServiceAccount exists); deleted afterwards."""
+    core = client.CoreV1Api(kube)
+    ns = core.create_namespace(
+        {
+            "metadata": {
+                "generateName": _namespace_prefix(request.node.name),
+                "labels": {"vlm-testbed/test": "true"},
+            }
+        }
+    )
+    name = ns.metadata.name
+    # The ServiceAccount admission plugin rejects pods until kube-controller-manager made it.
+    wait_for(
+        lambda: core.read_namespaced_service_account("default", name),
+        30,
+        f"ServiceAccount {name}/default",
+        ignore=(ApiException,),
+    )
+    yield name
+    try:
+        core.delete_namespace(name, propagation_policy="Background")
+    except ApiException as e:
+        if e.status != 404:
+            raise
