@@ -23,6 +23,8 @@ lint:
 	ruff check .
 	lint-imports
 	$(PY) -m vlm_operator.crdgen --check
+	$(PY) -m vlm_operator.alerts --check
+	$(PY) dashboards/build.py --check
 
 # Unit (fast and slow), SGLang wheel compatibility, integration and e2e tiers.
 test: setup lint

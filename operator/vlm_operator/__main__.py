@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import sys
 
 from . import __version__
@@ -21,6 +22,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="vlm-operator", description=__doc__.splitlines()[0])
     p.add_argument("--namespace", "-n", action="append", default=None, help="namespace to watch (repeatable)")
     p.add_argument("--peering", default=None, help="kopf peering name (for more than one replica)")
+    p.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="kopf peering priority; the highest active replica works, the others stand by "
+        "(default with --peering: random, so equal priorities never pause every replica)",
+    )
     p.add_argument("--liveness", default="http://0.0.0.0:8081/healthz", help="kopf liveness endpoint")
     p.add_argument("--version", action="version", version=__version__)
     args = p.parse_args(argv)
@@ -40,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     kopf.run(
         standalone=args.peering is None,
         peering_name=args.peering,
+        priority=args.priority if args.priority is not None else (random.randint(1, 2**31) if args.peering else 0),
         namespaces=list(settings.namespaces),
         clusterwide=not settings.namespaces,
         liveness_endpoint=args.liveness,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 RULES_FILE = Path("alerts") / "vlm-operator.rules.yaml"
+OUTPUTS = (RULES_FILE, Path("charts") / "vlm-operator" / "files" / "vlm-operator.rules.yaml")
 RUNBOOK = "https://github.com/vlmops/vlm-operator/blob/main/docs/alerts.md#"
 WATCHED = "process_input_requests|hash_feature|reconstruct_on_target_device"
 
@@ -120,20 +121,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true")
     p.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[2])
     a = p.parse_args(argv)
-    path = a.root / RULES_FILE
     text = render()
-    if a.check:
-        current = path.read_text() if path.exists() else ""
-        if current != text:
-            sys.stderr.write("\n".join(difflib.unified_diff(current.splitlines(), text.splitlines(), lineterm="")))
-            sys.stderr.write(f"\n{path} is stale: run `python -m vlm_operator.alerts`\n")
-            return 1
-        return 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    print(f"wrote {path}")
-    return 0
-
+    status = 0
+    for rel in OUTPUTS:
+        path = a.root / rel
+        if a.check:
+            current = path.read_text() if path.exists() else ""
+            if current != text:
+                diff = difflib.unified_diff(current.splitlines(), text.splitlines(), lineterm="")
+                sys.stderr.write("\n".join(diff))
+                sys.stderr.write(f"\n{path} is stale: run `python -m vlm_operator.alerts`\n")
+                status = 1
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path}")
+    return status
 
 if __name__ == "__main__":
     sys.exit(main())
