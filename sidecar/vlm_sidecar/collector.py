@@ -1,0 +1,206 @@
+"""State the sidecar keeps between windows, and the Prometheus collector that reads it at scrape time.
+
+`ProfileStore` is written by the runner and read by the collector and the HTTP server (thread-safe).
+`build_families` is pure: store snapshot + labels + now -> metric families. The text it yields looks like
+
+    vlm_scheduler_stage_share{namespace="ml",vlmservice="qwen",pod="qwen-abc",revision="7d9",tp_rank="0",stage="run_batch"} 0.71
+    vlm_scheduler_function_share{...,tp_rank="0",function="hash_feature",kind="inclusive"} 0.042
+    vlm_profiler_windows_total{...,tp_rank="0",result="ok"} 12.0
+    vlm_profiler_stale{...,tp_rank="0"} 0.0
+
+Series without a rank (no target found yet) carry tp_rank="", which Prometheus reads as no label.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from vlm_sidecar.model import STAGES, WindowSummary
+
+LOOP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5,
+                math.inf)
+
+
+@dataclass
+class RankState:
+    bucket_counts: list[int] = field(default_factory=lambda: [0] * len(LOOP_BUCKETS))
+    loop_sum: float = 0.0
+    loop_count: int = 0
+    samples_total: float = 0.0
+    last_ok: WindowSummary | None = None
+    last: WindowSummary | None = None
+    effective_rate_hz: float = 0.0
+    agreement: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class StoreSnapshot:
+    ranks: dict[int, RankState]
+    windows_total: dict[tuple[str, str], float]
+    errors_total: dict[tuple[str, str], float]
+    windows: list[WindowSummary]
+
+
+class ProfileStore:
+    """Windows and counters; stacks of the last `history` windows are kept for baselines and diffs."""
+
+    def __init__(self, history: int = 64) -> None:
+        self._lock = threading.Lock()
+        self._next_id = 1
+        self._windows: deque[WindowSummary] = deque(maxlen=history)
+        self._stacks: dict[int, dict[tuple[str, ...], float]] = {}
+        self._ranks: dict[int, RankState] = {}
+        self._windows_total: dict[tuple[str, str], float] = {}
+        self._errors_total: dict[tuple[str, str], float] = {}
+
+    def new_id(self) -> int:
+        with self._lock:
+            wid = self._next_id
+            self._next_id += 1
+            return wid
+
+    def count_error(self, kind: str, tp_rank: int | None = None) -> None:
+        key = ("" if tp_rank is None else str(tp_rank), kind)
+        with self._lock:
+            self._errors_total[key] = self._errors_total.get(key, 0.0) + 1
+
+    def count_window(self, result: str, tp_rank: int | None = None) -> None:
+        key = ("" if tp_rank is None else str(tp_rank), result)
+        with self._lock:
+            self._windows_total[key] = self._windows_total.get(key, 0.0) + 1
+
+    def add_window(self, w: WindowSummary, stacks: dict[tuple[str, ...], float] | None,
+                   effective_rate_hz: float, agreement: dict[str, float] | None = None) -> None:
+        """Record a finished window (any result). Only usable (ok) windows move the histogram and shares."""
+        key = (str(w.tp_rank), w.result)
+        with self._lock:
+            self._windows_total[key] = self._windows_total.get(key, 0.0) + 1
+            rs = self._ranks.setdefault(w.tp_rank, RankState())
+            rs.last = w
+            rs.samples_total += w.samples
+            if w.result == "ok":
+                rs.last_ok = w
+                rs.effective_rate_hz = effective_rate_hz
+                for v in w.loop_samples:
+                    rs.loop_sum += v
+                    rs.loop_count += 1
+                    for i, le in enumerate(LOOP_BUCKETS):
+                        if v <= le:
+                            rs.bucket_counts[i] += 1
+                            break
+                if agreement is not None:
+                    rs.agreement = dict(agreement)
+            if len(self._windows) == self._windows.maxlen:
+                self._stacks.pop(self._windows[0].id, None)
+            self._windows.append(w)
+            if stacks:
+                self._stacks[w.id] = dict(stacks)
+
+    def windows(self) -> list[WindowSummary]:
+        with self._lock:
+            return list(self._windows)
+
+    def stacks(self, window_id: int) -> dict[tuple[str, ...], float] | None:
+        with self._lock:
+            return self._stacks.get(window_id)
+
+    def latest_with_stacks(self, tp_rank: int = 0) -> tuple[WindowSummary, dict[tuple[str, ...], float]] | None:
+        with self._lock:
+            for w in reversed(self._windows):
+                if w.tp_rank == tp_rank and w.id in self._stacks:
+                    return w, self._stacks[w.id]
+        return None
+
+    def snapshot(self) -> StoreSnapshot:
+        with self._lock:
+            ranks = {r: RankState(list(s.bucket_counts), s.loop_sum, s.loop_count, s.samples_total, s.last_ok,
+                                  s.last, s.effective_rate_hz, dict(s.agreement)) for r, s in self._ranks.items()}
+            return StoreSnapshot(ranks, dict(self._windows_total), dict(self._errors_total), list(self._windows))
+
+
+def is_stale(rs: RankState | None, now: float, stale_after_s: float) -> bool:
+    """No usable window yet, the last window failed, or the last usable one is too old."""
+    if rs is None or rs.last_ok is None or rs.last is None:
+        return True
+    return rs.last.result != "ok" or now - rs.last_ok.end > stale_after_s
+
+
+def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stale_after_s: float):
+    """Metric families for one scrape. Pure."""
+    names = [*labels, "tp_rank"]
+    base = list(labels.values())
+
+    def lv(rank: str, *extra: str) -> list[str]:
+        return [*base, rank, *extra]
+
+    hist = HistogramMetricFamily("vlm_scheduler_loop_seconds",
+                                 "Estimated scheduler loop iteration time (from py-spy stage transitions).",
+                                 labels=names)
+    stage = GaugeMetricFamily("vlm_scheduler_stage_share", "Share of scheduler time per loop stage, last window.",
+                              labels=[*names, "stage"])
+    func = GaugeMetricFamily("vlm_scheduler_function_share",
+                             "Share of scheduler time in a function (inclusive or self), last window.",
+                             labels=[*names, "function", "kind"])
+    windows = CounterMetricFamily("vlm_profiler_windows", "Profiling windows by result.",
+                                  labels=[*names, "result"])
+    samples = CounterMetricFamily("vlm_profiler_samples", "py-spy samples taken.", labels=names)
+    last_ts = GaugeMetricFamily("vlm_profiler_last_window_timestamp_seconds",
+                                "End of the last usable window (unix seconds).", labels=names)
+    errors = CounterMetricFamily("vlm_profiler_errors", "Sampling errors by kind.", labels=[*names, "kind"])
+    rate = GaugeMetricFamily("vlm_profiler_effective_rate_hz", "Samples per second py-spy achieved, last window.",
+                             labels=names)
+    stale = GaugeMetricFamily("vlm_profiler_stale", "1 when the exported profile is not current.", labels=names)
+    agree = GaugeMetricFamily("vlm_profiler_sglang_stage_share_abs_diff",
+                              "|sidecar - SGLang scheduler_stage_seconds_total| stage share, last window.",
+                              labels=[*names, "stage"])
+    agree_max = GaugeMetricFamily("vlm_profiler_sglang_agreement_max_abs_diff",
+                                  "Largest stage-share difference between the sidecar and SGLang's own counters.",
+                                  labels=names)
+    for rank, rs in sorted(snap.ranks.items()):
+        r = str(rank)
+        cum, buckets = 0, []
+        for le, c in zip(LOOP_BUCKETS, rs.bucket_counts, strict=True):
+            cum += c
+            buckets.append(("+Inf" if math.isinf(le) else repr(le), cum))
+        hist.add_metric(lv(r), buckets, rs.loop_sum)
+        samples.add_metric(lv(r), rs.samples_total)
+        stale.add_metric(lv(r), 1.0 if is_stale(rs, now, stale_after_s) else 0.0)
+        if rs.last_ok is not None:
+            w = rs.last_ok
+            for st in STAGES:
+                stage.add_metric(lv(r, st), w.stage_shares.get(st, 0.0))
+            for fn, v in w.function_shares.items():
+                func.add_metric(lv(r, fn, "inclusive"), v)
+            for fn, v in w.self_shares.items():
+                func.add_metric(lv(r, fn, "self"), v)
+            last_ts.add_metric(lv(r), w.end)
+            rate.add_metric(lv(r), rs.effective_rate_hz)
+        for st, v in sorted(rs.agreement.items()):
+            agree.add_metric(lv(r, st), v)
+        if rs.agreement:
+            agree_max.add_metric(lv(r), max(rs.agreement.values()))
+    if not snap.ranks:
+        stale.add_metric(lv(""), 1.0)
+    for (r, result), v in sorted(snap.windows_total.items()):
+        windows.add_metric(lv(r, result), v)
+    for (r, kind), v in sorted(snap.errors_total.items()):
+        errors.add_metric(lv(r, kind), v)
+    return [hist, stage, func, windows, samples, last_ts, errors, rate, stale, agree, agree_max]
+
+
+class SidecarCollector:
+    """prometheus_client custom collector: computes everything from the store at scrape time."""
+
+    def __init__(self, store: ProfileStore, labels: dict[str, str], stale_after_s: float, clock) -> None:
+        self.store = store
+        self.labels = labels
+        self.stale_after_s = stale_after_s
+        self.clock = clock
+
+    def collect(self):
+        yield from build_families(self.store.snapshot(), self.labels, self.clock(), self.stale_after_s)

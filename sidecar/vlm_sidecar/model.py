@@ -1,0 +1,127 @@
+"""Plain data the sidecar passes between its layers: parsed traces, targets, window results.
+
+Nothing here does I/O or reads a clock; every other module may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# The scheduler stages DESIGN.md names, in the order SGLang's event loop runs them.
+LOOP_STAGES = (
+    "recv_requests",
+    "process_input_requests",
+    "get_next_batch_to_run",
+    "run_batch",
+    "process_batch_result",
+)
+STAGES = (*LOOP_STAGES, "idle", "other")
+
+# Error kinds counted in vlm_profiler_errors_total{kind}; fixed so dashboards can rely on them.
+ERROR_KINDS = (
+    "pyspy_missing",
+    "permission_denied",
+    "target_gone",
+    "timeout",
+    "crash",
+    "empty_output",
+    "truncated",
+    "parse",
+    "no_target",
+    "sglang_scrape",
+)
+# Results counted in vlm_profiler_windows_total{result}.
+WINDOW_RESULTS = ("ok", "partial", "error", "no_target")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One thread's stack, unchanged from start_us to end_us (microseconds since py-spy started)."""
+
+    start_us: float
+    end_us: float
+    stack: tuple[str, ...]  # frame labels, root first: "name (file)"
+
+    @property
+    def duration_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+@dataclass
+class ParsedTrace:
+    """What a parser could make of one py-spy output; errors are counted, never raised."""
+
+    threads: dict[int, list[Segment]] = field(default_factory=dict)
+    bad_events: int = 0
+    truncated: bool = False
+    error: str | None = None  # set when nothing usable came out
+
+
+@dataclass(frozen=True)
+class Target:
+    """A scheduler process found in /proc."""
+
+    pid: int
+    title: str
+    tp_rank: int
+    start_ticks: int  # /proc/PID/stat starttime: tells a restarted process from a reused pid
+
+
+@dataclass(frozen=True)
+class LoopEstimate:
+    """Loop iterations recovered from stage transitions in one window."""
+
+    iterations: int
+    mean_s: float | None
+    p50_s: float | None
+    p95_s: float | None
+    samples_s: tuple[float, ...]  # one per estimated iteration, for the histogram
+    boundaries: int  # reversals seen before the missed-boundary correction
+
+
+@dataclass(frozen=True)
+class WindowSummary:
+    """One profiling window of one TP rank, as /windows.json and the collector expose it."""
+
+    id: int
+    tp_rank: int
+    pid: int | None
+    start: float
+    end: float
+    samples: int
+    loop_mean_seconds: float | None
+    loop_p50_seconds: float | None
+    loop_p95_seconds: float | None
+    iterations: int
+    stage_shares: dict[str, float]
+    function_shares: dict[str, float]
+    self_shares: dict[str, float]
+    top_function: str | None
+    stale: bool
+    error: str | None
+    result: str = "ok"
+    loop_samples: tuple[float, ...] = ()
+    sglang_stage_shares: dict[str, float] | None = None
+
+    def to_json(self) -> dict:
+        """The /windows.json shape (keys are a contract with the canary gate)."""
+        return {
+            "id": self.id,
+            "tp_rank": self.tp_rank,
+            "pid": self.pid,
+            "start": self.start,
+            "end": self.end,
+            "samples": self.samples,
+            "loop_mean_seconds": self.loop_mean_seconds,
+            "loop_p50_seconds": self.loop_p50_seconds,
+            "loop_p95_seconds": self.loop_p95_seconds,
+            "iterations": self.iterations,
+            "stage_shares": dict(self.stage_shares),
+            "function_shares": dict(self.function_shares),
+            "self_shares": dict(self.self_shares),
+            "top_function": self.top_function,
+            "stale": self.stale,
+            "error": self.error,
+            "result": self.result,
+            "sglang_stage_shares": self.sglang_stage_shares,
+        }

@@ -1,0 +1,195 @@
+"""Faults with real processes: py-spy missing, denied, crashing, hanging, writing garbage or half a file;
+the target exiting mid-window, restarting, or absent. The sidecar counts each, marks data stale, keeps going.
+
+The "broken py-spy" cases wrap the real py-spy binary in a small script that breaks it the way it breaks
+in the field (killed by a signal, output cut, permission dropped)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from vlm_sidecar.collector import ProfileStore, build_families
+from vlm_sidecar.config import SidecarConfig
+from vlm_sidecar.discovery import discover
+from vlm_sidecar.runner import Runner, judge
+from vlm_sidecar.sampler import PySpySampler, SampleOutcome, classify_failure
+
+pytestmark = pytest.mark.slow
+
+
+def wrapper(tmp_path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text("#!/bin/bash\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def out_arg() -> str:
+    # bash: find the value after -o in "$@"
+    return 'out=""; prev=""; for a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done'
+
+
+def metrics(store: ProfileStore, now: float | None = None) -> dict:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    class C:
+        def collect(self):
+            yield from build_families(store.snapshot(), {"namespace": "ns", "vlmservice": "s", "pod": "p",
+                                                         "revision": "r"}, now or time.time(), 60)
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(C())
+    out = {}
+    for fam in text_string_to_metric_families(generate_latest(reg).decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k in ("tp_rank", "result", "kind"))))] = \
+                s.value
+    return out
+
+
+def make_runner(pyspy: str, standin_proc, duration: float = 1.0, slack: float = 10.0):
+    cfg = SidecarConfig(interval_s=2, duration_s=duration, rate_hz=200, sglang_metrics_url=None,
+                        timeout_slack_s=slack)
+    store = ProfileStore(16)
+    sampler = PySpySampler(pyspy, cfg.rate_hz, cfg.duration_s, timeout_slack_s=slack, grace_s=2)
+    root = standin_proc.proc.pid if standin_proc is not None else -1
+    runner = Runner(cfg, store, sampler, lambda: discover("/proc", "sglang::scheduler", root), scrape=None)
+    return runner, store
+
+
+def test_classify_failure_messages():
+    assert classify_failure(1, "Permission Denied: Try running again", True)[0] == "permission_denied"
+    assert classify_failure(1, "Error: Failed to get process executable name. Check that the process is running.",
+                            True)[0] == "target_gone"
+    assert classify_failure(0, "py-spy> Stopped sampling because process exited", False)[0] == "target_gone"
+    assert classify_failure(-11, "", True)[0] == "crash"
+    assert classify_failure(None, "", True)[0] == "timeout"
+    assert classify_failure(0, "Samples: 10 Errors: 0", True) is None
+
+
+def test_judge_pure():
+    base = dict(pid=1, started=0.0, ended=1.0, returncode=0, stderr="", samples=5, pyspy_errors=0)
+    assert judge(SampleOutcome(output=None, error_kind="pyspy_missing", error="x", **base), None)[0] == "error"
+    assert judge(SampleOutcome(output=b"", error_kind=None, error=None, **base), None) == (
+        "error", ["empty_output"], "no samples")
+
+
+def test_pyspy_missing(standin):
+    s = standin()
+    runner, store = make_runner("/nonexistent/py-spy", s)
+    [w] = runner.run_window()
+    assert w.result == "error" and w.stale and "py-spy" in w.error
+    m = metrics(store)
+    assert m[("vlm_profiler_errors_total", (("kind", "pyspy_missing"), ("tp_rank", "0")))] == 1
+    assert m[("vlm_profiler_windows_total", (("result", "error"), ("tp_rank", "0")))] == 1
+    assert m[("vlm_profiler_stale", (("tp_rank", "0"),))] == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root to drop privileges")
+def test_permission_denied(standin, pyspy, tmp_path):
+    s = standin()
+    denied = wrapper(tmp_path, "py-spy", f'exec setpriv --reuid=65534 --regid=65534 --clear-groups {pyspy} "$@"')
+    runner, store = make_runner(denied, s)
+    [w] = runner.run_window()
+    assert w.result == "error"
+    assert metrics(store)[("vlm_profiler_errors_total", (("kind", "permission_denied"), ("tp_rank", "0")))] == 1
+
+
+def test_pyspy_killed_mid_window(standin, pyspy, tmp_path):
+    # OOM-killer style: SIGKILL, nothing written.
+    s = standin()
+    crash = wrapper(tmp_path, "py-spy", f'{pyspy} "$@" & p=$!; sleep 0.5; kill -KILL $p; wait $p')
+    runner, store = make_runner(crash, s, duration=3)
+    [w] = runner.run_window()
+    assert w.result == "error" and "py-spy" in w.error, w.error
+    assert metrics(store)[("vlm_profiler_errors_total", (("kind", "crash"), ("tp_rank", "0")))] == 1
+
+
+def test_pyspy_hangs_then_is_killed(standin, tmp_path):
+    s = standin()
+    hang = wrapper(tmp_path, "py-spy",
+                   'exec python3 -c "import signal,time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"')
+    runner, store = make_runner(hang, s, duration=1, slack=1)
+    t0 = time.time()
+    [w] = runner.run_window()
+    assert time.time() - t0 < 20
+    assert w.result == "error"
+    assert metrics(store)[("vlm_profiler_errors_total", (("kind", "timeout"), ("tp_rank", "0")))] == 1
+
+
+def test_pyspy_overruns_and_sigint_keeps_its_data(standin, pyspy, tmp_path):
+    """py-spy still running at the deadline gets SIGINT, writes what it has: a partial, stale window."""
+    s = standin()
+    slow = wrapper(tmp_path, "py-spy", f'args=(); for a in "$@"; do args+=("$a"); done; '
+                   f'for i in "${{!args[@]}}"; do [ "${{args[$i]}}" = "-d" ] && args[$((i+1))]=30; done; '
+                   f'exec {pyspy} "${{args[@]}}"')
+    runner, store = make_runner(slow, s, duration=1, slack=1)
+    [w] = runner.run_window()
+    assert w.result == "partial" and w.stale and w.samples > 0
+    assert store.latest_with_stacks(0) is not None  # the flamegraph still has something to show
+
+
+def test_truncated_output(standin, pyspy, tmp_path):
+    s = standin()
+    cut = wrapper(tmp_path, "py-spy", f'{out_arg()}; {pyspy} "$@"; rc=$?; python3 -c "import sys; p = sys.argv[1]; d = open(p, \'rb\').read(); open(p, \'wb\').write(d[: len(d) // 2])" "$out"; exit $rc')
+    runner, store = make_runner(cut, s)
+    [w] = runner.run_window()
+    assert w.result == "partial" and w.stale
+    assert metrics(store)[("vlm_profiler_errors_total", (("kind", "truncated"), ("tp_rank", "0")))] == 1
+
+
+def test_garbage_output(standin, tmp_path):
+    s = standin()
+    junk = wrapper(tmp_path, "py-spy", f'{out_arg()}; head -c 3000 /dev/urandom > "$out"; echo "Samples: 9 Errors: 0"')
+    runner, store = make_runner(junk, s)
+    [w] = runner.run_window()
+    assert w.result == "error"
+    assert metrics(store)[("vlm_profiler_errors_total", (("kind", "parse"), ("tp_rank", "0")))] == 1
+
+
+def test_target_exits_mid_window_then_restarts(standin, pyspy):
+    """Kill the scheduler during a window: counted as target_gone, partial; the respawned one is found next."""
+    s = standin("--standin-restart")
+    runner, store = make_runner(pyspy, s, duration=3)
+    old = s.pids[0]
+    threading.Timer(1.0, os.kill, (old, signal.SIGKILL)).start()
+    [w] = runner.run_window()
+    assert w.pid == old and w.stale and w.result in ("partial", "error")
+    assert metrics(store)[("vlm_profiler_errors_total", (("kind", "target_gone"), ("tp_rank", "0")))] == 1
+    deadline = time.time() + 20
+    while time.time() < deadline and s.current_pids()[0] == old:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    [w2] = runner.run_window()
+    assert w2.pid != old and w2.result == "ok" and not w2.stale
+    m = metrics(store)
+    assert m[("vlm_profiler_stale", (("tp_rank", "0"),))] == 0
+
+
+def test_no_target_and_loop_survives(pyspy):
+    cfg = SidecarConfig(interval_s=0.2, duration_s=0.1, rate_hz=100, sglang_metrics_url=None)
+    store = ProfileStore(4)
+    runner = Runner(cfg, store, PySpySampler(pyspy, 100, 1), lambda: [], scrape=None)
+    t = threading.Thread(target=runner.run_forever)
+    t.start()
+    time.sleep(1.0)
+    assert t.is_alive()
+    runner.stop()
+    t.join(5)
+    m = metrics(store)
+    assert m[("vlm_profiler_windows_total", (("result", "no_target"), ("tp_rank", "")))] >= 2
+    assert m[("vlm_profiler_stale", (("tp_rank", ""),))] == 1
+
+
+def test_sampler_targets_gone_pid(pyspy):
+    p = subprocess.Popen(["true"])
+    p.wait()
+    out = PySpySampler(pyspy, 100, 1).record(p.pid)
+    assert out.error_kind == "target_gone" and out.output is None
