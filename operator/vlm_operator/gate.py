@@ -9,8 +9,8 @@ The rule, in short (docs/canary-analysis.md has the long form and the measured e
   averaged first, because lock-stepped ranks are not independent observations;
 - per signal, Yuen's trimmed Welch test of canary against baseline (vlm_operator.stats): latencies
   on the log scale (relative change), shares as percentage-point differences;
-- Rollback when a signal is worse with confidence (one-sided bound beyond 0, Bonferroni-corrected
-  over the planned looks and the signals) AND its estimate exceeds the allowed margin;
+- Rollback when a signal is worse than half its margin with confidence (one-sided bound,
+  Bonferroni-corrected over the planned looks and the signals) AND its estimate exceeds the margin;
 - Promote when, after the step's analysis time, every signal's one-sided upper bound is inside
   its margin (non-inferiority; all must pass, so no correction across signals is needed);
 - Inconclusive on stale profiler data, no traffic or too few windows; at maxDuration the policy's
@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from vlm_operator import stats
@@ -74,6 +75,8 @@ SIGNALS: Mapping[str, _Spec] = {
 
 def _num(v: Any) -> float | None:
     """A finite float from a JSON value, or None (bools are not numbers here)."""
+    if type(v) is float:  # the common case, kept cheap: the gate parses every window at every look
+        return v if math.isfinite(v) else None
     if isinstance(v, bool) or v is None:
         return None
     try:
@@ -273,15 +276,28 @@ class Decision:
 # Preparing one revision's windows
 
 
-@dataclass(frozen=True)
 class _Unit:
-    """The analysis unit: one pod over one window, TP ranks averaged."""
+    """The analysis unit: one pod over one window, its TP ranks averaged (computed on first use,
+    since function shares are only needed when gated or when a rollback names the culprit)."""
 
-    pod: str
-    end: float
-    values: Mapping[str, float | None]
-    stage_shares: Mapping[str, float]
-    function_shares: Mapping[str, float]
+    def __init__(self, windows: Sequence[Window]):
+        self.windows = tuple(windows)
+        self.pod = self.windows[0].pod
+        self.end = max(w.end for w in self.windows)
+
+    @cached_property
+    def values(self) -> Mapping[str, float | None]:
+        return {
+            name: _mean([getattr(w, attr) for w in self.windows]) for name, attr in _SCALAR_FIELDS.items()
+        }
+
+    @cached_property
+    def stage_shares(self) -> Mapping[str, float]:
+        return _mean_shares([w.stage_shares for w in self.windows])
+
+    @cached_property
+    def function_shares(self) -> Mapping[str, float]:
+        return _mean_shares([w.function_shares for w in self.windows])
 
 
 _SCALAR_FIELDS = {
@@ -318,20 +334,15 @@ def _mean(xs: Sequence[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def _mean_shares(maps: Sequence[Mapping[str, float]]) -> dict[str, float]:
+def _mean_shares(maps: Sequence[Mapping[str, float]]) -> Mapping[str, float]:
     # A key missing from one window is below that window's top-N cut: count it as 0.
-    keys = set().union(*maps) if maps else set()
-    return {k: sum(m.get(k, 0.0) for m in maps) / len(maps) for k in keys}
-
-
-def _merge(group: Sequence[Window]) -> _Unit:
-    return _Unit(
-        pod=group[0].pod,
-        end=max(w.end for w in group),
-        values={name: _mean([getattr(w, attr) for w in group]) for name, attr in _SCALAR_FIELDS.items()},
-        stage_shares=_mean_shares([w.stage_shares for w in group]),
-        function_shares=_mean_shares([w.function_shares for w in group]),
-    )
+    if len(maps) == 1:
+        return maps[0]
+    total: dict[str, float] = {}
+    for m in maps:
+        for k, v in m.items():
+            total[k] = total.get(k, 0.0) + v
+    return {k: v / len(maps) for k, v in total.items()}
 
 
 def _units(windows: Sequence[Window], merge_s: float) -> list[_Unit]:
@@ -344,11 +355,11 @@ def _units(windows: Sequence[Window], merge_s: float) -> list[_Unit]:
         group: list[Window] = []
         for w in sorted(by_pod[pod], key=lambda w: (w.end, w.tp_rank, w.id)):
             if group and (w.end - group[0].end > merge_s or any(g.tp_rank == w.tp_rank for g in group)):
-                units.append(_merge(group))
+                units.append(_Unit(group))
                 group = []
             group.append(w)
         if group:
-            units.append(_merge(group))
+            units.append(_Unit(group))
     return units
 
 
@@ -421,6 +432,10 @@ def _instances(policy: GatePolicy, b: Sequence[_Unit], c: Sequence[_Unit]) -> li
     return out
 
 
+def _has_values(inst: _Instance) -> bool:
+    return any(v is not None for v in inst.baseline) and any(v is not None for v in inst.canary)
+
+
 def _share(units: Sequence[_Unit], kind: str, key: str) -> tuple[float, ...]:
     return tuple((u.stage_shares if kind == "stage" else u.function_shares).get(key, 0.0) for u in units)
 
@@ -462,7 +477,10 @@ def _evaluate(
         worse_lcb = cmp.low if spec.higher_is_worse else -cmp.high
         worse_ucb = cmp.high if spec.higher_is_worse else -cmp.low
         verdict: SignalVerdict = "insufficient"
-        if enough and worse_lcb > 0 and worse_est > margin:
+        # Rollback: confidently worse than half the allowance, and most likely worse than all of it.
+        # The bound alone controls false rollbacks of canaries within half the margin; the estimate
+        # condition keeps small-but-certain differences (a slower node) inside the allowance.
+        if enough and worse_lcb > margin / 2 and worse_est > margin:
             verdict = "fail"
         elif enough and worse_ucb < margin:
             verdict = "pass"
@@ -580,11 +598,13 @@ def decide(
     by_family: dict[str, list[_Instance]] = defaultdict(list)
     for inst in _instances(policy, b.units, c.units):
         by_family[inst.family].append(inst)
-    families = len(policy.max_regression)
-    # Weighted Bonferroni: each gated family gets an equal part of the rollback budget per look,
-    # split evenly over its members (stages, functions), so loop latency keeps its power however
-    # many functions are watched. Promotion needs every signal to pass (an intersection-union
-    # test), so only the repeated promotion looks divide its budget.
+    # Weighted Bonferroni: each gated family that has data gets an equal part of the rollback budget
+    # per look, split evenly over its members (stages, functions), so loop latency keeps its power
+    # however many functions are watched, and request signals nobody scrapes cost nothing (which
+    # families have data depends on the sources, not on the values, so the bound still holds).
+    # Promotion needs every signal to pass (an intersection-union test), so only the repeated
+    # promotion looks divide its budget.
+    families = max(1, sum(any(_has_values(i) for i in insts) for insts in by_family.values()))
     alpha_promote = stats.bonferroni(alpha, promote_looks)
     signals = tuple(
         result
@@ -647,7 +667,14 @@ def _optional_absent(s: SignalResult) -> bool:
     return not SIGNALS[_family(s.name)].required and s.n_baseline == 0 and s.n_canary == 0
 
 
-def _at_max_duration(policy: GatePolicy, signals, why: str, *, data_missing: bool, attribution) -> Decision:
+def _at_max_duration(
+    policy: GatePolicy,
+    signals: tuple[SignalResult, ...],
+    why: str,
+    *,
+    data_missing: bool,
+    attribution: Callable[[], tuple[str | None, str | None]],
+) -> Decision:
     reason = "MaxDurationReached"
     action = policy.on_inconclusive
     prefix = f"no verdict within maxDuration {policy.max_duration_s:.0f}s ({why})"

@@ -15,6 +15,7 @@ multiplicative pod or load factors do not skew it; shares are compared as plain 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -96,22 +97,33 @@ def compare_many(
     for i, (b_raw, c_raw) in enumerate(zip(baselines, canaries, strict=True)):
         b = finite(b_raw, positive=log)
         c = finite(c_raw, positive=log)
-        if b.size >= MIN_PER_SIDE and c.size >= MIN_PER_SIDE:
-            groups.setdefault((b.size, c.size), []).append((i, b, c))
+        if b.size < MIN_PER_SIDE or c.size < MIN_PER_SIDE:
+            continue
+        if np.ptp(b) == 0 and np.ptp(c) == 0:
+            out[i] = _constant(float(b[0]), float(c[0]), int(b.size), int(c.size), log)
+            continue
+        groups.setdefault((b.size, c.size), []).append((i, b, c))
     for rows in groups.values():
         bx = np.stack([r[1] for r in rows])
         cx = np.stack([r[2] for r in rows])
         if log:
             bx, cx = np.log(bx), np.log(cx)
-        res = _st.ttest_ind(cx, bx, axis=1, equal_var=False, trim=trim)
+        with warnings.catch_warnings():
+            # Nearly constant windows (an idle stage at 0.0 everywhere) trip scipy's precision
+            # warning; the result is still right to the last digits that matter here.
+            warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
+            res = _st.ttest_ind(cx, bx, axis=1, equal_var=False, trim=trim)
         # Two-sided at 1 - 2*alpha gives the one-sided bound at alpha on each side.
         lows = np.atleast_1d(res.confidence_interval(1 - 2 * alpha_low).low)
         highs = np.atleast_1d(res.confidence_interval(1 - 2 * alpha_high).high)
         centre_b = np.atleast_1d(_st.trim_mean(bx, trim, axis=1))
         centre_c = np.atleast_1d(_st.trim_mean(cx, trim, axis=1))
         t_stat, df = np.atleast_1d(res.statistic), np.atleast_1d(res.df)
+        # NaN statistic: both sides constant and equal (no difference, no spread): no evidence either way.
+        flat = np.isnan(t_stat)
+        p_greater = np.where(flat, 1.0, _st.t.sf(np.where(flat, 0.0, t_stat), df))
+        p_less = np.where(flat, 1.0, _st.t.cdf(np.where(flat, 0.0, t_stat), df))
         for j, (i, b, c) in enumerate(rows):
-            p_greater, p_less = _one_sided_p(float(t_stat[j]), float(df[j]))
             diff = float(centre_c[j] - centre_b[j])
             low, high = float(lows[j]), float(highs[j])
             if log:
@@ -121,23 +133,32 @@ def compare_many(
                     delta=math.expm1(diff),
                     low=math.expm1(low),
                     high=math.expm1(high),
-                    p_greater=p_greater,
-                    p_less=p_less,
+                    p_greater=float(p_greater[j]),
+                    p_less=float(p_less[j]),
                     n_baseline=int(b.size),
                     n_canary=int(c.size),
                 )
             else:
                 out[i] = Comparison(
-                    float(centre_b[j]), float(centre_c[j]), diff, low, high, p_greater, p_less, b.size, c.size
+                    float(centre_b[j]),
+                    float(centre_c[j]),
+                    diff,
+                    low,
+                    high,
+                    float(p_greater[j]),
+                    float(p_less[j]),
+                    int(b.size),
+                    int(c.size),
                 )
     return out
 
 
-def _one_sided_p(statistic: float, df: float) -> tuple[float, float]:
-    # NaN statistic: both sides constant and equal (zero difference, zero spread): no evidence either way.
-    if math.isnan(statistic):
-        return 1.0, 1.0
-    return float(_st.t.sf(statistic, df)), float(_st.t.cdf(statistic, df))
+def _constant(b: float, c: float, n_b: int, n_c: int, log: bool) -> Comparison:
+    """Both sides without spread: the difference is known exactly (and is evidence only if nonzero)."""
+    delta = c / b - 1 if log else c - b
+    p_greater = 0.0 if delta > 0 else 1.0
+    p_less = 0.0 if delta < 0 else 1.0
+    return Comparison(b, c, delta, delta, delta, p_greater, p_less, n_b, n_c)
 
 
 def planned_looks(max_duration_s: float, interval_s: float) -> int:

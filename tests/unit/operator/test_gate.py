@@ -1,0 +1,427 @@
+"""vlm_operator.gate: verdicts on constructed windows, the sidecar parser, and seeded error rates."""
+
+import math
+import zlib
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from vlm_operator.errors import InvalidSpec
+from vlm_operator.gate import Decision, GatePolicy, Window, decide, regressed_function
+
+T0 = 1_000_000.0
+STEP = 300.0
+STAGES = {
+    "recv_requests": 0.04,
+    "process_input_requests": 0.13,
+    "get_next_batch_to_run": 0.06,
+    "run_batch": 0.55,
+    "process_batch_result": 0.12,
+    "idle": 0.05,
+    "other": 0.05,
+}
+
+
+def shares(extra: float) -> tuple[dict, dict]:
+    """Stage and inclusive function shares when input processing costs `extra` more loop time."""
+    t = dict(STAGES)
+    t["process_input_requests"] += extra
+    total = sum(t.values())
+    stages = {k: v / total for k, v in t.items()}
+    pi = stages["process_input_requests"]
+    functions = {
+        "event_loop_overlap": 1 - stages["idle"],
+        "process_input_requests": pi,
+        "handle_generate_request": 0.11 / total + extra / total,
+        "reconstruct_on_target_device": 0.002 / total + extra / total,
+        "hash_feature": 0.05 / total,
+        "run_batch": stages["run_batch"],
+        "forward_batch_generation": 0.5 / total,
+    }
+    return stages, functions
+
+
+def windows(
+    revision: str,
+    *,
+    n: int,
+    effect: float = 0.0,
+    pods: int = 1,
+    seed: int = 0,
+    sd: float = 0.02,
+    every: float = 10.0,
+    tp: int = 1,
+    **extra,
+) -> list[Window]:
+    """`n` windows per pod every `every` seconds from T0, parsed from sidecar-shaped dicts."""
+    rng = np.random.default_rng([seed, zlib.crc32(revision.encode())])
+    stages, functions = shares(effect)
+    out = []
+    for p in range(pods):
+        for k in range(n):
+            level = 0.020 * (1 + effect) * math.exp(rng.normal(0, sd))
+            for rank in range(tp):
+                d = {
+                    "id": k,
+                    "tp_rank": rank,
+                    "start": T0 + k * every,
+                    "end": T0 + (k + 1) * every,
+                    "samples": 1000,
+                    "loop_mean_seconds": level,
+                    "loop_p95_seconds": level * 1.6,
+                    "iterations": 500,
+                    "stage_shares": stages,
+                    "function_shares": functions,
+                    "stale": False,
+                    "error": None,
+                    **extra,
+                }
+                out.append(Window.from_sidecar(revision, f"{revision}-{p}", d))
+    return out
+
+
+POLICY = GatePolicy(
+    max_regression={"loop_latency": 0.03, "stage_share": 0.05},
+    min_samples=5,
+    max_duration_s=900,
+    interval_s=60,
+    stale_after_s=120,
+)
+
+
+def run(baseline, canary, policy=POLICY, *, now=None, step=STEP) -> Decision:
+    if now is None:
+        now = max(w.end for w in [*baseline, *canary]) + 1
+    return decide(baseline, canary, policy, started_at=T0, now=now, step_duration_s=step)
+
+
+# -- verdicts ----------------------------------------------------------------------------------
+
+
+def test_clear_regression_rolls_back_and_names_the_function():
+    d = run(windows("stable", n=18, pods=3), windows("canary", n=18, effect=0.10, seed=1))
+    assert d.verdict == "Rollback"
+    assert d.reason == "LoopLatencyRegressed"
+    assert d.regressed_function == "reconstruct_on_target_device"
+    assert d.regressed_stage == "process_input_requests"
+    loop = next(s for s in d.signals if s.name == "loop_latency")
+    assert loop.verdict == "fail"
+    assert 0.07 < loop.delta < 0.13
+    assert loop.ci_low > 0.015  # beyond half the 3% margin
+    assert loop.p_value < 1e-6
+    assert "scheduler loop latency" in d.message and "reconstruct_on_target_device" in d.message
+
+
+def test_identical_revisions_promote_once_step_time_is_reached():
+    base, can = windows("stable", n=30, pods=3, seed=2, sd=0.01), windows("canary", n=30, seed=3, sd=0.01)
+    early = run(base[:15] + base[30:45] + base[60:75], can[:15], now=T0 + 151)
+    assert (early.verdict, early.reason) == ("Continue", "StepInProgress")
+    d = run(base, can, now=T0 + 301)
+    assert (d.verdict, d.reason) == ("Promote", "NoRegression")
+    assert all(s.verdict == "pass" for s in d.signals)
+    assert d.regressed_function is None
+    names = [s.name for s in d.signals]
+    assert names[0] == "loop_latency" and "stage_share:process_input_requests" in names
+    assert "stage_share:idle" not in names  # a growing idle share is never a regression
+
+
+def test_regression_within_half_the_margin_is_never_rolled_back():
+    # 1% slower with plenty of data: certainly worse, but inside the 3% allowance.
+    d = run(
+        windows("stable", n=60, pods=3, seed=4, sd=0.01),
+        windows("canary", n=60, effect=0.01, seed=5, sd=0.01),
+    )
+    assert d.verdict == "Promote"
+    loop = d.signals[0]
+    assert loop.ci_low > 0  # the difference is real ...
+    assert loop.ci_high < 0.03  # ... and shown to be within the margin
+
+
+def test_beyond_the_margin_but_not_surely_beyond_half_of_it_waits():
+    # Canary exactly 3.5% slower than three identical stable pods (estimate above the 3% margin),
+    # but noisy enough that the corrected lower bound is only a little above 0: no rollback yet.
+    pod0 = windows("stable", n=20, sd=0.03, seed=21)
+    base = [replace(w, pod=f"stable-{i}") for i in range(3) for w in pod0]
+    can = [
+        replace(w, revision="canary", pod="canary-0", loop_mean_seconds=w.loop_mean_seconds * 1.035)
+        for w in pod0
+    ]
+    d = run(base, can)
+    loop = d.signals[0]
+    assert loop.delta == pytest.approx(0.035)
+    assert 0 < loop.ci_low < 0.015
+    assert (d.verdict, d.reason) == ("Continue", "AwaitingEvidence")
+
+
+def test_too_few_samples_is_inconclusive_and_waits():
+    d = run(windows("stable", n=10, pods=3), windows("canary", n=3, seed=1), now=T0 + 35)
+    assert (d.verdict, d.reason) == ("Inconclusive", "TooFewSamples")
+    assert "canary has 3 of 5" in d.message
+    d = run([], [], now=T0 + 30)
+    assert (d.verdict, d.reason) == ("Inconclusive", "TooFewSamples")
+
+
+def test_stale_profiler_is_inconclusive():
+    base, can = windows("stable", n=20, pods=2), windows("canary", n=20, seed=1)
+    # Canary's newest window ended 200 s ago, beyond stale_after_s = 120.
+    d = run(base, can, now=T0 + 400)
+    assert (d.verdict, d.reason) == ("Inconclusive", "ProfilerStale")
+    flagged = [replace(w, stale=True) for w in can]
+    d = run(base, flagged)
+    assert (d.verdict, d.reason) == ("Inconclusive", "ProfilerStale")
+    assert "every canary profiler window" in d.message
+    d = run(base, [], now=T0 + 200)
+    assert (d.verdict, d.reason) == ("Inconclusive", "ProfilerStale")
+
+
+def test_no_traffic_is_inconclusive():
+    idle_stages = {"idle": 0.99, "run_batch": 0.01}
+    can = windows("canary", n=10, stage_shares=idle_stages)
+    d = run(windows("stable", n=10, pods=2), can)
+    assert (d.verdict, d.reason) == ("Inconclusive", "NoTraffic")
+    d = run(windows("stable", n=10, pods=2), windows("canary", n=10, samples=0))
+    assert d.reason == "NoTraffic"
+
+
+def test_old_baseline_windows_do_not_count():
+    # Stable windows from before the step (different traffic, 20% slower) are ignored.
+    old = [replace(w, end=w.end - 10_000) for w in windows("stable", n=30, effect=0.2, pods=3, seed=8)]
+    d = run(old + windows("stable", n=30, pods=3, seed=9), windows("canary", n=30, seed=10))
+    assert d.verdict == "Promote"
+    assert d.signals[0].n_baseline == 90
+
+
+@pytest.mark.parametrize(
+    ("action", "data", "verdict"),
+    [
+        ("Rollback", "undecided", "Rollback"),
+        ("Pause", "undecided", "Inconclusive"),
+        ("Promote", "undecided", "Promote"),
+        ("Rollback", "stale", "Rollback"),
+        ("Pause", "stale", "Inconclusive"),
+        ("Promote", "stale", "Inconclusive"),  # never promote without data
+    ],
+)
+def test_max_duration_applies_on_inconclusive(action, data, verdict):
+    policy = replace(POLICY, on_inconclusive=action)
+    # Three identical stable pods and a canary exactly 2% slower than them, with noisy windows:
+    # the estimate is inside the 3% margin but the bound cannot show it; a window every 45 s
+    # keeps the data fresh up to maxDuration.
+    pod0 = windows("stable", n=20, every=45.0, sd=0.06, seed=11)
+    base = [replace(w, pod=f"stable-{i}") for i in range(3) for w in pod0]
+    can = [
+        replace(w, revision="canary", pod="canary-0", loop_mean_seconds=w.loop_mean_seconds * 1.02)
+        for w in pod0
+    ]
+    now = T0 + 901
+    if data == "stale":
+        can = [w for w in can if w.end < T0 + 600]
+    before = run(base, can, policy, now=now - 2)
+    assert before.verdict in ("Continue", "Inconclusive") and before.reason != "MaxDurationReached"
+    d = run(base, can, policy, now=now)
+    assert (d.verdict, d.reason) == (verdict, "MaxDurationReached")
+    assert f"onInconclusive {action}" in d.message
+    if data == "undecided":
+        assert before.reason == "AwaitingEvidence"
+        assert d.signals[0].delta == pytest.approx(0.02)
+        assert d.signals[0].ci_low < 0.015 and d.signals[0].ci_high > 0.03
+    else:
+        assert before.reason == "ProfilerStale"
+
+
+def test_throughput_drop_is_a_regression_and_a_gain_is_not():
+    policy = replace(POLICY, max_regression={"throughput": 0.05})
+    base = windows("stable", n=20, pods=2, seed=13, throughput=25.0)
+    worse = windows("canary", n=20, seed=14, throughput=22.0)
+    better = windows("canary", n=20, seed=14, throughput=28.0)
+    d = run(base, worse, policy, step=100)
+    assert (d.verdict, d.reason) == ("Rollback", "ThroughputRegressed")
+    assert d.signals[0].delta == pytest.approx(22 / 25 - 1)
+    assert run(base, better, policy, step=100).verdict == "Promote"
+
+
+def test_request_signals_missing_everywhere_do_not_block_promotion():
+    policy = replace(POLICY, max_regression={"loop_latency": 0.03, "ttft": 0.1})
+    d = run(windows("stable", n=30, pods=3), windows("canary", n=30, seed=1), policy)
+    assert d.verdict == "Promote"
+    ttft = next(s for s in d.signals if s.name == "ttft")
+    assert (ttft.verdict, ttft.n_canary) == ("insufficient", 0)
+    # ... and cost loop latency none of its false-rollback budget.
+    only_loop = replace(POLICY, max_regression={"loop_latency": 0.03})
+    alone = run(windows("stable", n=30, pods=3), windows("canary", n=30, seed=1), only_loop)
+    assert d.signals[0].ci_low == alone.signals[0].ci_low
+
+
+def test_stage_share_regression_names_the_stage():
+    policy = replace(POLICY, max_regression={"stage_share": 0.05})
+    d = run(windows("stable", n=30, pods=3), windows("canary", n=30, effect=0.25, seed=1), policy)
+    assert (d.verdict, d.reason) == ("Rollback", "StageShareRegressed")
+    assert d.regressed_stage == "process_input_requests"
+    assert "stage share of process_input_requests" in d.message
+
+
+def test_tp_ranks_of_one_pod_count_once():
+    d = run(windows("stable", n=20, pods=2, tp=2), windows("canary", n=20, seed=1, tp=4))
+    loop = d.signals[0]
+    assert (loop.n_baseline, loop.n_canary) == (40, 20)
+
+
+def test_same_inputs_same_decision_and_duplicates_are_harmless():
+    base, can = windows("stable", n=18, pods=3), windows("canary", n=18, effect=0.10, seed=1)
+    first = run(base, can)
+    assert run(base, can) == first
+    assert run(base + base[:20], can + can) == first  # overlapping scrapes
+
+
+def test_policy_rejects_nonsense():
+    with pytest.raises(InvalidSpec, match="unknown signal"):
+        GatePolicy(max_regression={"loop_latnecy": 0.05})
+    with pytest.raises(InvalidSpec):
+        GatePolicy(confidence=1.0)
+    with pytest.raises(InvalidSpec):
+        GatePolicy(min_samples=2)
+    with pytest.raises(InvalidSpec):
+        GatePolicy(max_regression={"loop_latency": -0.1})
+
+
+def test_regressed_function_prefers_the_deepest_of_nested_frames():
+    b = [
+        {"event_loop": 0.95, "process_input_requests": 0.10, "handle_generate_request": 0.08, "recon": 0.001}
+    ]
+    c = [
+        {"event_loop": 0.95, "process_input_requests": 0.131, "handle_generate_request": 0.11, "recon": 0.03}
+    ]
+    assert regressed_function(b, c) == "recon"
+    # An unrelated function that grew far more wins.
+    c2 = [{**c[0], "run_batch": 0.2}]
+    assert regressed_function([{**b[0], "run_batch": 0.1}], c2) == "run_batch"
+    assert regressed_function(b, b) is None
+
+
+# -- the sidecar parser --------------------------------------------------------------------------
+
+
+def test_from_sidecar_reads_a_well_formed_entry():
+    w = Window.from_sidecar(
+        "rev2",
+        "pod-a",
+        {
+            "id": 17,
+            "tp_rank": 1,
+            "start": 10.0,
+            "end": 20.0,
+            "samples": 998,
+            "loop_mean_seconds": 0.021,
+            "loop_p50_seconds": 0.02,
+            "loop_p95_seconds": 0.034,
+            "iterations": 470,
+            "stage_shares": {"run_batch": 0.55, "idle": 0.05},
+            "function_shares": {"hash_feature": 0.04},
+            "top_function": "forward",
+            "stale": False,
+            "error": None,
+            "sglang": {"ttft_seconds": 0.84, "itl_seconds": 0.06},
+            "throughput": 25.7,
+        },
+    )
+    assert (w.revision, w.pod, w.id, w.tp_rank, w.end, w.samples, w.iterations) == (
+        "rev2",
+        "pod-a",
+        "17",
+        1,
+        20.0,
+        998,
+        470,
+    )
+    assert (w.loop_mean_seconds, w.loop_p95_seconds) == (0.021, 0.034)
+    assert (w.ttft_seconds, w.itl_seconds, w.throughput) == (0.84, 0.06, 25.7)
+    assert w.stage_shares == {"run_batch": 0.55, "idle": 0.05} and not w.stale
+
+
+def test_from_sidecar_on_garbage():
+    w = Window.from_sidecar(
+        "r",
+        "p",
+        {
+            "id": True,
+            "end": "yesterday",
+            "samples": -3,
+            "loop_mean_seconds": "NaN",
+            "loop_p95_seconds": -0.1,
+            "stage_shares": [0.5, 0.5],
+            "function_shares": {1: 0.5, "f": "x", "g": 1.0000001, "h": float("inf"), "": 0.2, "k": -0.1},
+            "stale": "no",
+            "iterations": "many",
+            "sglang": "down",
+        },
+    )
+    assert (w.id, w.end, w.samples, w.iterations) == ("", 0.0, 0, None)
+    assert (w.loop_mean_seconds, w.loop_p95_seconds) == (None, None)
+    assert w.stage_shares == {} and w.function_shares == {"g": 1.0}
+    assert w.stale is False
+    assert Window.from_sidecar("r", "p", {"stale": "true"}).stale is True
+    assert Window.from_sidecar("r", "p", {"error": "py-spy timed out"}).stale is True
+    for junk in (None, [], "x", 3, {"end": float("nan")}):
+        assert Window.from_sidecar("r", "p", junk).samples == 0
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=5), kids, max_size=3),
+    max_leaves=10,
+)
+_keys = st.sampled_from(
+    [
+        "id",
+        "end",
+        "samples",
+        "loop_mean_seconds",
+        "loop_p95_seconds",
+        "stage_shares",
+        "function_shares",
+        "stale",
+        "error",
+        "iterations",
+        "tp_rank",
+        "sglang",
+        "ttft_seconds",
+        "throughput",
+    ]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(_keys, _json, max_size=8))
+def test_from_sidecar_never_raises_and_never_trusts_a_bad_window(entry):
+    w = Window.from_sidecar("r", "p", entry)
+    assert w.samples >= 0 and w.tp_rank >= 0 and math.isfinite(w.end)
+    for v in (w.loop_mean_seconds, w.loop_p95_seconds, w.ttft_seconds, w.throughput):
+        assert v is None or (math.isfinite(v) and v > 0)
+    assert all(0 <= s <= 1 for s in [*w.stage_shares.values(), *w.function_shares.values()])
+    # And the gate accepts whatever came out.
+    decide([w], [w], POLICY, started_at=0.0, now=T0, step_duration_s=STEP)
+
+
+# -- seeded error rates --------------------------------------------------------------------------
+
+
+def test_no_false_rollbacks_and_full_power_on_seeded_runs():
+    """40 seeded A/A and +10% runs judged at the end of each of 3 intervals (sequential looks)."""
+    false_rb = detected = 0
+    for seed in range(40):
+        base = windows("stable", n=18, pods=3, seed=100 + seed, sd=0.03)
+        same = windows("canary", n=18, seed=200 + seed, sd=0.03)
+        slow = windows("canary", n=18, effect=0.10, seed=200 + seed, sd=0.03)
+        for look in (1, 2, 3):
+            now = T0 + 60 * look + 1
+            cut = lambda ws, now=now: [w for w in ws if w.end <= now]  # noqa: E731
+            false_rb += run(cut(base), cut(same), now=now).verdict == "Rollback"
+        detected += any(
+            run(cut(base), cut(slow), now=T0 + 60 * k + 1).verdict == "Rollback"
+            for k in (1, 2, 3)
+            for cut in [lambda ws, k=k: [w for w in ws if w.end <= T0 + 60 * k + 1]]
+        )
+    assert false_rb == 0
+    assert detected == 40
