@@ -226,7 +226,7 @@ class RolloutStep(KubeModel):
 
 
 class MaxRegression(KubeModel):
-    loop_latency: float = Field(5.0, description="Allowed increase of scheduler loop latency, percent.", ge=0, le=100)
+    loop_latency: float = Field(3.0, description="Allowed increase of scheduler loop latency, percent.", ge=0, le=100)
     ttft: float = Field(10.0, description="Allowed increase of time to first token, percent.", ge=0, le=100)
     itl: float = Field(10.0, description="Allowed increase of inter-token latency, percent.", ge=0, le=100)
     throughput: float = Field(5.0, description="Allowed drop of generation throughput, percent.", ge=0, le=100)

@@ -48,7 +48,7 @@ def test_rollout_defaults():
         5,
         "Rollback",
     )
-    assert a.max_regression.loop_latency == 5.0
+    assert a.max_regression.loop_latency == 3.0
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
