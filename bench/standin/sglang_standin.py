@@ -319,8 +319,6 @@ class Scheduler:
         self.waiting: deque[Req] = deque()
         self.batch: list[Req] = []
         self.next_rid = 0
-        self.start = time.perf_counter()
-        self.next_arrival = self.start + self._gap()
         self.stage_s = [0.0] * N_STAGES
         self.iterations = 0
         self.loop_s = 0.0
@@ -331,6 +329,10 @@ class Scheduler:
             self.transport = load_cuda_transport(cfg.path.cache, cfg.feature_bytes, rank)
         else:
             self.transport = SimTransport(cfg.path, cfg.feature_costs_ms, self.spins_per_s)
+        # Requests start arriving once the transport is up (a CUDA one takes seconds), not before:
+        # otherwise every run would begin with a backlog.
+        self.start = time.perf_counter()
+        self.next_arrival = self.start + self._gap()
 
     def _gap(self) -> float:
         return self.rng.expovariate(self.cfg.request_rate) if self.cfg.request_rate > 0 else math.inf
@@ -409,6 +411,8 @@ class Scheduler:
         now = time.perf_counter()
         done = set()
         for req in batch:
+            if req.generated >= req.output_tokens:
+                continue  # overlap loop: finished with the previous result, still in the launched batch
             req.generated += 1
             if req.generated == 1:
                 self._observe(0, now - req.arrival, 1)
