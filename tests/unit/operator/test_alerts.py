@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from vlm_operator import alerts
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import yaml
 from pydantic import ValidationError
-
 from vlm_operator import api
 
 ROOT = Path(__file__).resolve().parents[3]

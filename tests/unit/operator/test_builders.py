@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from vlm_operator import api, builders
 from vlm_operator.errors import InvalidSpec
 from vlm_operator.settings import Settings

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import yaml
-
 from vlm_operator import crdgen
 
 ROOT = Path(__file__).resolve().parents[3]
