@@ -39,10 +39,15 @@ def _get_json(url: str) -> Any:
         return json.loads(r.read())
 
 
-def _endpoint_overrides() -> Mapping[str, str]:
-    path = os.environ.get("VLM_SIDECAR_ENDPOINTS", "")
-    if not path:
-        return {}
+def _endpoint_overrides() -> Mapping[str, str] | None:
+    """pod -> host:port from VLM_SIDECAR_ENDPOINTS; None when unset (then pod IPs are used).
+
+    When the variable is set, only the pods it names are scraped, never a pod IP: in the kwok testbed
+    pod IPs are fake addresses that must not be dialled.
+    """
+    path = os.environ.get("VLM_SIDECAR_ENDPOINTS")
+    if path is None:
+        return None
     try:
         with open(path) as f:
             data = json.load(f)
@@ -57,7 +62,10 @@ def from_sidecars(pods: Iterable[tuple[str, str, str | None]], since: float) -> 
     out: list[Window] = []
     reached = 0
     for name, revision, ip in pods:
-        addr = overrides.get(name) or (f"{ip}:{SIDECAR_PORT}" if ip else None)
+        if overrides is not None:
+            addr = overrides.get(name)
+        else:
+            addr = f"{ip}:{SIDECAR_PORT}" if ip else None
         if not addr:
             continue
         try:

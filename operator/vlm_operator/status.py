@@ -71,7 +71,9 @@ class Observed:
         return sum(1 for p in self.pods if p.role == role and p.revision == revision and p.ready)
 
     def unschedulable(self, role: str | None = None) -> PodInfo | None:
-        return next((p for p in self.pods if p.unschedulable and (role is None or p.role == role)), None)
+        """The first unschedulable pod by name: deterministic, so a resync does not rewrite the message."""
+        stuck = [p for p in self.pods if p.unschedulable and (role is None or p.role == role)]
+        return min(stuck, key=lambda p: p.name) if stuck else None
 
 
 @dataclass(frozen=True)
