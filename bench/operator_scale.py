@@ -82,7 +82,15 @@ def main() -> int:
         while statused() < a.count:
             time.sleep(1)
         t_status = time.time() - t0
-        time.sleep(3 * a.resync)  # let scheduling/status churn settle
+        # Settle: pods of 200 services come up (or stay Pending) over a while; wait until a resync
+        # period passes with no write, at most 120 s, and report how long that took.
+        quiet_since, last = time.time(), op.metric_sum("vlm_operator_api_writes_total")
+        while time.time() - quiet_since < 2 * a.resync and time.time() - t0 < t_status + 120:
+            time.sleep(1)
+            now_w = op.metric_sum("vlm_operator_api_writes_total")
+            if now_w != last:
+                quiet_since, last = time.time(), now_w
+        t_settled = time.time() - t0
         w0 = op.metric_sum("vlm_operator_api_writes_total")
         r0 = op.metric_sum("vlm_operator_reconcile_duration_seconds_count")
         time.sleep(a.steady_rounds * a.resync)
@@ -94,6 +102,7 @@ def main() -> int:
             "create_requests_s": round(t_applied, 1),
             "all_deployments_s": round(t_deploy, 1),
             "all_status_s": round(t_status, 1),
+            "settled_s": round(t_settled, 1),
             "operator_peak_rss_mib": round(rss_peak_kib(op.proc.pid) / 1024, 1),
             "steady_reconciles_per_service": round(rounds, 2),
             "steady_writes": w1 - w0,
