@@ -10,10 +10,11 @@ Runbooks: docs/alerts.md (one paragraph per alert, anchored by alert name).
 from __future__ import annotations
 
 import argparse
-import difflib
 import sys
 from pathlib import Path
 from typing import Any
+
+from .generated import write_or_check
 
 RULES_FILE = Path("alerts") / "vlm-operator.rules.yaml"
 OUTPUTS = (RULES_FILE, Path("charts") / "vlm-operator" / "files" / "vlm-operator.rules.yaml")
@@ -121,22 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true")
     p.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[2])
     a = p.parse_args(argv)
-    text = render()
-    status = 0
-    for rel in OUTPUTS:
-        path = a.root / rel
-        if a.check:
-            current = path.read_text() if path.exists() else ""
-            if current != text:
-                diff = difflib.unified_diff(current.splitlines(), text.splitlines(), lineterm="")
-                sys.stderr.write("\n".join(diff))
-                sys.stderr.write(f"\n{path} is stale: run `python -m vlm_operator.alerts`\n")
-                status = 1
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        print(f"wrote {path}")
-    return status
+    return write_or_check(a.root, OUTPUTS, render(), check=a.check, command="python -m vlm_operator.alerts")
 
 if __name__ == "__main__":
     sys.exit(main())

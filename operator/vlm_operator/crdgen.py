@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import difflib
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import yaml
 from pydantic import BaseModel
 
 from . import api
+from .generated import write_or_check
 
 CRD_FILE = f"{api.GROUP}_{api.PLURAL}.yaml"
 DEFAULT_OUTPUTS = ("crds", "charts/vlm-operator/crds")
@@ -214,24 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="fail when the committed CRDs differ")
     p.add_argument("--root", type=Path, default=_repo_root(), help="repository root")
     args = p.parse_args(argv)
-    text = render()
-    status = 0
-    for out in DEFAULT_OUTPUTS:
-        path = args.root / out / CRD_FILE
-        if args.check:
-            current = path.read_text() if path.exists() else ""
-            if current != text:
-                diff = difflib.unified_diff(
-                    current.splitlines(), text.splitlines(), str(path), "generated", lineterm="", n=1
-                )
-                print("\n".join(list(diff)[:40]), file=sys.stderr)
-                print(f"{path} is stale: run `python -m vlm_operator.crdgen`", file=sys.stderr)
-                status = 1
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-            print(f"wrote {path}")
-    return status
+    return write_or_check(
+        args.root, [Path(o) / CRD_FILE for o in DEFAULT_OUTPUTS], render(), check=args.check,
+        command="python -m vlm_operator.crdgen",
+    )
 
 
 if __name__ == "__main__":

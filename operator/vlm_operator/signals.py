@@ -62,10 +62,7 @@ def from_sidecars(pods: Iterable[tuple[str, str, str | None]], since: float) -> 
     out: list[Window] = []
     reached = 0
     for name, revision, ip in pods:
-        if overrides is not None:
-            addr = overrides.get(name)
-        else:
-            addr = f"{ip}:{SIDECAR_PORT}" if ip else None
+        addr = overrides.get(name) if overrides is not None else (f"{ip}:{SIDECAR_PORT}" if ip else None)
         if not addr:
             continue
         try:
