@@ -117,6 +117,15 @@ def from_prometheus(
             s = slot(series["metric"], float(t))
             s["loop_mean_seconds"] = float(v)
             s["samples"] = 1
+    p95 = _query_range(
+        base,
+        f"histogram_quantile(0.95, sum by (le, pod, revision) (rate(vlm_scheduler_loop_seconds_bucket{{{sel}}}[{rng}])))",
+        start, now, step,
+    )
+    for series in p95:
+        for t, v in series["values"]:
+            if v not in ("NaN", "+Inf"):
+                slot(series["metric"], float(t))["loop_p95_seconds"] = float(v)
     for query, key, label in (
         (f"avg by (pod, revision, stage) (vlm_scheduler_stage_share{{{sel}}})", "stage_shares", "stage"),
         (
