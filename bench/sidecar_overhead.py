@@ -97,6 +97,9 @@ def main() -> int:
     port = free_port()
     cmd = [sys.executable, str(ROOT / "bench" / "standin" / "sglang_standin.py"), "--port", str(port),
            "--standin-cost-model", "work", "--standin-version", "0.5.20", "--mm-feature-transport", "cuda_ipc",
+           # Constant arrivals and costs: Poisson arrivals changed the loop's speed between segments by
+           # more than the 1% this benchmark has to resolve.
+           "--standin-arrivals", "fixed", "--standin-jitter", "0",
            *args.standin_args]
     standin = subprocess.Popen(cmd, stdout=subprocess.PIPE)
     try:

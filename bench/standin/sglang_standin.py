@@ -214,6 +214,7 @@ class StandinConfig:
     restart: bool
     stage_metrics: bool
     cost_model: str = "wall"
+    arrivals: str = "poisson"  # poisson | fixed (the overhead benchmark wants no arrival noise)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -231,7 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="SGLang version whose defaults to mimic (env STANDIN_SGLANG_VERSION)")
     a("--standin-transport", choices=("sim", "cuda"), default="sim")
     a("--standin-loop", choices=("normal", "overlap"), default="overlap")
-    a("--standin-request-rate", type=float, default=20.0, help="requests per second (Poisson)")
+    a("--standin-request-rate", type=float, default=20.0, help="requests per second")
+    a("--standin-arrivals", choices=("poisson", "fixed"), default="poisson",
+      help="inter-arrival times: exponential (default) or constant 1/rate")
     a("--standin-images-per-request", type=int, default=2)
     a("--standin-features-per-image", type=int, default=4)
     a("--standin-output-tokens", type=int, default=64)
@@ -267,6 +270,7 @@ def build_config(argv: list[str], environ: dict[str, str]) -> StandinConfig:
         model_path=ns.model_path, tp=max(1, ns.tp), host=ns.host, port=ns.port,
         enable_metrics=ns.enable_metrics, version=ns.standin_version, path=path,
         transport=ns.standin_transport, loop=ns.standin_loop, request_rate=ns.standin_request_rate,
+        arrivals=ns.standin_arrivals,
         images_per_request=ns.standin_images_per_request, features_per_image=ns.standin_features_per_image,
         output_tokens=max(1, ns.standin_output_tokens), max_running=ns.standin_max_running,
         recv_ms=ns.standin_recv_ms, schedule_ms=ns.standin_schedule_ms, batch_ms=ns.standin_batch_ms,
@@ -335,7 +339,11 @@ class Scheduler:
         self.next_arrival = self.start + self._gap()
 
     def _gap(self) -> float:
-        return self.rng.expovariate(self.cfg.request_rate) if self.cfg.request_rate > 0 else math.inf
+        if self.cfg.request_rate <= 0:
+            return math.inf
+        if self.cfg.arrivals == "fixed":
+            return 1.0 / self.cfg.request_rate
+        return self.rng.expovariate(self.cfg.request_rate)
 
     def _budget(self, ms: float) -> tuple[float, int]:
         """(deadline, spin count) for a stage costing `ms`.
