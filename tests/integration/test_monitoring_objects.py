@@ -1,0 +1,65 @@
+"""With the Prometheus Operator's CRDs present, the operator creates a PodMonitor and a PrometheusRule
+per VLMService (owned, so they go with it). The CRDs here are minimal stand-ins of the real ones
+(same group, kinds and scope; schema left open): enough for the API server to store the objects."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from kubernetes import client
+
+from tests.cluster import wait_for
+from tests.integration.test_operator import EXAMPLES, create, wait_condition
+from tests.operator_proc import install_crd, run_operator
+
+
+def _crd(plural: str, kind: str) -> dict:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "names": {"plural": plural, "singular": kind.lower(), "kind": kind, "listKind": f"{kind}List"},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1", "served": True, "storage": True,
+                          "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def monitoring_crds(cluster, kube):
+    install_crd(cluster.kubectl)
+    ext = client.ApiextensionsV1Api(kube)
+    names = {c.metadata.name for c in ext.list_custom_resource_definition().items}
+    for plural, kind in (("podmonitors", "PodMonitor"), ("prometheusrules", "PrometheusRule")):
+        if f"{plural}.monitoring.coreos.com" not in names:
+            ext.create_custom_resource_definition(_crd(plural, kind))
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{plural}.monitoring.coreos.com")
+
+
+def test_podmonitor_and_prometheusrule_follow_the_service(cluster, kube, namespace, monitoring_crds, tmp_path):
+    gen = run_operator(cluster.kubeconfig, namespace, tmp_path)
+    op = next(gen)
+    try:
+        doc = copy.deepcopy(EXAMPLES["qwen2.5-vl-3b"])
+        name = doc["metadata"]["name"]
+        create(kube, namespace, doc)
+        wait_condition(kube, namespace, name, "Ready", "True", op=op)
+        co = client.CustomObjectsApi(kube)
+
+        def get(plural):
+            return co.get_namespaced_custom_object("monitoring.coreos.com", "v1", namespace, plural, name)
+
+        pm = wait_for(lambda: get("podmonitors"), 30, "PodMonitor", ignore=(client.ApiException,))
+        assert pm["spec"]["selector"]["matchLabels"] == {"serving.vlmops.dev/vlmservice": name}
+        assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} == {"http", "profiler"}
+        pr = get("prometheusrules")
+        rules = pr["spec"]["groups"][0]["rules"]
+        assert {r["alert"] for r in rules} >= {"VLMCanaryRolledBack", "VLMIPCCacheInactive"}
+        assert all(f'vlmservice="{name}"' in r["expr"] for r in rules)
+        assert pr["metadata"]["ownerReferences"][0]["kind"] == "VLMService"
+    finally:
+        next(gen, None)
