@@ -10,7 +10,6 @@ status patch and Events for what changed.
 from __future__ import annotations
 
 import logging
-import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -89,8 +88,6 @@ def _read_windows(
     if source == "Prometheus" or (source == "Auto" and url):
         step = parse_duration(spec.telemetry.interval)
         return signals.from_prometheus(url, t.namespace, t.name, revisions, since=since, now=now, step=step)
-    if os.environ.get("VLM_SIDECAR_ENDPOINTS") is None and os.environ.get("VLM_SIDECAR_SCRAPE", "pod-ip") == "off":
-        raise signals.SignalsUnavailable("sidecar scraping is off (VLM_SIDECAR_SCRAPE=off)")
     pods = [(p.name, p.revision, p.ip) for p in observed.pods if p.ready and p.revision in revisions]
     return signals.from_sidecars(pods, since)
 
@@ -98,7 +95,7 @@ def _read_windows(
 def _analyse(
     rt: Runtime, t: Target, spec: api.VLMServiceSpec, observed: S.Observed, prev: api.RolloutStatus, stable_rev: str, now: float
 ) -> gate.Decision:
-    started = rollout._ts(prev.step_started_at)
+    started = rollout.parse_time(prev.step_started_at)
     step = spec.rollout.steps[min(prev.step, len(spec.rollout.steps) - 1)]  # type: ignore[union-attr]
     try:
         windows = _read_windows(rt, t, spec, observed, [stable_rev, prev.revision or ""], started, now)
@@ -137,7 +134,7 @@ def _profiler(
     """Refresh status.profiler at most once per sampling interval (one read of the sidecars or Prometheus)."""
     current = t.status.get("profiler")
     interval = parse_duration(spec.telemetry.interval)
-    last = rollout._ts((current or {}).get("lastSampleTime"))
+    last = rollout.parse_time((current or {}).get("lastSampleTime"))
     if not spec.telemetry.enabled or not stable_rev or now - last < 2 * interval:
         return current
     try:

@@ -79,14 +79,15 @@ def analysis_due(spec: VLMServiceSpec, prev: RolloutStatus | None, observed: Obs
         return False
     if prev.last_analysis_at is None:
         return True
-    return now - _ts(prev.last_analysis_at) >= parse_duration(spec.rollout.analysis.interval)
+    return now - parse_time(prev.last_analysis_at) >= parse_duration(spec.rollout.analysis.interval)
 
 
 def _upd(r: RolloutStatus, **changes: Any) -> RolloutStatus:
     return r.model_copy(update=changes)
 
 
-def _ts(text: str | None) -> float:
+def parse_time(text: str | None) -> float:
+    """RFC 3339 from status -> unix seconds (0 when unset)."""
     if not text:
         return 0.0
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
@@ -193,7 +194,7 @@ def plan(
     # Canary pods that cannot be placed on spare GPUs: borrow a stable replica instead of waiting.
     if r.phase == "Progressing" and r.capacity == "Surge":
         stuck = observed.unschedulable(B.ROLE_CANARY)
-        if stuck and now - _ts(r.step_started_at) >= SURGE_PATIENCE_S:
+        if stuck and now - parse_time(r.step_started_at) >= SURGE_PATIENCE_S:
             r = _upd(r, capacity="Borrow", message=f"no spare GPU for the canary ({stuck.unschedulable}); borrowing")
             events.append(Event("Normal", "CanaryBorrowing", "no spare GPU for the canary: borrowing a stable replica"))
 
@@ -211,7 +212,7 @@ def plan(
             message=decision.message,
         )
         verdict = decision.verdict
-        if verdict == "Inconclusive" and spec.rollout and now - _ts(r.started_at) >= parse_duration(spec.rollout.analysis.max_duration):
+        if verdict == "Inconclusive" and spec.rollout and now - parse_time(r.started_at) >= parse_duration(spec.rollout.analysis.max_duration):
             verdict = {"Rollback": "Rollback", "Promote": "Promote", "Pause": "Pause"}[spec.rollout.analysis.on_inconclusive]
             r = _upd(r, reason="MaxDurationReached", message=f"inconclusive after maxDuration: {decision.message}")
         if verdict == "Rollback":
@@ -224,10 +225,10 @@ def plan(
             step_time = parse_duration(steps[min(r.step, len(steps) - 1)].analysis)
             manual = decision.reason == "PromotedByUser"
             if r.step + 1 < len(steps) and not manual:
-                if now - _ts(r.step_started_at) >= step_time:
+                if now - parse_time(r.step_started_at) >= step_time:
                     r = _upd(r, step=r.step + 1, step_started_at=_iso(now), phase="Progressing")
                     events.append(Event("Normal", "CanaryStep", f"canary {rev} passed step {r.step}; moving on"))
-            elif manual or now - _ts(r.step_started_at) >= step_time:
+            elif manual or now - parse_time(r.step_started_at) >= step_time:
                 r = _upd(r, phase="Promoted")
                 events.append(Event("Normal", "CanaryPromoted", f"canary {rev} promoted to stable: {decision.message}"))
 
