@@ -257,17 +257,22 @@ def build_deployment(
     }
 
 
+def owned_metadata(owner: Owner) -> dict[str, Any]:
+    """Metadata of a per-service object named like the service, owned by it (garbage-collected with it)."""
+    return {
+        "name": owner.name,
+        "namespace": owner.namespace,
+        "labels": common_labels(owner),
+        "ownerReferences": [owner.reference()],
+    }
+
+
 def build_service(owner: Owner) -> dict[str, Any]:
     """One Service over stable and canary pods: the canary takes traffic in proportion to its replicas."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": owner.name,
-            "namespace": owner.namespace,
-            "labels": common_labels(owner),
-            "ownerReferences": [owner.reference()],
-        },
+        "metadata": owned_metadata(owner),
         "spec": {
             "type": "ClusterIP",
             "selector": {LABEL_SERVICE: owner.name},
@@ -284,12 +289,7 @@ def build_pod_monitor(owner: Owner) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": {
-            "name": owner.name,
-            "namespace": owner.namespace,
-            "labels": common_labels(owner),
-            "ownerReferences": [owner.reference()],
-        },
+        "metadata": owned_metadata(owner),
         "spec": {
             "selector": {"matchLabels": {LABEL_SERVICE: owner.name}},
             "podTargetLabels": [LABEL_SERVICE, LABEL_REVISION, LABEL_ROLE],
