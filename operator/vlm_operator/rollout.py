@@ -16,8 +16,8 @@ place (maxSurge 0). With one, a new revision gets a canary Deployment:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -129,13 +129,27 @@ def plan(
     full = spec.replicas
     stable_obs_rev = observed.deployment_revision(B.ROLE_STABLE)
 
-    def in_place() -> Plan:
+    # The two shapes without a canary: the stable Deployment takes the desired template (first deploy,
+    # no rollout block, promotion), or it keeps the template it has (rolled back, aborted, held).
+    def take_desired(r: RolloutStatus | None, events: Sequence[Event] = ()) -> Plan:
         return Plan(
             stable=B.build_deployment(owner, desired.template, rev, B.ROLE_STABLE, full),
             canary=None,
             stable_revision=rev,
             canary_revision=None,
-            rollout=prev if prev and prev.phase not in ACTIVE else None,
+            rollout=r,
+            events=tuple(events),
+            want_ready=full,
+        )
+
+    def keep_stable(r: RolloutStatus | None, events: Sequence[Event] = ()) -> Plan:
+        return Plan(
+            stable=_observed_stable(owner, observed, full),
+            canary=None,
+            stable_revision=stable_obs_rev,
+            canary_revision=None,
+            rollout=r,
+            events=tuple(events),
             want_ready=full,
         )
 
@@ -143,21 +157,13 @@ def plan(
         return Plan(None, None, stable_obs_rev, observed.deployment_revision(B.ROLE_CANARY), prev, want_ready=full, hands_off=True)
     if spec.rollout is None or stable_obs_rev is None or stable_obs_rev == rev:
         # No canary wanted, or nothing to compare with yet (first deploy), or the spec is the stable one.
-        p = in_place()
         if prev and prev.phase in ACTIVE and stable_obs_rev == rev:
-            p = replace(p, rollout=_upd(prev, phase="Aborted", reason="SpecReverted", message="spec is back at the stable revision"))
-        return p
+            return take_desired(_upd(prev, phase="Aborted", reason="SpecReverted", message="spec is back at the stable revision"))
+        return take_desired(prev if prev and prev.phase not in ACTIVE else None)
 
     held = prev is not None and prev.revision == rev and prev.phase in ("RolledBack", "Aborted")
     if held:
-        return Plan(
-            stable=_observed_stable(owner, observed, full),
-            canary=None,
-            stable_revision=stable_obs_rev,
-            canary_revision=None,
-            rollout=prev,
-            want_ready=full,
-        )
+        return keep_stable(prev)
 
     steps = spec.rollout.steps
     events: list[Event] = []
@@ -233,25 +239,9 @@ def plan(
                 events.append(Event("Normal", "CanaryPromoted", f"canary {rev} promoted to stable: {decision.message}"))
 
     if r.phase == "Promoted":
-        return Plan(
-            stable=B.build_deployment(owner, desired.template, rev, B.ROLE_STABLE, full),
-            canary=None,
-            stable_revision=rev,
-            canary_revision=None,
-            rollout=r,
-            events=tuple(events),
-            want_ready=full,
-        )
+        return take_desired(r, events)
     if r.phase in ("RolledBack", "Aborted"):
-        return Plan(
-            stable=_observed_stable(owner, observed, full),
-            canary=None,
-            stable_revision=stable_obs_rev,
-            canary_revision=None,
-            rollout=r,
-            events=tuple(events),
-            want_ready=full,
-        )
+        return keep_stable(r, events)
     canary_replicas = steps[min(r.step, len(steps) - 1)].replicas
     stable_replicas = full if r.capacity == "Surge" else max(full - canary_replicas, 0)
     return Plan(
