@@ -35,7 +35,7 @@ SPEC = {
         "capacity": "Auto",
         "steps": [{"replicas": 1, "analysis": "40s"}],
         "analysis": {"interval": "8s", "minSamples": 4, "maxDuration": "4m",
-                     "maxRegression": {"loopLatency": 25, "stageShare": 4, "ttft": 50, "itl": 50, "throughput": 50}},
+                     "maxRegression": {"loopLatency": 25, "stageTime": 4, "ttft": 50, "itl": 50, "throughput": 50}},
     },
 }
 

@@ -230,7 +230,13 @@ class MaxRegression(KubeModel):
     ttft: float = Field(10.0, description="Allowed increase of time to first token, percent.", ge=0, le=100)
     itl: float = Field(10.0, description="Allowed increase of inter-token latency, percent.", ge=0, le=100)
     throughput: float = Field(5.0, description="Allowed drop of generation throughput, percent.", ge=0, le=100)
-    stage_share: float = Field(5.0, description="Allowed growth of a stage's share, percentage points.", ge=0, le=100)
+    stage_time: float = Field(
+        5.0,
+        description="Allowed growth of one scheduler stage's time per loop iteration, in percent of the baseline's "
+        "loop time (share x loop latency, so a canary that is faster overall never fails it).",
+        ge=0,
+        le=100,
+    )
 
 
 class AnalysisSpec(KubeModel):
@@ -243,6 +249,7 @@ class AnalysisSpec(KubeModel):
             "interval must not exceed maxDuration",
             ".interval",
         ),
+        ("!has(self.interval) || duration(self.interval) > duration('0s')", "interval must be positive", ".interval"),
     )
 
     source: Literal["Auto", "Prometheus", "Sidecar"] = Field(
@@ -256,7 +263,8 @@ class AnalysisSpec(KubeModel):
     interval: Duration = Field("1m", description="Time between two analyses.")
     max_regression: MaxRegression = Field(default_factory=MaxRegression, description="Allowed regression per signal.")
     confidence: float = Field(0.95, description="Confidence level of the statistical test.", ge=0.5, le=0.999)
-    min_samples: int = Field(5, description="Profiler windows needed per revision before any verdict.", ge=2, le=1000)
+    # 3: the trimmed t-test needs two values per side left after trimming (vlm_operator.stats.MIN_PER_SIDE).
+    min_samples: int = Field(5, description="Profiler windows needed per revision before any verdict.", ge=3, le=1000)
     max_duration: Duration = Field("30m", description="Give up analysing after this long.")
     on_inconclusive: Literal["Rollback", "Promote", "Pause"] = Field(
         "Rollback", description="What to do when maxDuration passes without a verdict."
@@ -266,6 +274,8 @@ class AnalysisSpec(KubeModel):
     def _checks(self) -> AnalysisSpec:
         if self.source == "Prometheus" and not self.prometheus_url:
             raise ValueError("prometheusURL: source Prometheus needs prometheusURL")
+        if parse_duration(self.interval) <= 0:
+            raise ValueError(f"interval {self.interval} must be positive")
         if parse_duration(self.interval) > parse_duration(self.max_duration):
             raise ValueError(f"interval {self.interval} must not exceed maxDuration {self.max_duration}")
         return self
@@ -284,6 +294,11 @@ class RolloutSpec(KubeModel):
         "Auto surges when spare GPUs exist, else borrows.",
     )
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, description="Canary analysis.")
+    startup_timeout: Duration = Field(
+        "30m",
+        description="How long a step's canary pods may take to become Ready; then the canary is rolled back "
+        "(CanaryStartTimeout). Start-up never counts against analysis.maxDuration.",
+    )
 
 
 class VLMServiceSpec(KubeModel):
@@ -366,11 +381,13 @@ class RolloutStatus(KubeModel):
     message: str | None = None
     started_at: str | None = None
     step_started_at: str | None = None
+    analysis_started_at: str | None = Field(None, description="When the step's canary pods were all Ready.")
     last_analysis_at: str | None = None
     analyses: int = Field(0, ge=0)
     signals: list[SignalStatus] = Field(default_factory=list)
     regressed_function: str | None = None
     regressed_stage: str | None = None
+    warning: str | None = Field(None, description="Why the gate may be unable to resolve the margin.")
 
 
 class ProfilerStatus(KubeModel):

@@ -7,14 +7,21 @@ same Decision, so an operator restarted mid-analysis reaches the same verdict fr
 The rule, in short (docs/canary-analysis.md has the long form and the measured error rates):
 - unit of analysis: one profiler window of one pod; TP ranks of a pod that cover the same time are
   averaged first, because lock-stepped ranks are not independent observations;
-- per signal, Yuen's trimmed Welch test of canary against baseline (vlm_operator.stats): latencies
-  on the log scale (relative change), shares as percentage-point differences;
+- signals say what users mean by worse: loop latency, TTFT and ITL up, throughput down (log scale,
+  relative), and the time per loop iteration spent in each stage up (share x loop mean, in points
+  of the baseline's loop time), so a canary that is faster overall is never held back because
+  the stages it did not speed up now take a larger share;
+- per signal, Yuen's trimmed Welch test of canary against baseline (vlm_operator.stats), with the
+  between-pod variance of the baseline's pods added (random effects), since windows of one pod share
+  that pod's offset;
 - Rollback when a signal is worse than half its margin with confidence (one-sided bound,
-  Bonferroni-corrected over the planned looks and the signals) AND its estimate exceeds the margin;
+  Bonferroni-corrected over the rollout's steps, the planned looks and the signals) AND its estimate
+  exceeds the margin;
 - Promote when, after the step's analysis time, every signal's one-sided upper bound is inside
   its margin (non-inferiority; all must pass, so no correction across signals is needed);
-- Inconclusive on stale profiler data, no traffic or too few windows; at maxDuration the policy's
-  onInconclusive applies, except that missing data never promotes.
+- Inconclusive on stale profiler data, no traffic, too few windows or unreachable sources; at
+  maxDuration this module alone applies onInconclusive (Rollback, Promote or Pause), and missing
+  data never promotes. The rollout only maps the verdict to an action.
 """
 
 from __future__ import annotations
@@ -22,14 +29,17 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
+from statistics import NormalDist
 from typing import Any, Literal
 
-from vlm_operator import stats
+from vlm_operator import api, stats
 from vlm_operator.errors import InvalidSpec
+from vlm_operator.units import parse_duration
 
-Verdict = Literal["Promote", "Continue", "Rollback", "Inconclusive"]
+# Pause: stop analysing and wait for a person (onInconclusive Pause, or Promote refused without data).
+Verdict = Literal["Promote", "Continue", "Rollback", "Inconclusive", "Pause"]
 SignalVerdict = Literal["pass", "fail", "insufficient"]
 
 STAGES = (
@@ -41,8 +51,12 @@ STAGES = (
     "idle",
     "other",
 )
-# A growing idle share means the canary is faster, never a regression.
+# More idle time means the canary is faster (or got less work), never a regression.
 _NOT_A_REGRESSION_STAGE = "idle"
+# A function whose inclusive share is at least this on both sides runs around (nearly) the whole loop:
+# the loop function itself, a decorator's `wrapper` that every stage goes through. Its growth is the
+# loop's growth and says nothing about where it came from.
+LOOP_WIDE_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -64,8 +78,9 @@ SIGNALS: Mapping[str, _Spec] = {
     "ttft": _Spec("log", True, "TTFTRegressed", "time to first token", required=False),
     "itl": _Spec("log", True, "ITLRegressed", "inter-token latency", required=False),
     "throughput": _Spec("log", False, "ThroughputRegressed", "throughput", required=False),
-    "stage_share": _Spec("linear", True, "StageShareRegressed", "stage share"),
-    "function_share": _Spec("linear", True, "FunctionShareRegressed", "function share"),
+    # Time per iteration in one stage (share x loop mean), divided by the baseline's loop mean: a
+    # difference of 0.05 means the stage now takes 5% of the old loop time more per iteration.
+    "stage_time": _Spec("linear", True, "StageTimeRegressed", "time per iteration"),
 }
 
 
@@ -181,9 +196,10 @@ class GatePolicy:
     """What the user allows and how long the gate may take. Margins are fractions, not percent.
 
     max_regression: signal -> allowed worsening. Latencies (loop_latency, loop_p95, ttft, itl): relative
-        increase (0.03 = 3% slower). throughput: relative drop. stage_share / function_share: absolute
-        share increase (0.05 = 5 percentage points) of any one stage / function.
-    confidence: 1 - the false-rollback budget of the whole analysis (spent over looks and signals).
+        increase (0.03 = 3% slower). throughput: relative drop. stage_time: growth of one stage's time
+        per iteration, as a fraction of the baseline's loop time (0.05 = 5 points).
+    confidence: 1 - the false-rollback budget of the whole rollout (spent over steps, looks, signals).
+    steps: canary steps of the rollout; each step gets an equal part of the budget.
     min_samples: analysis units (pod windows, TP ranks merged) per revision before any verdict.
     max_duration_s: analysis time of a step after which on_inconclusive decides.
     on_inconclusive: Rollback by default: a canary that could not be shown harmless does not ship.
@@ -198,9 +214,10 @@ class GatePolicy:
     """
 
     max_regression: Mapping[str, float] = field(
-        default_factory=lambda: {"loop_latency": 0.03, "stage_share": 0.05}
+        default_factory=lambda: {"loop_latency": 0.03, "stage_time": 0.05}
     )
     confidence: float = 0.95
+    steps: int = 1
     min_samples: int = 5
     max_duration_s: float = 1800.0
     on_inconclusive: Literal["Promote", "Rollback", "Pause"] = "Rollback"
@@ -233,6 +250,33 @@ class GatePolicy:
             )
         if self.interval_s <= 0 or self.max_duration_s <= 0 or self.stale_after_s <= 0:
             raise InvalidSpec("interval, maxDuration and staleness must be positive", field=where)
+        if self.steps < 1:
+            raise InvalidSpec("at least one rollout step", field="spec.rollout.steps")
+
+    @classmethod
+    def from_spec(cls, spec: api.VLMServiceSpec) -> GatePolicy:
+        """The policy of a validated spec. The API model carries every constraint this class checks, so
+        a spec the API server accepted never fails here (tests/unit/operator/test_gate.py fuzzes that)."""
+        if spec.rollout is None:
+            raise InvalidSpec("no rollout block", field="spec.rollout")
+        a = spec.rollout.analysis
+        m = a.max_regression
+        return cls(
+            max_regression={
+                "loop_latency": m.loop_latency / 100,
+                "ttft": m.ttft / 100,
+                "itl": m.itl / 100,
+                "throughput": m.throughput / 100,
+                "stage_time": m.stage_time / 100,
+            },
+            confidence=a.confidence,
+            steps=len(spec.rollout.steps),
+            min_samples=a.min_samples,
+            max_duration_s=parse_duration(a.max_duration),
+            on_inconclusive=a.on_inconclusive,
+            interval_s=parse_duration(a.interval),
+            stale_after_s=max(3 * parse_duration(spec.telemetry.interval), 60.0),
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,6 +314,8 @@ class Decision:
     signals: tuple[SignalResult, ...] = ()
     regressed_function: str | None = None
     regressed_stage: str | None = None
+    # Set when the pods' own spread is too large for the margin to be resolved (see _resolution).
+    warning: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,7 +343,21 @@ class _Unit:
 
     @cached_property
     def function_shares(self) -> Mapping[str, float]:
-        return _mean_shares([w.function_shares for w in self.windows])
+        # The keys of a window's function_shares are what its sidecar exported (the watch list plus the
+        # top N by self time, a set that changes from window to window): a missing key is unknown, not 0.
+        return _mean_present([w.function_shares for w in self.windows])
+
+    @cached_property
+    def stage_seconds(self) -> Mapping[str, float]:
+        """Seconds per loop iteration spent in each stage: share x loop mean."""
+        loop = self.values["loop_latency"]
+        return {k: v * loop for k, v in self.stage_shares.items()} if loop else {}
+
+    @cached_property
+    def function_seconds(self) -> Mapping[str, float]:
+        """Seconds per loop iteration inside each exported function (inclusive share x loop mean)."""
+        loop = self.values["loop_latency"]
+        return {k: v * loop for k, v in self.function_shares.items()} if loop else {}
 
 
 _SCALAR_FIELDS = {
@@ -334,8 +394,19 @@ def _mean(xs: Sequence[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def _mean_present(maps: Sequence[Mapping[str, float]]) -> Mapping[str, float]:
+    """Per key, the mean over the maps that have it."""
+    if len(maps) == 1:
+        return maps[0]
+    total: dict[str, list[float]] = {}
+    for m in maps:
+        for k, v in m.items():
+            total.setdefault(k, []).append(v)
+    return {k: sum(v) / len(v) for k, v in total.items()}
+
+
 def _mean_shares(maps: Sequence[Mapping[str, float]]) -> Mapping[str, float]:
-    # A key missing from one window is below that window's top-N cut: count it as 0.
+    # Stage shares: every window carries every stage, so a missing key is a stage never seen (0).
     if len(maps) == 1:
         return maps[0]
     total: dict[str, float] = {}
@@ -400,9 +471,20 @@ def _side(name: str, windows: Sequence[Window], policy: GatePolicy, started_at: 
 @dataclass(frozen=True)
 class _Instance:
     family: str
-    name: str  # e.g. "loop_latency", "stage_share:run_batch"
+    name: str  # e.g. "loop_latency", "stage_time:run_batch"
     baseline: tuple[float | None, ...]
     canary: tuple[float | None, ...]
+    baseline_pods: tuple[str, ...] = ()
+    canary_pods: tuple[str, ...] = ()
+
+    def extra_var(self, log: bool) -> float:
+        """Between-pod variance of the difference of the two sides' means: tau^2 (1/k_b + 1/k_c)."""
+        tau2 = _between_pod_var(self.baseline, self.baseline_pods, log)
+        if tau2 <= 0:
+            return 0.0
+        k_b = max(1, len(set(self.baseline_pods)))
+        k_c = max(1, len(set(self.canary_pods)))
+        return tau2 * (1 / k_b + 1 / k_c)
 
 
 def _instances(policy: GatePolicy, b: Sequence[_Unit], c: Sequence[_Unit]) -> list[_Instance]:
@@ -411,33 +493,68 @@ def _instances(policy: GatePolicy, b: Sequence[_Unit], c: Sequence[_Unit]) -> li
         if family in _SCALAR_FIELDS:
             out.append(
                 _Instance(
-                    family, family, tuple(u.values[family] for u in b), tuple(u.values[family] for u in c)
+                    family, family, tuple(u.values[family] for u in b), tuple(u.values[family] for u in c),
+                    _pods(b), _pods(c),
                 )
             )
-        elif family == "stage_share":
-            keys = set().union(*(u.stage_shares for u in (*b, *c))) - {_NOT_A_REGRESSION_STAGE}
+        elif family == "stage_time":
+            ref = _reference_loop(b)
+            if ref is None:
+                continue
+            keys = set().union(*(u.stage_seconds for u in (*b, *c))) - {_NOT_A_REGRESSION_STAGE}
             order = {s: i for i, s in enumerate(STAGES)}
             for k in sorted(keys, key=lambda s: (order.get(s, len(order)), s)):
-                out.append(_Instance(family, f"{family}:{k}", _share(b, "stage", k), _share(c, "stage", k)))
-        elif family == "function_share":
-            mb = _mean_shares([u.function_shares for u in b])
-            mc = _mean_shares([u.function_shares for u in c])
-            keys = {
-                k for k in set(mb) | set(mc) if max(mb.get(k, 0), mc.get(k, 0)) >= policy.min_function_share
-            }
-            for k in sorted(keys):
                 out.append(
-                    _Instance(family, f"{family}:{k}", _share(b, "function", k), _share(c, "function", k))
+                    _Instance(
+                        family, f"{family}:{k}",
+                        tuple(_per_loop(u.stage_seconds, k, ref) for u in b),
+                        tuple(_per_loop(u.stage_seconds, k, ref) for u in c),
+                        _pods(b), _pods(c),
+                    )
                 )
     return out
 
 
+def _pods(units: Sequence[_Unit]) -> tuple[str, ...]:
+    return tuple(u.pod for u in units)
+
+
+def _reference_loop(units: Sequence[_Unit]) -> float | None:
+    """The baseline's typical loop time, the unit in which per-stage time differences are stated."""
+    loops = sorted(v for u in units if (v := u.values["loop_latency"]) is not None)
+    return loops[len(loops) // 2] if loops else None
+
+
+def _per_loop(seconds: Mapping[str, float], key: str, ref: float) -> float | None:
+    if not seconds:
+        return None
+    return seconds.get(key, 0.0) / ref
+
+
+def _between_pod_var(values: Sequence[float | None], pods: Sequence[str], log: bool) -> float:
+    """Method-of-moments estimate of the between-pod variance (random effects) of one side's values.
+
+    Windows of one pod share its offset (node CPU, its own traffic mix). With at least two pods of
+    at least two windows each: variance of the pod means minus the part the window noise explains.
+    0 when it cannot be estimated (one pod) or is swamped by the window noise.
+    """
+    by_pod: dict[str, list[float]] = defaultdict(list)
+    for v, p in zip(values, pods, strict=True):
+        if v is None or not math.isfinite(v) or (log and v <= 0):
+            continue
+        by_pod[p].append(math.log(v) if log else v)
+    groups = [g for g in by_pod.values() if len(g) >= 2]
+    if len(groups) < 2:
+        return 0.0
+    means = [sum(g) / len(g) for g in groups]
+    grand = sum(means) / len(means)
+    var_means = sum((m - grand) ** 2 for m in means) / (len(means) - 1)
+    within = [sum((x - sum(g) / len(g)) ** 2 for x in g) / (len(g) - 1) / len(g) for g in groups]
+    return max(0.0, var_means - sum(within) / len(within))
+
+
 def _has_values(inst: _Instance) -> bool:
     return any(v is not None for v in inst.baseline) and any(v is not None for v in inst.canary)
-
-
-def _share(units: Sequence[_Unit], kind: str, key: str) -> tuple[float, ...]:
-    return tuple((u.stage_shares if kind == "stage" else u.function_shares).get(key, 0.0) for u in units)
 
 
 def _evaluate(
@@ -462,6 +579,7 @@ def _evaluate(
         alpha_low=a_low,
         alpha_high=a_high,
         trim=policy.trim,
+        extra_var=[i.extra_var(spec.scale == "log") for i in insts],
     )
     out: list[SignalResult] = []
     for inst, cmp in zip(insts, cmps, strict=True):
@@ -534,38 +652,64 @@ def _describe(s: SignalResult) -> str:
 # Attribution
 
 
-def _grown(
-    b: Sequence[Mapping[str, float]], c: Sequence[Mapping[str, float]]
+def _growth(
+    b: Sequence[Mapping[str, float]], c: Sequence[Mapping[str, float]], *, min_units: int = 1
 ) -> dict[str, tuple[float, float]]:
-    """name -> (growth canary - baseline, canary share) for every name that grew."""
-    mb, mc = _mean_shares(b), _mean_shares(c)
+    """name -> (canary - baseline mean, canary mean) for names present in at least `min_units` maps
+    on each side (a name a side did not export is unknown there, never 0)."""
+    mb, mc = _present_lists(b), _present_lists(c)
     out = {}
-    for k in set(mb) | set(mc):
-        g = mc.get(k, 0.0) - mb.get(k, 0.0)
-        if g > 0:
-            out[k] = (g, mc.get(k, 0.0))
+    for k in set(mb) & set(mc):
+        if len(mb[k]) < min_units or len(mc[k]) < min_units:
+            continue
+        cb, cc = sum(mb[k]) / len(mb[k]), sum(mc[k]) / len(mc[k])
+        out[k] = (cc - cb, cc)
     return out
 
 
-# Inclusive function shares nest: every caller of a function that grew grows at least as much. Among
-# the functions whose growth is within this fraction of the largest, the smallest share (the deepest
-# frame) is the one to name: "reconstruct_on_target_device", not "event_loop_overlap".
+def _present_lists(maps: Sequence[Mapping[str, float]]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for m in maps:
+        for k, v in m.items():
+            out.setdefault(k, []).append(v)
+    return out
+
+
+# Inclusive function times nest: every caller of a function that grew grows at least as much. Among
+# the functions whose growth is within this fraction of the largest, the smallest (the deepest frame)
+# is the one to name: "reconstruct_on_target_device", not its caller "process_input_requests".
 _NEAR_MAX_GROWTH = 0.8
 
 
-def regressed_function(b: Sequence[Mapping[str, float]], c: Sequence[Mapping[str, float]]) -> str | None:
-    """The function whose inclusive share grew most on the canary, preferring the deepest of near-ties."""
-    grown = _grown(b, c)
+def _loop_wide(units: Sequence[_Unit]) -> set[str]:
+    shares = _present_lists([u.function_shares for u in units])
+    return {k for k, v in shares.items() if sum(v) / len(v) >= LOOP_WIDE_SHARE}
+
+
+def regressed_function(b: Sequence[_Unit], c: Sequence[_Unit]) -> str | None:
+    """The function whose time per iteration grew most on the canary, preferring the deepest of
+    near-ties; functions exported on only one side, and loop-wide frames, are not candidates."""
+    wide = _loop_wide(b) & _loop_wide(c)
+    need = max(1, min(len(b), len(c)) // 2)
+    grown = {
+        k: v
+        for k, v in _growth([u.function_seconds for u in b], [u.function_seconds for u in c], min_units=need).items()
+        if v[0] > 0 and k not in wide
+    }
     if not grown:
         return None
     top = max(g for g, _ in grown.values())
-    near = [(share, -g, k) for k, (g, share) in grown.items() if g >= _NEAR_MAX_GROWTH * top]
+    near = [(t, -g, k) for k, (g, t) in grown.items() if g >= _NEAR_MAX_GROWTH * top]
     return min(near)[2]
 
 
-def regressed_stage(b: Sequence[Mapping[str, float]], c: Sequence[Mapping[str, float]]) -> str | None:
-    """The stage (idle excluded) whose share grew most on the canary; stages partition the loop."""
-    grown = {k: v for k, v in _grown(b, c).items() if k != _NOT_A_REGRESSION_STAGE}
+def regressed_stage(b: Sequence[_Unit], c: Sequence[_Unit]) -> str | None:
+    """The stage (idle excluded) whose time per iteration grew most on the canary."""
+    grown = {
+        k: v
+        for k, v in _growth([u.stage_seconds for u in b], [u.stage_seconds for u in c]).items()
+        if k != _NOT_A_REGRESSION_STAGE and v[0] > 0
+    }
     if not grown:
         return None
     return max(grown.items(), key=lambda kv: (kv[1][0], kv[0]))[0]
@@ -583,14 +727,24 @@ def decide(
     started_at: float,
     now: float,
     step_duration_s: float,
+    unavailable: str | None = None,
 ) -> Decision:
-    """Judge the canary step that started at `started_at`, as of `now` (unix seconds)."""
+    """Judge the canary step whose analysis started at `started_at`, as of `now` (unix seconds).
+
+    `started_at` is when the step's canary pods were all Ready (the rollout sets it), so start-up
+    time never counts against maxDuration. `unavailable`: the signal sources could not be read this
+    time (the message says why); that is a data problem like a stale profiler, decided here too.
+    """
     elapsed = now - started_at
-    b = _side("baseline", baseline, policy, started_at, now)
-    c = _side("canary", canary, policy, started_at, now)
+    if unavailable is not None:
+        b = c = _Side((), ("SignalsUnavailable", unavailable))
+    else:
+        b = _side("baseline", baseline, policy, started_at, now)
+        c = _side("canary", canary, policy, started_at, now)
     enough = len(b.units) >= policy.min_samples and len(c.units) >= policy.min_samples
 
-    alpha = 1.0 - policy.confidence
+    # The false-rollback budget is per rollout: each step spends an equal part of it.
+    alpha = (1.0 - policy.confidence) / policy.steps
     looks = stats.planned_looks(policy.max_duration_s, policy.interval_s)
     promote_looks = 1 + max(
         0, math.ceil((policy.max_duration_s - step_duration_s) / policy.interval_s - 1e-9)
@@ -617,11 +771,22 @@ def decide(
     def attribution() -> tuple[str | None, str | None]:
         if not (b.units and c.units):
             return None, None
-        return (
-            regressed_function([u.function_shares for u in b.units], [u.function_shares for u in c.units]),
-            regressed_stage([u.stage_shares for u in b.units], [u.stage_shares for u in c.units]),
-        )
+        return regressed_function(b.units, c.units), regressed_stage(b.units, c.units)
 
+    decision = _judge(policy, b, c, signals, elapsed, step_duration_s, attribution)
+    warning = _resolution(policy, by_family, alpha)
+    return replace(decision, warning=warning) if warning else decision
+
+
+def _judge(
+    policy: GatePolicy,
+    b: _Side,
+    c: _Side,
+    signals: tuple[SignalResult, ...],
+    elapsed: float,
+    step_duration_s: float,
+    attribution: Callable[[], tuple[str | None, str | None]],
+) -> Decision:
     failed = [s for s in signals if s.verdict == "fail"]
     if failed:
         # Evidence gathered while the canary ran stays evidence even if its profiler went stale since.
@@ -684,7 +849,33 @@ def _at_max_duration(
     if action == "Promote" and not data_missing:
         return Decision("Promote", reason, f"{prefix}; onInconclusive Promote", signals)
     if action == "Promote":
-        return Decision(
-            "Inconclusive", reason, f"{prefix}; onInconclusive Promote refused without data, pausing", signals
-        )
-    return Decision("Inconclusive", reason, f"{prefix}; onInconclusive Pause", signals)
+        return Decision("Pause", reason, f"{prefix}; onInconclusive Promote refused without data, pausing", signals)
+    return Decision("Pause", reason, f"{prefix}; onInconclusive Pause", signals)
+
+
+def _resolution(policy: GatePolicy, by_family: Mapping[str, Sequence[_Instance]], alpha: float) -> str | None:
+    """A warning when the pods' own spread alone keeps the loop-latency margin from being resolved.
+
+    With one canary pod the revision's effect and that pod's offset are one number: the smallest
+    regression the gate can confirm is about z * sqrt(between-pod variance of the difference). When
+    that exceeds half the margin, a real regression of the margin's size is rarely rolled back and
+    a harmless canary on a fast node may be held back until maxDuration.
+    """
+    insts = by_family.get("loop_latency") or []
+    if not insts:
+        return None
+    extra = insts[0].extra_var(log=True)
+    if extra <= 0:
+        return None
+    looks = stats.planned_looks(policy.max_duration_s, policy.interval_s)
+    z = NormalDist().inv_cdf(1 - stats.bonferroni(alpha, looks))
+    resolvable = math.expm1(z * math.sqrt(extra))
+    margin = policy.max_regression["loop_latency"]
+    if resolvable <= margin / 2:
+        return None
+    spread = math.sqrt(_between_pod_var(insts[0].baseline, insts[0].baseline_pods, log=True))
+    return (
+        f"pods of the baseline differ by {spread:.1%} (sd) among themselves: with these pod counts the gate "
+        f"can confirm only loop-latency regressions beyond about {resolvable:.1%} against a margin of "
+        f"{margin:.0%}; add canary pods, use baseline Fresh, or widen maxRegression.loopLatency"
+    )

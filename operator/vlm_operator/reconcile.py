@@ -59,26 +59,6 @@ def _validation_message(e: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _policy(spec: api.VLMServiceSpec) -> gate.GatePolicy:
-    a = spec.rollout.analysis  # type: ignore[union-attr]
-    m = a.max_regression
-    return gate.GatePolicy(
-        max_regression={
-            "loop_latency": m.loop_latency / 100,
-            "ttft": m.ttft / 100,
-            "itl": m.itl / 100,
-            "throughput": m.throughput / 100,
-            "stage_share": m.stage_share / 100,
-        },
-        confidence=a.confidence,
-        min_samples=a.min_samples,
-        max_duration_s=parse_duration(a.max_duration),
-        on_inconclusive=a.on_inconclusive,
-        interval_s=parse_duration(a.interval),
-        stale_after_s=max(3 * parse_duration(spec.telemetry.interval), 60.0),
-    )
-
-
 def _read_windows(
     rt: Runtime, t: Target, spec: api.VLMServiceSpec, observed: S.Observed, revisions: Sequence[str], since: float, now: float
 ) -> list[gate.Window]:
@@ -95,15 +75,18 @@ def _read_windows(
 def _analyse(
     rt: Runtime, t: Target, spec: api.VLMServiceSpec, observed: S.Observed, prev: api.RolloutStatus, stable_rev: str, now: float
 ) -> gate.Decision:
-    started = rollout.parse_time(prev.step_started_at)
+    started = rollout.parse_time(prev.analysis_started_at)
     step = spec.rollout.steps[min(prev.step, len(spec.rollout.steps) - 1)]  # type: ignore[union-attr]
+    policy = gate.GatePolicy.from_spec(spec)
+    step_s = parse_duration(step.analysis)
     try:
         windows = _read_windows(rt, t, spec, observed, [stable_rev, prev.revision or ""], started, now)
     except signals.SignalsUnavailable as e:
-        return gate.Decision(verdict="Inconclusive", reason="SignalsUnavailable", message=str(e))
+        # Still the gate's call: at maxDuration it applies onInconclusive (and never promotes without data).
+        return gate.decide([], [], policy, started_at=started, now=now, step_duration_s=step_s, unavailable=str(e))
     base = [w for w in windows if w.revision == stable_rev]
     can = [w for w in windows if w.revision == prev.revision]
-    return gate.decide(base, can, _policy(spec), started_at=started, now=now, step_duration_s=parse_duration(step.analysis))
+    return gate.decide(base, can, policy, started_at=started, now=now, step_duration_s=step_s)
 
 
 def _profiler_summary(windows: Sequence[gate.Window]) -> dict[str, Any] | None:
@@ -183,6 +166,8 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
     try:
         spec = api.parse_spec(dict(t.spec))
         desired = builders.build_desired(owner, spec, rt.settings)
+        if spec.rollout is not None:
+            gate.GatePolicy.from_spec(spec)  # an analysis the gate cannot run is an invalid spec, found here
     except (ValidationError, InvalidSpec) as e:
         msg = _validation_message(e) if isinstance(e, ValidationError) else str(e)
         metrics.ERRORS.labels(reason="InvalidSpec").inc()

@@ -7,11 +7,16 @@ status and cluster. Inputs are plain values; `now` is unix seconds.
 Without a `rollout` block a template change rolls the stable Deployment in
 place (maxSurge 0). With one, a new revision gets a canary Deployment:
 
-    Progressing --canary ready--> Analysing --Promote (last step)--> Promoted
-         |                          |  \\--Promote (more steps)--> next step
-         |                          |--Rollback--> RolledBack (held until the spec changes)
-         |                          |--Inconclusive at maxDuration--> onInconclusive
-    annotations: promote / abort / pause
+    Progressing --step's canary pods Ready--> Analysing --Promote (last step)--> Promoted
+         |                                        |  \\--Promote (more steps)--> Progressing (next step)
+         |--not Ready within startupTimeout        |--Rollback--> RolledBack (held until the spec changes)
+         |  --> RolledBack (CanaryStartTimeout)    |--Pause--> Paused (resume restarts the step's analysis)
+    annotations: promote / abort / pause / resume
+
+The gate decides every verdict, maxDuration and onInconclusive included; this module only maps the
+verdict to an action (as Argo Rollouts maps an AnalysisRun's phase) and never re-derives one. The
+analysis clock of a step starts when its canary pods are all Ready, so start-up (up to the startup
+probe's 20 minutes for a large model) has its own timeout and never eats the analysis time.
 """
 
 from __future__ import annotations
@@ -73,9 +78,9 @@ def _observed_stable(owner: B.Owner, observed: Observed, replicas: int) -> dict[
 
 def analysis_due(spec: VLMServiceSpec, prev: RolloutStatus | None, observed: Observed, revision: str, now: float) -> bool:
     """Should the operator read signals this round? (Only then does it pay for the I/O.)"""
-    if spec.rollout is None or prev is None or prev.revision != revision or prev.phase not in ("Progressing", "Analysing"):
+    if spec.rollout is None or prev is None or prev.revision != revision or prev.phase != "Analysing":
         return False
-    if observed.updated_ready(B.ROLE_CANARY, revision) < 1:
+    if prev.analysis_started_at is None or observed.updated_ready(B.ROLE_CANARY, revision) < 1:
         return False
     if prev.last_analysis_at is None:
         return True
@@ -192,10 +197,11 @@ def plan(
     elif action == "pause" and r.phase != "Paused":
         r = _upd(r, phase="Paused", reason="PausedByUser", message="paused by annotation")
     elif action == "resume" and r.phase == "Paused":
-        r = _upd(r, phase="Progressing", reason="Resumed", message="resumed by annotation")
+        # The step's analysis starts afresh (a new clock), once its canary pods are Ready again.
+        r = _upd(r, phase="Progressing", analysis_started_at=None, step_started_at=_iso(now), reason="Resumed", message="resumed by annotation")
     elif action == "promote":
-        decision = Decision(verdict="Promote", reason="PromotedByUser", message="promoted by annotation", signals=(), regressed_function=None, regressed_stage=None)
-        r = _upd(r, step=len(steps) - 1)
+        decision = Decision(verdict="Promote", reason="PromotedByUser", message="promoted by annotation")
+        r = _upd(r, step=len(steps) - 1, phase="Analysing")
 
     # Canary pods that cannot be placed on spare GPUs: borrow a stable replica instead of waiting.
     if r.phase == "Progressing" and r.capacity == "Surge":
@@ -204,10 +210,16 @@ def plan(
             r = _upd(r, capacity="Borrow", message=f"no spare GPU for the canary ({stuck.unschedulable}); borrowing")
             events.append(Event("Normal", "CanaryBorrowing", "no spare GPU for the canary: borrowing a stable replica"))
 
-    if r.phase in ACTIVE and observed.updated_ready(B.ROLE_CANARY, rev) >= 1 and r.phase == "Progressing":
-        r = _upd(r, phase="Analysing")
+    step_replicas = steps[min(r.step, len(steps) - 1)].replicas
+    if r.phase == "Progressing":
+        if observed.updated_ready(B.ROLE_CANARY, rev) >= step_replicas:
+            r = _upd(r, phase="Analysing", analysis_started_at=_iso(now))
+        elif now - parse_time(r.step_started_at) >= parse_duration(spec.rollout.startup_timeout):
+            msg = f"canary pods of step {r.step + 1} not Ready within startupTimeout {spec.rollout.startup_timeout}"
+            r = _upd(r, phase="RolledBack", verdict="Rollback", reason="CanaryStartTimeout", message=msg)
+            events.append(Event("Warning", "CanaryRolledBack", f"canary {rev} rolled back: {msg}"))
 
-    if decision is not None and r.phase in ("Progressing", "Analysing"):
+    if decision is not None and r.phase == "Analysing":
         r = _upd(
             r,
             last_analysis_at=_iso(now),
@@ -216,25 +228,20 @@ def plan(
             verdict=decision.verdict,
             reason=decision.reason,
             message=decision.message,
+            warning=decision.warning,
         )
-        verdict = decision.verdict
-        if verdict == "Inconclusive" and spec.rollout and now - parse_time(r.started_at) >= parse_duration(spec.rollout.analysis.max_duration):
-            verdict = {"Rollback": "Rollback", "Promote": "Promote", "Pause": "Pause"}[spec.rollout.analysis.on_inconclusive]
-            r = _upd(r, reason="MaxDurationReached", message=f"inconclusive after maxDuration: {decision.message}")
-        if verdict == "Rollback":
+        if decision.verdict == "Rollback":
             r = _upd(r, phase="RolledBack", regressed_function=decision.regressed_function, regressed_stage=decision.regressed_stage)
             fn = f"; function {decision.regressed_function} grew most" if decision.regressed_function else ""
             events.append(Event("Warning", "CanaryRolledBack", f"canary {rev} rolled back: {decision.message}{fn}"))
-        elif verdict == "Pause":
+        elif decision.verdict == "Pause":
             r = _upd(r, phase="Paused")
-        elif verdict == "Promote":
-            step_time = parse_duration(steps[min(r.step, len(steps) - 1)].analysis)
-            manual = decision.reason == "PromotedByUser"
-            if r.step + 1 < len(steps) and not manual:
-                if now - parse_time(r.step_started_at) >= step_time:
-                    r = _upd(r, step=r.step + 1, step_started_at=_iso(now), phase="Progressing")
-                    events.append(Event("Normal", "CanaryStep", f"canary {rev} passed step {r.step}; moving on"))
-            elif manual or now - parse_time(r.step_started_at) >= step_time:
+            events.append(Event("Warning", "CanaryPaused", f"canary {rev} paused: {decision.message}"))
+        elif decision.verdict == "Promote":
+            if r.step + 1 < len(steps) and decision.reason != "PromotedByUser":
+                r = _upd(r, step=r.step + 1, step_started_at=_iso(now), analysis_started_at=None, phase="Progressing")
+                events.append(Event("Normal", "CanaryStep", f"canary {rev} passed step {r.step}; moving on"))
+            else:
                 r = _upd(r, phase="Promoted")
                 events.append(Event("Normal", "CanaryPromoted", f"canary {rev} promoted to stable: {decision.message}"))
 

@@ -84,9 +84,16 @@ def compare_many(
     alpha_low: float,
     alpha_high: float,
     trim: float = DEFAULT_TRIM,
+    extra_var: Sequence[float] | None = None,
 ) -> list[Comparison | None]:
     """`compare` for many signals at once (e.g. every stage share): one vectorised scipy call per
-    group of equally long rows, which is what keeps a gate decision in the low milliseconds."""
+    group of equally long rows, which is what keeps a gate decision in the low milliseconds.
+
+    extra_var: per row, a variance (on the test's scale: log for `log`) added to the squared standard
+    error of the difference before bounds and p-values are taken. The gate passes the between-pod
+    variance there (random effects): windows of one pod share its offset, so with few pods per side
+    the window-level standard error alone understates how far two revisions can differ by chance.
+    """
     if not (0 < alpha_low < 0.5 and 0 < alpha_high < 0.5):
         raise ValueError(f"alphas must be in (0, 0.5), got {alpha_low}, {alpha_high}")
     if len(baselines) != len(canaries):
@@ -113,16 +120,27 @@ def compare_many(
             # warning; the result is still right to the last digits that matter here.
             warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
             res = _st.ttest_ind(cx, bx, axis=1, equal_var=False, trim=trim)
-        # Two-sided at 1 - 2*alpha gives the one-sided bound at alpha on each side.
-        lows = np.atleast_1d(res.confidence_interval(1 - 2 * alpha_low).low)
-        highs = np.atleast_1d(res.confidence_interval(1 - 2 * alpha_high).high)
         centre_b = np.atleast_1d(_st.trim_mean(bx, trim, axis=1))
         centre_c = np.atleast_1d(_st.trim_mean(cx, trim, axis=1))
         t_stat, df = np.atleast_1d(res.statistic), np.atleast_1d(res.df)
+        # The standard error of the trimmed-mean difference, recovered from Yuen's interval; the
+        # bounds and p-values are then taken from (difference, se, df) so that extra variance can join.
+        ci = res.confidence_interval(0.5)
+        width = np.atleast_1d(ci.high) - np.atleast_1d(ci.low)
+        se = width / (2 * _st.t.ppf(0.75, df))
+        if extra_var is not None:
+            se = np.sqrt(se**2 + np.asarray([max(0.0, float(extra_var[r[0]])) for r in rows]))
+        diff_all = centre_c - centre_b
+        lows = diff_all - _st.t.ppf(1 - alpha_low, df) * se
+        highs = diff_all + _st.t.ppf(1 - alpha_high, df) * se
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t_adj = np.where(se > 0, diff_all / np.where(se > 0, se, 1.0), np.nan)
         # NaN statistic: both sides constant and equal (no difference, no spread): no evidence either way.
-        flat = np.isnan(t_stat)
-        p_greater = np.where(flat, 1.0, _st.t.sf(np.where(flat, 0.0, t_stat), df))
-        p_less = np.where(flat, 1.0, _st.t.cdf(np.where(flat, 0.0, t_stat), df))
+        flat = np.isnan(t_stat) | np.isnan(t_adj)
+        p_greater = np.where(flat, 1.0, _st.t.sf(np.where(flat, 0.0, t_adj), df))
+        p_less = np.where(flat, 1.0, _st.t.cdf(np.where(flat, 0.0, t_adj), df))
+        lows = np.where(flat, diff_all, lows)
+        highs = np.where(flat, diff_all, highs)
         for j, (i, b, c) in enumerate(rows):
             diff = float(centre_c[j] - centre_b[j])
             low, high = float(lows[j]), float(highs[j])

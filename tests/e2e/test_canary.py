@@ -31,7 +31,7 @@ SPEC = {
             "minSamples": 4,
             "maxDuration": "4m",
             "confidence": 0.95,
-            "maxRegression": {"loopLatency": 25, "stageShare": 4, "ttft": 50, "itl": 50, "throughput": 50},
+            "maxRegression": {"loopLatency": 25, "stageTime": 4, "ttft": 50, "itl": 50, "throughput": 50},
         },
     },
 }

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from vlm_operator.errors import InvalidSpec
-from vlm_operator.gate import Decision, GatePolicy, Window, decide, regressed_function
+from vlm_operator.gate import Decision, GatePolicy, Window, _units, decide, regressed_function
 
 T0 = 1_000_000.0
 STEP = 300.0
@@ -83,7 +83,7 @@ def windows(
 
 
 POLICY = GatePolicy(
-    max_regression={"loop_latency": 0.03, "stage_share": 0.05},
+    max_regression={"loop_latency": 0.03, "stage_time": 0.05},
     min_samples=5,
     max_duration_s=900,
     interval_s=60,
@@ -123,8 +123,8 @@ def test_identical_revisions_promote_once_step_time_is_reached():
     assert all(s.verdict == "pass" for s in d.signals)
     assert d.regressed_function is None
     names = [s.name for s in d.signals]
-    assert names[0] == "loop_latency" and "stage_share:process_input_requests" in names
-    assert "stage_share:idle" not in names  # a growing idle share is never a regression
+    assert names[0] == "loop_latency" and "stage_time:process_input_requests" in names
+    assert "stage_time:idle" not in names  # more idle time is never a regression
 
 
 def test_regression_within_half_the_margin_is_never_rolled_back():
@@ -197,11 +197,11 @@ def test_old_baseline_windows_do_not_count():
     ("action", "data", "verdict"),
     [
         ("Rollback", "undecided", "Rollback"),
-        ("Pause", "undecided", "Inconclusive"),
+        ("Pause", "undecided", "Pause"),
         ("Promote", "undecided", "Promote"),
         ("Rollback", "stale", "Rollback"),
-        ("Pause", "stale", "Inconclusive"),
-        ("Promote", "stale", "Inconclusive"),  # never promote without data
+        ("Pause", "stale", "Pause"),
+        ("Promote", "stale", "Pause"),  # never promote without data
     ],
 )
 def test_max_duration_applies_on_inconclusive(action, data, verdict):
@@ -254,12 +254,95 @@ def test_request_signals_missing_everywhere_do_not_block_promotion():
     assert d.signals[0].ci_low == alone.signals[0].ci_low
 
 
-def test_stage_share_regression_names_the_stage():
-    policy = replace(POLICY, max_regression={"stage_share": 0.05})
+def test_stage_time_regression_names_the_stage():
+    policy = replace(POLICY, max_regression={"stage_time": 0.05})
     d = run(windows("stable", n=30, pods=3), windows("canary", n=30, effect=0.25, seed=1), policy)
-    assert (d.verdict, d.reason) == ("Rollback", "StageShareRegressed")
+    assert (d.verdict, d.reason) == ("Rollback", "StageTimeRegressed")
     assert d.regressed_stage == "process_input_requests"
-    assert "stage share of process_input_requests" in d.message
+    assert "time per iteration of process_input_requests" in d.message
+    s_pi = next(s for s in d.signals if s.name == "stage_time:process_input_requests")
+    assert s_pi.delta == pytest.approx(0.25, abs=0.02)  # 25 points of the baseline's loop time
+
+
+def faster(revision: str, *, n: int, speedup: float, seed: int, pods: int = 1) -> list[Window]:
+    """Windows of a revision whose input stage got `speedup` (fraction of the loop) cheaper, everything
+    else unchanged in absolute time: the IPC cache switched on. The other stages' shares grow."""
+    return windows(revision, n=n, effect=-speedup, seed=seed, pods=pods)
+
+
+@pytest.mark.parametrize("speedup", [0.06, 0.10])
+def test_a_faster_canary_is_promoted_not_held_for_a_share_shift(speedup):
+    """Stage shares sum to 1: turning the cache on shrinks process_input_requests and grows run_batch's
+    share by ~5 points with its time unchanged. The old share gate held a 6%-faster canary at
+    AwaitingEvidence and rolled back a 10%-faster one (StageShareRegressed run_batch)."""
+    base = windows("stable", n=30, pods=3, seed=21, sd=0.01)
+    can = faster("canary", n=30, speedup=speedup, seed=22)
+    b_share = base[0].stage_shares["run_batch"]
+    assert can[0].stage_shares["run_batch"] - b_share > 0.03  # the share did shift
+    d = run(base, can)
+    assert (d.verdict, d.reason) == ("Promote", "NoRegression"), d.message
+    run_batch = next(s for s in d.signals if s.name == "stage_time:run_batch")
+    assert abs(run_batch.delta) < 0.01  # its time per iteration did not change
+
+
+def _nested(revision: str, *, n: int, seed: int, hash_extra: float = 0.0, pods: int = 1, top_n: int = 3):
+    """SGLang 0.5.2x-shaped windows: every stage runs under a decorator's `wrapper` frame (inclusive
+    share ~1), hash_feature under handle_generate_request under process_input_requests, and the
+    sidecar exports the watch list plus the top N by self time, a set that changes every window."""
+    rng = np.random.default_rng([seed, zlib.crc32(revision.encode())])
+    out = []
+    for p in range(pods):
+        for k in range(n):
+            loop = 0.020 * (1 + hash_extra) * math.exp(rng.normal(0, 0.01))
+            self_t = {  # seconds per iteration of self time, one random function a bit hotter per window
+                "recv_requests": 0.0008, "hash_feature": 0.002 + 0.020 * hash_extra,
+                "handle_generate_request": 0.0005, "get_next_batch_to_run": 0.0012, "forward": 0.010,
+                "process_batch_result": 0.0024, "sample": 0.0009 * (1 + rng.uniform(0, 2)),
+                "detokenize_step": 0.0009 * (1 + rng.uniform(0, 2)), "wrapper": 0.0001,
+            }
+            total = sum(self_t.values())
+            sh = {f: v / total for f, v in self_t.items()}
+            incl = {
+                "event_loop_overlap": 1.0, "wrapper": 0.99,
+                "process_input_requests": sh["hash_feature"] + sh["handle_generate_request"],
+                "handle_generate_request": sh["hash_feature"] + sh["handle_generate_request"],
+                "hash_feature": sh["hash_feature"], "run_batch": sh["forward"] + sh["sample"],
+                "forward": sh["forward"], "sample": sh["sample"], "detokenize_step": sh["detokenize_step"],
+                "recv_requests": sh["recv_requests"], "get_next_batch_to_run": sh["get_next_batch_to_run"],
+                "process_batch_result": sh["process_batch_result"] + sh["detokenize_step"],
+            }
+            watch = ["process_input_requests", "hash_feature", "reconstruct_on_target_device"]
+            top = sorted(sh, key=lambda f: -sh[f])[:top_n]
+            exported = dict.fromkeys([*watch, *top, "event_loop_overlap", "wrapper"])
+            stages = {"recv_requests": sh["recv_requests"], "process_input_requests": incl["process_input_requests"],
+                      "get_next_batch_to_run": sh["get_next_batch_to_run"], "run_batch": incl["run_batch"],
+                      "process_batch_result": incl["process_batch_result"], "idle": 0.0, "other": sh["wrapper"]}
+            d = {"id": k, "end": T0 + (k + 1) * 10.0, "samples": 1000, "loop_mean_seconds": loop,
+                 "loop_p95_seconds": loop * 1.5, "iterations": 500, "stage_shares": stages,
+                 "function_shares": {f: incl.get(f, 0.0) for f in exported}, "stale": False}
+            out.append(Window.from_sidecar(revision, f"{revision}-{p}", d))
+    return out
+
+
+def test_a_regression_below_a_decorator_names_the_function_not_the_wrapper():
+    """Functions outside one side's exported set are unknown there, not 0 (the old gate read a churned
+    export as 'grew by 100%' and named a wrapper or event_loop_overlap)."""
+    base = _nested("stable", n=30, seed=31, pods=3)
+    can = _nested("canary", n=30, seed=32, hash_extra=0.10)
+    assert len({frozenset(w.function_shares) for w in can}) > 1  # the export set churns
+    d = run(base, can)
+    assert (d.verdict, d.reason) == ("Rollback", "LoopLatencyRegressed")
+    assert d.regressed_function == "hash_feature"
+    assert d.regressed_stage == "process_input_requests"
+
+
+def test_a_function_exported_on_one_side_only_is_never_named():
+    base = _nested("stable", n=20, seed=33, pods=3, top_n=0)  # only the watch list and wrappers
+    can = _nested("canary", n=20, seed=34, hash_extra=0.10, top_n=4)
+    d = run(base, can)
+    assert d.verdict == "Rollback"
+    assert d.regressed_function in ("hash_feature",)
+    assert d.regressed_function not in ("forward", "wrapper", "event_loop_overlap")
 
 
 def test_tp_ranks_of_one_pod_count_once():
@@ -287,17 +370,104 @@ def test_policy_rejects_nonsense():
 
 
 def test_regressed_function_prefers_the_deepest_of_nested_frames():
-    b = [
-        {"event_loop": 0.95, "process_input_requests": 0.10, "handle_generate_request": 0.08, "recon": 0.001}
-    ]
-    c = [
-        {"event_loop": 0.95, "process_input_requests": 0.131, "handle_generate_request": 0.11, "recon": 0.03}
-    ]
+    def units(shares: dict, loop: float = 0.02):
+        ws = [Window.from_sidecar("r", f"p{i}", {"id": i, "end": T0 + i, "samples": 10, "loop_mean_seconds": loop,
+                                                  "function_shares": shares}) for i in range(4)]
+        return _units(ws, 5.0)
+
+    b = units({"event_loop": 0.95, "process_input_requests": 0.10, "handle_generate_request": 0.08, "recon": 0.001})
+    c = units({"event_loop": 0.95, "process_input_requests": 0.131, "handle_generate_request": 0.11, "recon": 0.03})
     assert regressed_function(b, c) == "recon"
     # An unrelated function that grew far more wins.
-    c2 = [{**c[0], "run_batch": 0.2}]
-    assert regressed_function([{**b[0], "run_batch": 0.1}], c2) == "run_batch"
+    b2 = units({"event_loop": 0.95, "process_input_requests": 0.10, "recon": 0.001, "run_batch": 0.1})
+    c2 = units({"event_loop": 0.95, "process_input_requests": 0.131, "recon": 0.03, "run_batch": 0.2})
+    assert regressed_function(b2, c2) == "run_batch"
     assert regressed_function(b, b) is None
+    # Time, not share: a loop 30% slower everywhere grew every function's time (shares unchanged); a
+    # function is still named, never the loop-wide frame.
+    assert regressed_function(b, units(dict(b[0].function_shares), loop=0.026)) not in (None, "event_loop")
+
+
+# -- one decision point, validation, heterogeneity -------------------------------------------------
+
+
+def test_unreachable_sources_never_promote_even_with_on_inconclusive_promote():
+    policy = replace(POLICY, on_inconclusive="Promote")
+    early = decide([], [], policy, started_at=T0, now=T0 + 300, step_duration_s=STEP, unavailable="Prometheus down")
+    assert (early.verdict, early.reason) == ("Inconclusive", "SignalsUnavailable")
+    late = decide([], [], policy, started_at=T0, now=T0 + 901, step_duration_s=STEP, unavailable="Prometheus down")
+    assert (late.verdict, late.reason) == ("Pause", "MaxDurationReached")
+    assert "refused without data" in late.message
+    rolled = decide([], [], POLICY, started_at=T0, now=T0 + 901, step_duration_s=STEP, unavailable="x")
+    assert rolled.verdict == "Rollback"
+
+
+def test_every_spec_the_api_accepts_gives_a_policy():
+    """Validate once: any analysis block the pydantic model (and so the CRD) accepts builds a GatePolicy."""
+    from vlm_operator import api
+
+    @settings(max_examples=150, deadline=None)
+    @given(
+        min_samples=st.integers(3, 1000),
+        confidence=st.floats(0.5, 0.999),
+        interval=st.sampled_from(["1s", "15s", "1m", "90s", "1h"]),
+        max_duration=st.sampled_from(["1h", "2h", "1h30m1s"]),
+        margins=st.lists(st.floats(0, 100), min_size=5, max_size=5),
+        action=st.sampled_from(["Rollback", "Promote", "Pause"]),
+        steps=st.integers(1, 10),
+    )
+    def check(min_samples, confidence, interval, max_duration, margins, action, steps):
+        spec = api.parse_spec({
+            "model": {"path": "m"}, "replicas": 10,
+            "rollout": {"steps": [{"replicas": 1}] * steps, "analysis": {
+                "minSamples": min_samples, "confidence": confidence, "interval": interval,
+                "maxDuration": max_duration, "onInconclusive": action,
+                "maxRegression": dict(zip(["loopLatency", "ttft", "itl", "throughput", "stageTime"], margins, strict=True)),
+            }},
+        })
+        policy = GatePolicy.from_spec(spec)
+        assert policy.steps == steps and policy.min_samples == min_samples
+
+    check()
+
+
+@pytest.mark.parametrize("bad", [{"minSamples": 2}, {"interval": "0s"}, {"maxRegression": {"stageShare": 5}}])
+def test_analysis_the_gate_cannot_run_is_refused_by_the_model(bad):
+    from pydantic import ValidationError
+    from vlm_operator import api
+
+    with pytest.raises(ValidationError):
+        api.parse_spec({"model": {"path": "m"}, "rollout": {"analysis": bad}})
+
+
+def _offset_pods(revision: str, offsets: list[float], *, n: int, seed: int, effect: float = 0.0) -> list[Window]:
+    out = []
+    for i, off in enumerate(offsets):
+        for w in windows(revision, n=n, seed=seed + i, sd=0.01, effect=effect):
+            out.append(replace(w, pod=f"{revision}-{i}", loop_mean_seconds=w.loop_mean_seconds * math.exp(off)))
+    return out
+
+
+def test_between_pod_spread_widens_the_bounds_and_is_reported():
+    """One canary pod on a node 4% slower than average, against three stable pods that differ by ~3%
+    among themselves: the window-level test alone would call that a regression beyond the margin."""
+    base = _offset_pods("stable", [-0.03, 0.0, 0.03], n=30, seed=40)
+    can = _offset_pods("canary", [0.04], n=30, seed=50)
+    d = run(base, can)
+    assert d.verdict != "Rollback", d.message
+    assert d.warning and "differ by" in d.warning
+    # Same data without the pod structure (one baseline pod): no spread estimate, the test is naive.
+    naive = run([replace(w, pod="stable-0") for w in base], can)
+    loop_naive = naive.signals[0]
+    loop = d.signals[0]
+    assert loop.ci_low < loop_naive.ci_low
+
+
+def test_the_false_rollback_budget_is_per_rollout():
+    base, can = windows("stable", n=18, pods=3), windows("canary", n=18, effect=0.04, seed=1)
+    one = run(base, can)
+    three = run(base, can, replace(POLICY, steps=3))
+    assert three.signals[0].ci_low < one.signals[0].ci_low  # each of 3 steps gets a third of alpha
 
 
 # -- the sidecar parser --------------------------------------------------------------------------

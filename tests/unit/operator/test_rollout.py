@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from vlm_operator import api, builders, rollout
 from vlm_operator.gate import Decision
 from vlm_operator.settings import Settings
@@ -83,16 +85,25 @@ def test_surge_stuck_unschedulable_falls_back_to_borrow():
     assert p1.rollout.capacity == "Borrow" and p1.stable["spec"]["replicas"] == 2
 
 
-def _analysing(old, new, verdict, now):
+def _ready(old, new, now=T0 + 10, canary_ready=1):
+    """The canary started at T0 and its pods were Ready at `now`: the step's analysis starts then."""
     p0 = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=8)
-    obs = observed_with_stable(desired(old), canary=desired(new), canary_ready=1)
-    assert rollout.analysis_due(new, p0.rollout, obs, desired(new).revision, T0 + 1)
-    return rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=now, free_gpus=None, decision=verdict)
+    obs = observed_with_stable(desired(old), canary=desired(new), canary_ready=canary_ready)
+    assert not rollout.analysis_due(new, p0.rollout, obs, desired(new).revision, T0 + 1)  # not Analysing yet
+    p1 = rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=now, free_gpus=None)
+    return p1, obs
+
+
+def _analysing(old, new, verdict, now):
+    p1, obs = _ready(old, new)
+    assert p1.rollout.phase == "Analysing" and p1.rollout.analysis_started_at
+    assert rollout.analysis_due(new, p1.rollout, obs, desired(new).revision, T0 + 11)
+    return rollout.plan(OWNER, new, desired(new), obs, p1.rollout, now=now, free_gpus=None, decision=verdict)
 
 
 def test_rollback_deletes_the_canary_and_names_the_function():
     old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
-    d = decision("Rollback", reason="StageShareRegressed", regressed_function="reconstruct_on_target_device", regressed_stage="process_input_requests")
+    d = decision("Rollback", reason="StageTimeRegressed", regressed_function="reconstruct_on_target_device", regressed_stage="process_input_requests")
     p = _analysing(old, new, d, T0 + 120)
     assert p.rollout.phase == "RolledBack" and p.canary is None
     assert p.rollout.regressed_function == "reconstruct_on_target_device"
@@ -104,22 +115,70 @@ def test_rollback_deletes_the_canary_and_names_the_function():
     assert again.canary is None and again.rollout.phase == "RolledBack" and not again.events
 
 
-def test_promote_waits_for_the_step_time_then_takes_the_canary_template():
+def test_promote_on_the_last_step_takes_the_canary_template():
     old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
-    early = _analysing(old, new, decision("Promote"), T0 + 60)
-    assert early.rollout.phase == "Analysing" and early.canary is not None
     late = _analysing(old, new, decision("Promote"), T0 + 301)
     assert late.rollout.phase == "Promoted" and late.canary is None
     assert late.stable_revision == desired(new).revision
     assert late.stable["spec"]["template"]["metadata"]["labels"][builders.LABEL_REVISION] == desired(new).revision
 
 
-def test_inconclusive_never_promotes_and_max_duration_rolls_back_by_default():
+@pytest.mark.parametrize("verdict", ["Continue", "Inconclusive"])
+def test_the_rollout_never_rederives_a_verdict(verdict):
+    """Only the gate decides: long past maxDuration, Continue or Inconclusive changes nothing, whatever
+    onInconclusive says (it used to become Promoted/MaxDurationReached with onInconclusive Promote)."""
+    old = spec()
+    for action in ("Rollback", "Promote", "Pause"):
+        new = spec(
+            sglang={"ipcCache": {"mode": "Off"}},
+            rollout={"steps": [{"replicas": 1}], "analysis": {"maxDuration": "30m", "onInconclusive": action}},
+        )
+        p = _analysing(old, new, decision(verdict, reason="SignalsUnavailable"), T0 + 7200)
+        assert p.rollout.phase == "Analysing" and p.canary is not None, action
+
+
+def test_gate_verdicts_map_to_actions():
     old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
-    mid = _analysing(old, new, decision("Inconclusive", reason="SignalsUnavailable"), T0 + 600)
-    assert mid.rollout.phase == "Analysing" and mid.canary is not None
-    end = _analysing(old, new, decision("Inconclusive", reason="SignalsUnavailable"), T0 + 1801)
-    assert end.rollout.phase == "RolledBack" and end.rollout.reason == "MaxDurationReached"
+    rolled = _analysing(old, new, decision("Rollback", reason="MaxDurationReached"), T0 + 1900)
+    assert rolled.rollout.phase == "RolledBack" and rolled.rollout.reason == "MaxDurationReached"
+    paused = _analysing(old, new, decision("Pause", reason="MaxDurationReached"), T0 + 1900)
+    assert paused.rollout.phase == "Paused" and paused.canary is not None
+    assert [e.reason for e in paused.events] == ["CanaryPaused"]
+    assert not rollout.analysis_due(new, paused.rollout, observed_with_stable(desired(old), canary=desired(new), canary_ready=1), desired(new).revision, T0 + 2000)
+
+
+def test_multi_step_each_step_has_its_own_analysis_clock():
+    """Step 2 starts its analysis when its pods are Ready; its maxDuration never counts step 1's time."""
+    three = {"steps": [{"replicas": 1}, {"replicas": 2}, {"replicas": 3}], "analysis": {"maxDuration": "30m"}}
+    old, new = spec(replicas=4), spec(replicas=4, sglang={"ipcCache": {"mode": "Off"}}, rollout=three)
+    p1, obs1 = _ready(old, new)
+    step1 = rollout.plan(OWNER, new, desired(new), obs1, p1.rollout, now=T0 + 1500, free_gpus=None, decision=decision("Promote"))
+    r = step1.rollout
+    assert (r.phase, r.step, r.analysis_started_at) == ("Progressing", 1, None)
+    assert step1.canary["spec"]["replicas"] == 2
+    # One of two canary pods Ready: still starting, no analysis.
+    obs_one = observed_with_stable(desired(old), 4, canary=desired(new), canary_ready=1)
+    waiting = rollout.plan(OWNER, new, desired(new), obs_one, r, now=T0 + 1600, free_gpus=None)
+    assert waiting.rollout.phase == "Progressing"
+    assert not rollout.analysis_due(new, waiting.rollout, obs_one, desired(new).revision, T0 + 1600)
+    obs_two = observed_with_stable(desired(old), 4, canary=desired(new), canary_ready=2)
+    ready = rollout.plan(OWNER, new, desired(new), obs_two, waiting.rollout, now=T0 + 1700, free_gpus=None)
+    assert ready.rollout.phase == "Analysing" and rollout.parse_time(ready.rollout.analysis_started_at) == T0 + 1700
+    # The operator hands the gate that start time; an early Inconclusive keeps the step going.
+    later = rollout.plan(OWNER, new, desired(new), obs_two, ready.rollout, now=T0 + 1800, free_gpus=None,
+                         decision=decision("Inconclusive", reason="TooFewSamples"))
+    assert later.rollout.phase == "Analysing" and later.rollout.step == 1
+
+
+def test_canary_that_never_gets_ready_rolls_back_after_its_startup_timeout():
+    old = spec()
+    new = spec(sglang={"ipcCache": {"mode": "Off"}}, rollout={"steps": [{"replicas": 1}], "startupTimeout": "20m"})
+    p0 = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=8)
+    obs = observed_with_stable(desired(old), canary=desired(new), canary_ready=0)
+    mid = rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=T0 + 1100, free_gpus=None)
+    assert mid.rollout.phase == "Progressing"
+    end = rollout.plan(OWNER, new, desired(new), obs, mid.rollout, now=T0 + 1201, free_gpus=None)
+    assert (end.rollout.phase, end.rollout.reason) == ("RolledBack", "CanaryStartTimeout") and end.canary is None
 
 
 def test_manual_actions():
