@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-
 from vlm_operator import api, builders, rollout
 from vlm_operator.gate import Decision
 from vlm_operator.settings import Settings
