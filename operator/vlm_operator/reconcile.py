@@ -66,7 +66,9 @@ def _read_windows(
     url = (analysis.prometheus_url if analysis else None) or rt.settings.prometheus_url
     source = analysis.source if analysis else "Auto"
     if source == "Prometheus" or (source == "Auto" and url):
-        step = parse_duration(spec.telemetry.interval)
+        # A third of the telemetry interval: every window is seen at least once while the scrape keeps up;
+        # seeing one several times is harmless (from_prometheus keeps one observation per window).
+        step = max(1.0, parse_duration(spec.telemetry.interval) / 3)
         return signals.from_prometheus(url, t.namespace, t.name, revisions, since=since, now=now, step=step)
     pods = [(p.name, p.revision, p.ip) for p in observed.pods if p.ready and p.revision in revisions]
     return signals.from_sidecars(pods, since)

@@ -8,9 +8,8 @@ Sidecar source: GET http://<pod IP>:9400/windows.json for every ready pod.
 `VLM_SIDECAR_ENDPOINTS` (a JSON file: pod name -> host:port) overrides pod IPs;
 the e2e harness uses it because kwok pods have no real network.
 
-Prometheus source: each scrape-aligned step of the analysis range becomes one
-window per pod, from the sidecar metrics (loop latency from the histogram's
-rate of sum over rate of count, stage and function shares from the gauges).
+Prometheus source: one window per sidecar window, from the sidecar's per-window
+gauges, identified by the window's end time (`from_prometheus` says how).
 """
 
 from __future__ import annotations
@@ -91,59 +90,83 @@ def _query_range(base: str, query: str, start: float, end: float, step: float) -
     return data["data"]["result"]
 
 
+# Per-window gauges the sidecar exports (all from its last usable window), and the Window field each fills.
+_WINDOW_GAUGES = {
+    "vlm_scheduler_window_loop_mean_seconds": "loop_mean_seconds",
+    "vlm_scheduler_window_loop_p95_seconds": "loop_p95_seconds",
+    "vlm_scheduler_window_iterations": "iterations",
+    "vlm_sglang_window_ttft_seconds": "ttft_seconds",
+    "vlm_sglang_window_itl_seconds": "itl_seconds",
+    "vlm_sglang_window_generation_tokens_per_second": "throughput",
+    "vlm_profiler_stale": "stale",
+}
+_KEY = "pod, revision, tp_rank"
+
+
 def from_prometheus(
     base: str, namespace: str, service: str, revisions: Sequence[str], *, since: float, now: float, step: float
 ) -> list[Window]:
-    """Windows per (pod, step) for the given revisions, from the sidecar series in Prometheus."""
+    """One Window per sidecar window, for the given revisions, from the sidecar's per-window gauges.
+
+    Every gauge describes the sidecar's last usable window, whose end time
+    `vlm_profiler_last_window_timestamp_seconds` carries: that value is the window's identity. The range
+    is read at `step` (at most the telemetry interval, so no window is skipped while the scrape keeps up),
+    and each window is taken once, at the first step that shows it, so a window scraped many times is
+    still one observation (no pseudo-replication), whatever the scrape and telemetry intervals are. A
+    window whose sidecar reported itself stale at that point is marked stale.
+    """
     sel = f'namespace="{namespace}",vlmservice="{service}",revision=~"{"|".join(revisions)}"'
-    rng = f"{max(int(step), 15)}s"
     start = max(since, now - 6 * 3600)
-    if now - start < step:
+    if now <= start:
         return []
-    by_key: dict[tuple[str, str, float], dict[str, Any]] = {}
 
-    def slot(metric: Mapping[str, str], t: float) -> dict[str, Any]:
-        key = (metric.get("pod", ""), metric.get("revision", ""), t)
-        return by_key.setdefault(key, {"stage_shares": {}, "function_shares": {}})
+    def series(metric: str, extra: str = "", by: str = _KEY) -> list[dict[str, Any]]:
+        return _query_range(base, f"max by ({by}) ({metric}{{{sel}{extra}}})", start, now, step)
 
-    loop = _query_range(
-        base,
-        f"sum by (pod, revision) (rate(vlm_scheduler_loop_seconds_sum{{{sel}}}[{rng}]))"
-        f" / sum by (pod, revision) (rate(vlm_scheduler_loop_seconds_count{{{sel}}}[{rng}]))",
-        start, now, step,
-    )
-    for series in loop:
-        for t, v in series["values"]:
-            s = slot(series["metric"], float(t))
-            s["loop_mean_seconds"] = float(v)
-            s["samples"] = 1
-    p95 = _query_range(
-        base,
-        f"histogram_quantile(0.95, sum by (le, pod, revision) (rate(vlm_scheduler_loop_seconds_bucket{{{sel}}}[{rng}])))",
-        start, now, step,
-    )
-    for series in p95:
-        for t, v in series["values"]:
-            if v not in ("NaN", "+Inf"):
-                slot(series["metric"], float(t))["loop_p95_seconds"] = float(v)
-    for query, key, label in (
-        (f"avg by (pod, revision, stage) (vlm_scheduler_stage_share{{{sel}}})", "stage_shares", "stage"),
-        (
-            f'avg by (pod, revision, function) (vlm_scheduler_function_share{{{sel},kind="inclusive"}})',
-            "function_shares",
-            "function",
-        ),
-    ):
-        for series in _query_range(base, query, start, now, step):
-            for t, v in series["values"]:
-                slot(series["metric"], float(t))[key][series["metric"].get(label, "")] = float(v)
-    samples = _query_range(base, f"sum by (pod, revision) (increase(vlm_profiler_samples_total{{{sel}}}[{rng}]))", start, now, step)
-    for series in samples:
-        for t, v in series["values"]:
-            slot(series["metric"], float(t))["samples"] = int(float(v))
+    def key(m: Mapping[str, str]) -> tuple[str, str, str]:
+        return m.get("pod", ""), m.get("revision", ""), m.get("tp_rank", "")
+
+    # (pod, revision, rank) -> [(t, window end)], then the first t at which each window end appears.
+    first_seen: dict[tuple[str, str, str], dict[float, float]] = {}
+    for sr in series("vlm_profiler_last_window_timestamp_seconds"):
+        seen = first_seen.setdefault(key(sr["metric"]), {})
+        for t, v in sr["values"]:
+            end = float(v)
+            if end >= since and end not in seen:
+                seen[end] = float(t)
+    if not first_seen:
+        return []
+    at: dict[tuple[str, str, str], dict[float, float]] = {  # (series) -> {t: window end}
+        k: {t: end for end, t in ends.items()} for k, ends in first_seen.items()
+    }
+    windows: dict[tuple[str, str, str, float], dict[str, Any]] = {}
+    for k, by_t in at.items():
+        for end in by_t.values():
+            windows[(*k, end)] = {"end": end, "samples": 1, "stage_shares": {}, "function_shares": {}}
+
+    def assign(sr: Mapping[str, Any], put) -> None:
+        k = key(sr["metric"])
+        by_t = at.get(k)
+        if not by_t:
+            return
+        for t, v in sr["values"]:
+            end = by_t.get(float(t))
+            if end is not None and v not in ("NaN", "+Inf", "-Inf"):
+                put(windows[(*k, end)], float(v))
+
+    for metric, field in _WINDOW_GAUGES.items():
+        for sr in series(metric):
+            assign(sr, lambda d, v, f=field: d.__setitem__(f, v))
+    for sr in series("vlm_scheduler_stage_share", by=f"{_KEY}, stage"):
+        st = sr["metric"].get("stage", "")
+        assign(sr, lambda d, v, st=st: d["stage_shares"].__setitem__(st, v))
+    for sr in series("vlm_scheduler_function_share", ',kind="inclusive"', by=f"{_KEY}, function"):
+        fn = sr["metric"].get("function", "")
+        assign(sr, lambda d, v, fn=fn: d["function_shares"].__setitem__(fn, v))
     out = []
-    for (pod, revision, t), d in sorted(by_key.items()):
+    for (pod, revision, rank, end), d in sorted(windows.items()):
         if "loop_mean_seconds" not in d:
             continue
-        out.append(Window.from_sidecar(revision, pod, {"id": f"{pod}@{t:.0f}", "end": t, **d}))
+        rank_n = int(rank) if rank.isdigit() else 0
+        out.append(Window.from_sidecar(revision, pod, {"id": f"{pod}/{rank}@{end:.3f}", "tp_rank": rank_n, **d}))
     return out

@@ -161,6 +161,22 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
     agree_max = GaugeMetricFamily("vlm_profiler_sglang_agreement_max_abs_diff",
                                   "Largest stage-share difference between the sidecar and SGLang's own counters.",
                                   labels=names)
+    # One value per window, all from the last usable window (the one vlm_profiler_last_window_timestamp_seconds
+    # names): the canary gate reads these from Prometheus as one observation per window, keyed by that timestamp.
+    per_window = {
+        "loop_mean_seconds": GaugeMetricFamily("vlm_scheduler_window_loop_mean_seconds",
+                                               "Mean loop iteration time, last window.", labels=names),
+        "loop_p95_seconds": GaugeMetricFamily("vlm_scheduler_window_loop_p95_seconds",
+                                              "p95 loop iteration time, last window.", labels=names),
+        "iterations": GaugeMetricFamily("vlm_scheduler_window_iterations",
+                                        "Loop iterations seen, last window.", labels=names),
+        "ttft_seconds": GaugeMetricFamily("vlm_sglang_window_ttft_seconds",
+                                          "Mean time to first token (SGLang's histogram), last window.", labels=names),
+        "itl_seconds": GaugeMetricFamily("vlm_sglang_window_itl_seconds",
+                                         "Mean inter-token latency (SGLang's histogram), last window.", labels=names),
+        "throughput": GaugeMetricFamily("vlm_sglang_window_generation_tokens_per_second",
+                                        "Generation throughput (SGLang's token counter), last window.", labels=names),
+    }
     for rank, rs in sorted(snap.ranks.items()):
         r = str(rank)
         cum, buckets = 0, []
@@ -180,6 +196,10 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
                 func.add_metric(lv(r, fn, "self"), v)
             last_ts.add_metric(lv(r), w.end)
             rate.add_metric(lv(r), rs.effective_rate_hz)
+            for attr, fam in per_window.items():
+                v = getattr(w, attr)
+                if v is not None:
+                    fam.add_metric(lv(r), float(v))
         for st, v in sorted(rs.agreement.items()):
             agree.add_metric(lv(r, st), v)
         if rs.agreement:
@@ -190,7 +210,8 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
         windows.add_metric(lv(r, result), v)
     for (r, kind), v in sorted(snap.errors_total.items()):
         errors.add_metric(lv(r, kind), v)
-    return [hist, stage, func, windows, samples, last_ts, errors, rate, stale, agree, agree_max]
+    return [hist, stage, func, windows, samples, last_ts, errors, rate, stale, agree, agree_max,
+            *per_window.values()]
 
 
 class SidecarCollector:

@@ -102,6 +102,10 @@ class WindowSummary:
     result: str = "ok"
     loop_samples: tuple[float, ...] = ()
     sglang_stage_shares: dict[str, float] | None = None
+    # From SGLang's /metrics at the window's edges: mean TTFT and ITL (seconds), generation tokens/s.
+    ttft_seconds: float | None = None
+    itl_seconds: float | None = None
+    throughput: float | None = None
 
     def to_json(self) -> dict:
         """The /windows.json shape (keys are a contract with the canary gate)."""
@@ -124,4 +128,10 @@ class WindowSummary:
             "error": self.error,
             "result": self.result,
             "sglang_stage_shares": self.sglang_stage_shares,
+            "ttft_seconds": self.ttft_seconds,
+            "itl_seconds": self.itl_seconds,
+            "throughput": self.throughput,
+            # The functions this window exported (the watch list plus its top N by self time): a function
+            # missing here is unknown for this window, not 0.
+            "exported_functions": sorted(self.function_shares),
         }

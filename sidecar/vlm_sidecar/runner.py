@@ -79,11 +79,12 @@ class Runner:
         self.windows_done = 0
 
     # --- one window ------------------------------------------------------------------------------------
-    def _scrape_stages(self) -> dict[str, float] | None:
+    def _scrape(self) -> dict[str, float] | None:
+        """SGLang's /metrics, parsed (stage and request counters); None when not configured or failed."""
         if self.scrape is None or not self.cfg.sglang_metrics_url:
             return None
         try:
-            return sglang_metrics.stage_seconds(self.scrape(self.cfg.sglang_metrics_url))
+            return sglang_metrics.parse(self.scrape(self.cfg.sglang_metrics_url))
         except sglang_metrics.ScrapeError as e:
             self.store.count_error("sglang_scrape")
             event("SGLang metrics scrape failed", error=str(e)[:200])
@@ -123,11 +124,16 @@ class Runner:
             stacks, rate = None, 0.0
         agreement = None
         if sglang_before is not None and result == "ok":
-            after = self._scrape_stages()
-            shares = sglang_metrics.window_shares(sglang_before, after) if after else None
-            if shares:
-                agreement = sglang_metrics.agreement(summary.stage_shares, shares)
-                summary = replace(summary, sglang_stage_shares=shares)
+            after = self._scrape()
+            if after:
+                st_before, st_after = sglang_metrics.stages_of(sglang_before), sglang_metrics.stages_of(after)
+                shares = sglang_metrics.window_shares(st_before, st_after) if st_before and st_after else None
+                if shares:
+                    agreement = sglang_metrics.agreement(summary.stage_shares, shares)
+                    summary = replace(summary, sglang_stage_shares=shares)
+                req = sglang_metrics.request_signals(sglang_before, after, outcome.ended - outcome.started)
+                summary = replace(summary, ttft_seconds=req.get("ttft_seconds"), itl_seconds=req.get("itl_seconds"),
+                                  throughput=req.get("throughput"))
         self.store.add_window(summary, stacks, rate, agreement)
         if result != "ok":
             event("Profiling window failed" if result == "error" else "Profiling window partial",
@@ -141,7 +147,7 @@ class Runner:
             self.store.count_window("no_target")
             self.store.count_error("no_target")
             return []
-        before = self._scrape_stages()
+        before = self._scrape()
         with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="pyspy") as pool:
             results = list(pool.map(lambda t: self.sample_target(t, before), targets))
         self.windows_done += 1

@@ -1,8 +1,12 @@
-"""Cross-check against SGLang's own stage counters (`sglang:scheduler_stage_seconds_total{category}`, 0.5.20+).
+"""What the sidecar reads from SGLang's own /metrics, scraped at the start and end of every window.
 
-The runner scrapes SGLang's /metrics at the start and end of a window; the counter deltas give SGLang's
-own stage shares for the same wall-clock span, and `agreement` compares them with the sidecar's.
-Older SGLang versions lack the counter: `stage_seconds` then returns None and nothing is exported.
+- Stage counters (`sglang:scheduler_stage_seconds_total{category}`, 0.5.20+): their deltas give SGLang's
+  own stage shares for the window's span, and `agreement` compares them with the sidecar's. Older SGLang
+  versions lack the counter: nothing is exported then.
+- Request signals for the canary gate (every supported version): mean time to first token and mean
+  inter-token latency from the histograms' _sum/_count deltas, generation throughput from the token
+  counter's delta over the window. Metric names come from `sglang_names`, which the compat tier checks
+  against the released wheels.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-STAGE_COUNTER = "sglang:scheduler_stage_seconds"  # prometheus_client strips the _total suffix
-IDLE_COUNTER = "sglang:scheduler_idle_seconds"
+from vlm_sidecar import sglang_names
+
+STAGE_COUNTER = sglang_names.STAGE_COUNTER  # prometheus_client strips the _total suffix
+IDLE_COUNTER = sglang_names.IDLE_COUNTER
 
 
 class ScrapeError(Exception):
@@ -30,23 +36,7 @@ def fetch(url: str, timeout_s: float = 2.0) -> str:
 
 def stage_seconds(text: str) -> dict[str, float] | None:
     """{category: seconds} summed over other labels, plus 'idle'; None without the stage counter."""
-    out: dict[str, float] = {}
-    found = False
-    try:
-        families = list(text_string_to_metric_families(text))
-    except (ValueError, TypeError) as e:
-        raise ScrapeError(f"bad metrics text: {e}") from e
-    for fam in families:
-        if fam.name == STAGE_COUNTER:
-            for s in fam.samples:
-                if s.name.endswith("_total") and "category" in s.labels:
-                    found = True
-                    out[s.labels["category"]] = out.get(s.labels["category"], 0.0) + s.value
-        elif fam.name == IDLE_COUNTER:
-            for s in fam.samples:
-                if s.name.endswith("_total"):
-                    out["idle"] = out.get("idle", 0.0) + s.value
-    return out if found else None
+    return stages_of(parse(text))
 
 
 def window_shares(before: dict[str, float], after: dict[str, float]) -> dict[str, float] | None:
@@ -72,3 +62,75 @@ def agreement(sidecar: dict[str, float], sglang: dict[str, float]) -> dict[str, 
     if a_tot <= 0 or b_tot <= 0:
         return {}
     return {k: abs(sidecar[k] / a_tot - sglang[k] / b_tot) for k in common}
+
+
+# --- request signals: TTFT, ITL and generation throughput per window ----------------------------------------
+
+# Histograms whose _sum/_count deltas give a window's mean, and the generation-token counter (families).
+_REQUEST_NAMES = sglang_names.request_metrics(None)
+
+
+def parse(text: str, names: dict[str, str] | None = None) -> dict[str, float]:
+    """One scrape of SGLang's /metrics, reduced to what the sidecar uses: stage counters (as
+    `stage_seconds`, keys "stage:<category>" and "stage:idle") and request counters ("ttft_sum",
+    "ttft_count", "itl_sum", "itl_count", "generation_tokens"), each summed over its other labels.
+    Names default to the newest row of sglang_names (they have not changed between releases).
+    """
+    n = names or _REQUEST_NAMES
+    try:
+        families = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError) as e:
+        raise ScrapeError(f"bad metrics text: {e}") from e
+    out: dict[str, float] = {}
+
+    def add(key: str, v: float) -> None:
+        out[key] = out.get(key, 0.0) + v
+
+    for fam in families:
+        if fam.name == STAGE_COUNTER:
+            for s in fam.samples:
+                if s.name.endswith("_total") and "category" in s.labels:
+                    add(f"stage:{s.labels['category']}", s.value)
+        elif fam.name == IDLE_COUNTER:
+            for s in fam.samples:
+                if s.name.endswith("_total"):
+                    add("stage:idle", s.value)
+        elif fam.name in (n["ttft"], n["itl"]):
+            key = "ttft" if fam.name == n["ttft"] else "itl"
+            for s in fam.samples:
+                if s.name.endswith("_sum"):
+                    add(f"{key}_sum", s.value)
+                elif s.name.endswith("_count"):
+                    add(f"{key}_count", s.value)
+        elif fam.name in (n["generation_tokens"], n["generation_tokens"] + "_total"):
+            # prometheus_client names the family without _total when the TYPE line has it, and keeps it
+            # (an untyped family) when the TYPE line names the counter without it, as SGLang's does.
+            for s in fam.samples:
+                if s.name.endswith("_total"):
+                    add("generation_tokens", s.value)
+    return out
+
+
+def stages_of(parsed: dict[str, float]) -> dict[str, float] | None:
+    """The stage part of `parse` in `stage_seconds`' shape; None when SGLang has no stage counter."""
+    st = {k.removeprefix("stage:"): v for k, v in parsed.items() if k.startswith("stage:")}
+    return st if any(k != "idle" for k in st) else None
+
+
+def request_signals(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    """The window's mean TTFT and ITL (seconds) and generation throughput (tokens/s) from two scrapes.
+
+    Only what moved is reported: no request finished its first token in the window -> no ttft. A counter
+    that went backwards (SGLang restarted) yields nothing.
+    """
+    out: dict[str, float] = {}
+    for key in ("ttft", "itl"):
+        dc = after.get(f"{key}_count", 0.0) - before.get(f"{key}_count", 0.0)
+        ds = after.get(f"{key}_sum", 0.0) - before.get(f"{key}_sum", 0.0)
+        if f"{key}_count" in after and dc > 0 and ds >= 0:
+            out[f"{key}_seconds"] = ds / dc
+    if "generation_tokens" in after and "generation_tokens" in before and seconds > 0:
+        d = after["generation_tokens"] - before["generation_tokens"]
+        if d >= 0:
+            out["throughput"] = d / seconds
+    return out
