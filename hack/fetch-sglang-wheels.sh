@@ -16,7 +16,7 @@ set -euo pipefail
 
 CACHE="${VLM_CACHE:-$HOME/.cache/vlm-operator}"
 WHEELS="$CACHE/wheels"
-DEFAULT_VERSIONS=(0.5.9 0.5.10 0.5.15 0.5.17 0.5.23)
+DEFAULT_VERSIONS=(0.5.9 0.5.10 0.5.15 0.5.17 0.5.20 0.5.23)
 # From 0.5.11 the wheels carry a small Rust extension and are per platform; the
 # Python source we read is the same in each. Pin one platform so every machine
 # caches the same file (and an arm64 laptop still finds a wheel).
