@@ -294,6 +294,13 @@ class RolloutSpec(KubeModel):
         "Auto surges when spare GPUs exist, else borrows.",
     )
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, description="Canary analysis.")
+    baseline: Literal["Fresh", "Stable"] = Field(
+        "Fresh",
+        description="What the canary is compared with. Fresh: as many new pods of the stable revision as the step "
+        "has canary pods, started with them (same age, same time, same traffic; the stable Deployment lends the "
+        "replicas when capacity is Borrow); used where the capacity allows, else Stable. Stable: the long-running "
+        "stable pods.",
+    )
     startup_timeout: Duration = Field(
         "30m",
         description="How long a step's canary pods may take to become Ready; then the canary is rolled back "
@@ -376,6 +383,7 @@ class RolloutStatus(KubeModel):
     revision: str | None = Field(None, description="Canary revision this rollout is about.")
     step: int = Field(0, ge=0)
     capacity: Literal["Surge", "Borrow"] | None = None
+    baseline: Literal["Fresh", "Stable"] | None = Field(None, description="The baseline this rollout compares with.")
     verdict: str | None = None
     reason: str | None = None
     message: str | None = None

@@ -25,6 +25,9 @@ SGLANG_PORT = 30000
 SIDECAR_PORT = 9400
 ROLE_STABLE = "stable"
 ROLE_CANARY = "canary"
+# Pods of the stable revision started next to the canary's, at the same time and in the same number: the
+# gate's baseline with rollout.baseline Fresh (Kayenta's practice: same age, same time, same traffic).
+ROLE_BASELINE = "baseline"
 
 LABEL_SERVICE = f"{PREFIX}/vlmservice"
 LABEL_REVISION = f"{PREFIX}/revision"

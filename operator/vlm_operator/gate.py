@@ -476,10 +476,18 @@ class _Instance:
     canary: tuple[float | None, ...]
     baseline_pods: tuple[str, ...] = ()
     canary_pods: tuple[str, ...] = ()
+    reference: tuple[float | None, ...] = ()
+    reference_pods: tuple[str, ...] = ()
+
+    def tau2(self, log: bool) -> float:
+        """Between-pod variance: from the reference pods where there are enough, else the baseline's."""
+        if len(set(self.reference_pods)) >= 2:
+            return _between_pod_var(self.reference, self.reference_pods, log)
+        return _between_pod_var(self.baseline, self.baseline_pods, log)
 
     def extra_var(self, log: bool) -> float:
         """Between-pod variance of the difference of the two sides' means: tau^2 (1/k_b + 1/k_c)."""
-        tau2 = _between_pod_var(self.baseline, self.baseline_pods, log)
+        tau2 = self.tau2(log)
         if tau2 <= 0:
             return 0.0
         k_b = max(1, len(set(self.baseline_pods)))
@@ -487,19 +495,23 @@ class _Instance:
         return tau2 * (1 / k_b + 1 / k_c)
 
 
-def _instances(policy: GatePolicy, b: Sequence[_Unit], c: Sequence[_Unit]) -> list[_Instance]:
+def _instances(
+    policy: GatePolicy, b: Sequence[_Unit], c: Sequence[_Unit], ref: Sequence[_Unit] = ()
+) -> list[_Instance]:
+    """One test per signal (and per stage). `ref`: units of other pods of the baseline's revision (the
+    long-running stable pods next to a fresh baseline), used only to estimate how much pods differ."""
     out: list[_Instance] = []
     for family in policy.max_regression:
         if family in _SCALAR_FIELDS:
             out.append(
                 _Instance(
                     family, family, tuple(u.values[family] for u in b), tuple(u.values[family] for u in c),
-                    _pods(b), _pods(c),
+                    _pods(b), _pods(c), tuple(u.values[family] for u in ref), _pods(ref),
                 )
             )
         elif family == "stage_time":
-            ref = _reference_loop(b)
-            if ref is None:
+            loop_ref = _reference_loop(b)
+            if loop_ref is None:
                 continue
             keys = set().union(*(u.stage_seconds for u in (*b, *c))) - {_NOT_A_REGRESSION_STAGE}
             order = {s: i for i, s in enumerate(STAGES)}
@@ -507,9 +519,10 @@ def _instances(policy: GatePolicy, b: Sequence[_Unit], c: Sequence[_Unit]) -> li
                 out.append(
                     _Instance(
                         family, f"{family}:{k}",
-                        tuple(_per_loop(u.stage_seconds, k, ref) for u in b),
-                        tuple(_per_loop(u.stage_seconds, k, ref) for u in c),
+                        tuple(_per_loop(u.stage_seconds, k, loop_ref) for u in b),
+                        tuple(_per_loop(u.stage_seconds, k, loop_ref) for u in c),
                         _pods(b), _pods(c),
+                        tuple(_per_loop(u.stage_seconds, k, loop_ref) for u in ref), _pods(ref),
                     )
                 )
     return out
@@ -728,12 +741,15 @@ def decide(
     now: float,
     step_duration_s: float,
     unavailable: str | None = None,
+    spread_reference: Sequence[Window] = (),
 ) -> Decision:
     """Judge the canary step whose analysis started at `started_at`, as of `now` (unix seconds).
 
     `started_at` is when the step's canary pods were all Ready (the rollout sets it), so start-up
     time never counts against maxDuration. `unavailable`: the signal sources could not be read this
     time (the message says why); that is a data problem like a stale profiler, decided here too.
+    `spread_reference`: windows of other pods of the baseline's revision (the stable pods, when the
+    baseline is fresh), used only to estimate the between-pod variance.
     """
     elapsed = now - started_at
     if unavailable is not None:
@@ -750,7 +766,8 @@ def decide(
         0, math.ceil((policy.max_duration_s - step_duration_s) / policy.interval_s - 1e-9)
     )
     by_family: dict[str, list[_Instance]] = defaultdict(list)
-    for inst in _instances(policy, b.units, c.units):
+    ref = _side("reference", spread_reference, policy, started_at, now).units if spread_reference else ()
+    for inst in _instances(policy, b.units, c.units, ref):
         by_family[inst.family].append(inst)
     # Weighted Bonferroni: each gated family that has data gets an equal part of the rollback budget
     # per look, split evenly over its members (stages, functions), so loop latency keeps its power
@@ -873,7 +890,7 @@ def _resolution(policy: GatePolicy, by_family: Mapping[str, Sequence[_Instance]]
     margin = policy.max_regression["loop_latency"]
     if resolvable <= margin / 2:
         return None
-    spread = math.sqrt(_between_pod_var(insts[0].baseline, insts[0].baseline_pods, log=True))
+    spread = math.sqrt(insts[0].tau2(log=True))
     return (
         f"pods of the baseline differ by {spread:.1%} (sd) among themselves: with these pod counts the gate "
         f"can confirm only loop-latency regressions beyond about {resolvable:.1%} against a margin of "

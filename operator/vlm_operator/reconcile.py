@@ -86,9 +86,14 @@ def _analyse(
     except signals.SignalsUnavailable as e:
         # Still the gate's call: at maxDuration it applies onInconclusive (and never promotes without data).
         return gate.decide([], [], policy, started_at=started, now=now, step_duration_s=step_s, unavailable=str(e))
-    base = [w for w in windows if w.revision == stable_rev]
+    fresh = {p.name for p in observed.pods if p.role == builders.ROLE_BASELINE}
+    stable = [w for w in windows if w.revision == stable_rev and w.pod not in fresh]
     can = [w for w in windows if w.revision == prev.revision]
-    return gate.decide(base, can, policy, started_at=started, now=now, step_duration_s=step_s)
+    if prev.baseline == "Fresh":
+        # Compare with the fresh pods; the long-running stable pods still tell how much pods differ.
+        base = [w for w in windows if w.pod in fresh and w.revision == stable_rev]
+        return gate.decide(base, can, policy, started_at=started, now=now, step_duration_s=step_s, spread_reference=stable)
+    return gate.decide(stable, can, policy, started_at=started, now=now, step_duration_s=step_s)
 
 
 def _profiler_summary(windows: Sequence[gate.Window]) -> dict[str, Any] | None:
@@ -202,10 +207,11 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
         rt.kube.apply(desired.service, observed.service)
         if plan.stable is not None:
             rt.kube.apply(plan.stable, observed.deployments.get(builders.ROLE_STABLE))
-        if plan.canary is not None:
-            rt.kube.apply(plan.canary, observed.deployments.get(builders.ROLE_CANARY))
-        elif builders.ROLE_CANARY in observed.deployments:
-            rt.kube.delete("apps/v1", "Deployment", t.namespace, builders.deployment_name(owner, builders.ROLE_CANARY))
+        for role, want in ((builders.ROLE_CANARY, plan.canary), (builders.ROLE_BASELINE, plan.baseline)):
+            if want is not None:
+                rt.kube.apply(want, observed.deployments.get(role))
+            elif role in observed.deployments:
+                rt.kube.delete("apps/v1", "Deployment", t.namespace, builders.deployment_name(owner, role))
         if rt.monitoring and t.status.get("observedGeneration") != t.generation:
             rt.kube.apply(builders.build_pod_monitor(owner), None)
             rt.kube.apply(

@@ -54,6 +54,7 @@ class Plan:
     canary_revision: str | None
     rollout: RolloutStatus | None
     events: tuple[Event, ...] = field(default=())
+    baseline: dict[str, Any] | None = None  # desired fresh-baseline Deployment, or None to delete it
     want_ready: int = 0
     hands_off: bool = False  # spec.paused: change no Deployment
 
@@ -67,13 +68,20 @@ def _strip_role(template: Mapping[str, Any]) -> dict[str, Any]:
     return t
 
 
-def _observed_stable(owner: B.Owner, observed: Observed, replicas: int) -> dict[str, Any] | None:
-    """Re-apply the stable Deployment as it is (its template untouched), only its replicas change."""
+def _observed_stable(owner: B.Owner, observed: Observed, replicas: int, role: str = B.ROLE_STABLE) -> dict[str, Any] | None:
+    """Re-apply the stable Deployment as it is (its template untouched), only its replicas change; with
+    role baseline, the same template as the fresh-baseline Deployment."""
     d = observed.deployments.get(B.ROLE_STABLE)
     if not d:
         return None
     rev = observed.deployment_revision(B.ROLE_STABLE) or ""
-    return B.build_deployment(owner, _strip_role(d["spec"]["template"]), rev, B.ROLE_STABLE, replicas)
+    return B.build_deployment(owner, _strip_role(d["spec"]["template"]), rev, role, replicas)
+
+
+def _fresh_fits(capacity: str, full: int, canary_replicas: int) -> bool:
+    """A fresh baseline as large as the canary: spare GPUs (Surge), or borrowed from stable, which then lends
+    twice the canary's replicas (only while it has them)."""
+    return capacity == "Surge" or full >= 2 * canary_replicas
 
 
 def analysis_due(spec: VLMServiceSpec, prev: RolloutStatus | None, observed: Observed, revision: str, now: float) -> bool:
@@ -173,20 +181,32 @@ def plan(
     steps = spec.rollout.steps
     events: list[Event] = []
     if prev is None or prev.revision != rev or prev.phase not in ACTIVE:
-        need = steps[0].replicas * spec.gpus_per_replica
+        k = steps[0].replicas
+        need = k * spec.gpus_per_replica
+        want_fresh = spec.rollout.baseline == "Fresh"
         capacity = spec.rollout.capacity
+        baseline = "Fresh" if want_fresh and _fresh_fits(capacity, full, k) else "Stable"
         if capacity == "Auto":
-            capacity = "Surge" if free_gpus is not None and free_gpus >= need else "Borrow"
+            free = free_gpus if free_gpus is not None else -1
+            if want_fresh and free >= 2 * need:
+                capacity, baseline = "Surge", "Fresh"
+            elif want_fresh and full >= 2 * k:
+                # A fresh baseline is worth more than a surged canary compared with old pods.
+                capacity, baseline = "Borrow", "Fresh"
+            else:
+                capacity, baseline = ("Surge" if free >= need else "Borrow"), "Stable"
         r = RolloutStatus(
             phase="Progressing",
             revision=rev,
             step=0,
             capacity=capacity,
+            baseline=baseline,
             started_at=_iso(now),
             step_started_at=_iso(now),
-            message=f"canary {rev} started ({capacity.lower()}), stable {stable_obs_rev}",
+            message=f"canary {rev} started ({capacity.lower()}, {baseline.lower()} baseline), stable {stable_obs_rev}",
         )
-        events.append(Event("Normal", "CanaryStarted", f"canary revision {rev} against stable {stable_obs_rev} ({capacity})"))
+        detail = "" if baseline == spec.rollout.baseline else "; no capacity for a fresh baseline, comparing with the stable pods"
+        events.append(Event("Normal", "CanaryStarted", f"canary revision {rev} against stable {stable_obs_rev} ({capacity}, {baseline} baseline{detail})"))
     else:
         r = prev
 
@@ -204,15 +224,21 @@ def plan(
         r = _upd(r, step=len(steps) - 1, phase="Analysing")
 
     # Canary pods that cannot be placed on spare GPUs: borrow a stable replica instead of waiting.
+    step_replicas = steps[min(r.step, len(steps) - 1)].replicas
     if r.phase == "Progressing" and r.capacity == "Surge":
-        stuck = observed.unschedulable(B.ROLE_CANARY)
+        stuck = observed.unschedulable(B.ROLE_CANARY) or observed.unschedulable(B.ROLE_BASELINE)
         if stuck and now - parse_time(r.step_started_at) >= SURGE_PATIENCE_S:
             r = _upd(r, capacity="Borrow", message=f"no spare GPU for the canary ({stuck.unschedulable}); borrowing")
             events.append(Event("Normal", "CanaryBorrowing", "no spare GPU for the canary: borrowing a stable replica"))
+    fresh = r.baseline == "Fresh"
+    if fresh and r.phase in ACTIVE and not _fresh_fits(r.capacity or "Borrow", full, step_replicas):
+        r = _upd(r, baseline="Stable", message=f"{full} replicas cannot lend {2 * step_replicas}: comparing with the stable pods")
+        events.append(Event("Normal", "CanaryBaselineStable", f"no capacity for a fresh baseline of {step_replicas}: comparing with the stable pods"))
+        fresh = False
 
-    step_replicas = steps[min(r.step, len(steps) - 1)].replicas
     if r.phase == "Progressing":
-        if observed.updated_ready(B.ROLE_CANARY, rev) >= step_replicas:
+        baseline_ready = not fresh or observed.updated_ready(B.ROLE_BASELINE, stable_obs_rev) >= step_replicas
+        if observed.updated_ready(B.ROLE_CANARY, rev) >= step_replicas and baseline_ready:
             r = _upd(r, phase="Analysing", analysis_started_at=_iso(now))
         elif now - parse_time(r.step_started_at) >= parse_duration(spec.rollout.startup_timeout):
             msg = f"canary pods of step {r.step + 1} not Ready within startupTimeout {spec.rollout.startup_timeout}"
@@ -250,13 +276,17 @@ def plan(
     if r.phase in ("RolledBack", "Aborted"):
         return keep_stable(r, events)
     canary_replicas = steps[min(r.step, len(steps) - 1)].replicas
-    stable_replicas = full if r.capacity == "Surge" else max(full - canary_replicas, 0)
+    fresh = r.baseline == "Fresh"
+    baseline_replicas = canary_replicas if fresh else 0
+    lent = canary_replicas + baseline_replicas
+    stable_replicas = full if r.capacity == "Surge" else max(full - lent, 0)
     return Plan(
         stable=_observed_stable(owner, observed, stable_replicas),
         canary=B.build_deployment(owner, desired.template, rev, B.ROLE_CANARY, canary_replicas),
+        baseline=_observed_stable(owner, observed, baseline_replicas, B.ROLE_BASELINE) if fresh else None,
         stable_revision=stable_obs_rev,
         canary_revision=rev,
         rollout=r,
         events=tuple(events),
-        want_ready=stable_replicas + canary_replicas,
+        want_ready=stable_replicas + canary_replicas + baseline_replicas,
     )

@@ -595,3 +595,18 @@ def test_no_false_rollbacks_and_full_power_on_seeded_runs():
         )
     assert false_rb == 0
     assert detected == 40
+
+
+def test_fresh_baseline_uses_the_stable_pods_to_know_how_much_pods_differ():
+    """One fresh baseline pod against one canary pod: their difference carries two pods' offsets, which
+    only the long-running stable pods next to them can measure."""
+    fresh = _offset_pods("stable", [-0.02], n=30, seed=60)
+    can = _offset_pods("canary", [0.02], n=30, seed=61)  # A/A: the canary's node is just 4% slower
+    stable = _offset_pods("stable", [-0.025, 0.0, 0.025], n=30, seed=62)
+    naive = run(fresh, can)
+    assert naive.verdict == "Rollback"  # blind to pod spread, a fast-node baseline condemns the canary
+    d = decide(fresh, can, POLICY, started_at=T0, now=T0 + 301, step_duration_s=STEP, spread_reference=stable)
+    assert d.verdict != "Rollback" and d.warning
+    real = _offset_pods("canary", [0.0], n=30, seed=63, effect=0.25)
+    assert decide(fresh, real, POLICY, started_at=T0, now=T0 + 301, step_duration_s=STEP,
+                  spread_reference=stable).verdict == "Rollback"

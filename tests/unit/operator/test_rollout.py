@@ -16,12 +16,15 @@ T0 = 1_800_000_000.0
 
 
 def spec(**over) -> api.VLMServiceSpec:
+    """Most tests here compare with the stable pods (baseline Stable); the fresh-baseline tests say Fresh."""
     base = {
         "model": {"path": "m"},
         "replicas": 3,
         "rollout": {"steps": [{"replicas": 1, "analysis": "5m"}], "analysis": {"interval": "1m", "maxDuration": "30m"}},
     }
     base.update(over)
+    if isinstance(base["rollout"], dict):
+        base["rollout"] = {"baseline": "Stable", **base["rollout"]}
     return api.parse_spec(base)
 
 
@@ -29,9 +32,13 @@ def desired(s: api.VLMServiceSpec) -> builders.Desired:
     return builders.build_desired(OWNER, s, SETTINGS)
 
 
-def observed_with_stable(d: builders.Desired, replicas: int = 3, canary: builders.Desired | None = None, canary_ready=0) -> Observed:
+def observed_with_stable(d: builders.Desired, replicas: int = 3, canary: builders.Desired | None = None, canary_ready=0,
+                         baseline_ready: int | None = None) -> Observed:
     deps = {builders.ROLE_STABLE: builders.build_deployment(OWNER, d.template, d.revision, builders.ROLE_STABLE, replicas)}
     pods = [PodInfo(f"s{i}", builders.ROLE_STABLE, d.revision, "Running", True) for i in range(replicas)]
+    if baseline_ready is not None:
+        deps[builders.ROLE_BASELINE] = builders.build_deployment(OWNER, d.template, d.revision, builders.ROLE_BASELINE, 1)
+        pods += [PodInfo(f"b{i}", builders.ROLE_BASELINE, d.revision, "Running", True) for i in range(baseline_ready)]
     if canary is not None:
         deps[builders.ROLE_CANARY] = builders.build_deployment(OWNER, canary.template, canary.revision, builders.ROLE_CANARY, 1)
         pods += [PodInfo(f"c{i}", builders.ROLE_CANARY, canary.revision, "Running", True) for i in range(canary_ready)]
@@ -200,3 +207,47 @@ def test_same_inputs_same_plan_after_a_restart():
     a = rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=T0 + 30, free_gpus=None)
     b = rollout.plan(OWNER, new, desired(new), obs, stored, now=T0 + 30, free_gpus=None)
     assert a == b
+
+
+# -- fresh baseline ----------------------------------------------------------------------------------
+
+
+def fresh(**over):
+    return spec(rollout={"baseline": "Fresh", "steps": [{"replicas": 1}]}, **over)
+
+
+def test_fresh_baseline_surges_next_to_the_canary_with_the_stable_template():
+    old, new = spec(), fresh(sglang={"ipcCache": {"mode": "Off"}})
+    p = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=8)
+    assert (p.rollout.capacity, p.rollout.baseline) == ("Surge", "Fresh")
+    assert p.baseline["metadata"]["name"] == "svc-baseline" and p.baseline["spec"]["replicas"] == 1
+    labels = p.baseline["spec"]["template"]["metadata"]["labels"]
+    assert labels[builders.LABEL_REVISION] == desired(old).revision and labels[builders.LABEL_ROLE] == builders.ROLE_BASELINE
+    assert p.baseline["spec"]["template"]["spec"] == p.stable["spec"]["template"]["spec"]
+    assert p.stable["spec"]["replicas"] == 3 and p.want_ready == 5
+
+
+def test_fresh_baseline_waits_for_its_pods_before_the_analysis_starts():
+    old, new = spec(), fresh(sglang={"ipcCache": {"mode": "Off"}})
+    p0 = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=8)
+    only_canary = observed_with_stable(desired(old), canary=desired(new), canary_ready=1, baseline_ready=0)
+    assert rollout.plan(OWNER, new, desired(new), only_canary, p0.rollout, now=T0 + 5, free_gpus=None).rollout.phase == "Progressing"
+    both = observed_with_stable(desired(old), canary=desired(new), canary_ready=1, baseline_ready=1)
+    p1 = rollout.plan(OWNER, new, desired(new), both, p0.rollout, now=T0 + 6, free_gpus=None)
+    assert p1.rollout.phase == "Analysing" and p1.baseline is not None
+    done = rollout.plan(OWNER, new, desired(new), both, p1.rollout, now=T0 + 400, free_gpus=None, decision=decision("Promote"))
+    assert done.rollout.phase == "Promoted" and done.baseline is None and done.canary is None
+
+
+def test_fresh_baseline_borrows_two_replicas_when_no_gpu_is_spare():
+    old, new = spec(), fresh(sglang={"ipcCache": {"mode": "Off"}})
+    p = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=1)
+    assert (p.rollout.capacity, p.rollout.baseline) == ("Borrow", "Fresh")
+    assert (p.stable["spec"]["replicas"], p.baseline["spec"]["replicas"], p.canary["spec"]["replicas"]) == (1, 1, 1)
+
+
+def test_no_capacity_for_a_fresh_baseline_falls_back_to_stable_and_says_so():
+    old, new = spec(replicas=1), fresh(replicas=1, sglang={"ipcCache": {"mode": "Off"}})
+    p = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old), 1), None, now=T0, free_gpus=1)
+    assert (p.rollout.capacity, p.rollout.baseline) == ("Surge", "Stable") and p.baseline is None
+    assert "no capacity for a fresh baseline" in p.events[0].message
