@@ -246,6 +246,8 @@ def plan(
             events.append(Event("Warning", "CanaryRolledBack", f"canary {rev} rolled back: {msg}"))
 
     if decision is not None and r.phase == "Analysing":
+        if decision.warning and not r.warning:
+            events.append(Event("Warning", "CanaryMarginUnresolvable", decision.warning))
         r = _upd(
             r,
             last_analysis_at=_iso(now),

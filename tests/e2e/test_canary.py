@@ -109,22 +109,65 @@ def test_cache_off_canary_is_rolled_back_with_the_input_path_named_and_alerted(k
     assert got[0]["labels"]["vlmservice"] == NAME and got[0]["labels"]["function"] != "unknown"
 
 
-def test_faster_canary_is_promoted(kube, namespace, stack):
+# The shipped cadence for the last two scenarios: the PodMonitor's 15 s scrape and the default telemetry
+# (5 s windows every 15 s); only the analysis is shortened (15 s looks, a 90 s step, at most 6 minutes).
+SHIPPED = {
+    **{k: v for k, v in SPEC.items() if k not in ("telemetry", "rollout")},
+    "telemetry": {"rate": 250},
+    "rollout": {
+        "steps": [{"replicas": 1, "analysis": "90s"}],
+        "analysis": {"interval": "15s", "minSamples": 5, "maxDuration": "6m",
+                     "maxRegression": {"loopLatency": 25, "stageTime": 4, "ttft": 20, "itl": 50, "throughput": 50}},
+    },
+}
+
+
+@pytest.fixture
+def shipped_stack(make_operator, monitoring, podmap):
+    port = free_port()
+    monitoring.stop_prometheus()
+    monitoring.scrape_interval = "15s"
+    monitoring.operator_metrics = f"127.0.0.1:{port}"
+    monitoring.start_prometheus()
+    op = make_operator(VLM_PROMETHEUS_URL=monitoring.prometheus_url, VLM_METRICS_PORT=str(port))
+    return op, monitoring, podmap
+
+
+def test_faster_canary_is_promoted(kube, namespace, shipped_stack):
     """The change the operator exists to ship: stable runs with the IPC cache off, the canary turns it on.
     Its loop is faster and process_input_requests shrinks, so every other stage's share grows with its time
     unchanged; a share-based gate held such canaries back or rolled them back."""
-    op, _, pm = stack
-    spec = copy.deepcopy(SPEC)
+    op, _, pm = shipped_stack
+    spec = copy.deepcopy(SHIPPED)
     spec["sglang"]["ipcCache"] = {"mode": "Off"}
     create(kube, namespace, spec)
     ready(kube, namespace, op)
     pm.wait_mapped(1)
     time.sleep(8)
     patch(kube, namespace, {"sglang": {"ipcCache": {"mode": "Auto"}}})
-    r = wait_phase(kube, namespace, {"Promoted", "RolledBack"}, 240, op)
+    r = wait_phase(kube, namespace, {"Promoted", "RolledBack"}, 420, op)
     assert r["phase"] == "Promoted", dump(r)
+    assert r.get("baseline") == "Fresh", dump(r)
     loop = next(s for s in r["signals"] if s["name"] == "loop_latency")
     assert loop["delta"] < 0, dump(r)  # it really was faster
+    deps = client.AppsV1Api(kube).list_namespaced_deployment(namespace).items
+    assert [d.metadata.name for d in deps] == [NAME]  # canary and fresh baseline gone
+
+
+def test_ttft_only_regression_is_rolled_back(kube, namespace, shipped_stack):
+    """A front-end delay before the first token (the stand-in's --standin-ttft-delay-ms) doubles TTFT and
+    leaves the scheduler loop alone: only the request signal, read per window from SGLang's own
+    histogram through Prometheus, can catch it."""
+    op, _, pm = shipped_stack
+    create(kube, namespace, copy.deepcopy(SHIPPED))
+    ready(kube, namespace, op)
+    pm.wait_mapped(1)
+    time.sleep(8)
+    patch(kube, namespace, {"sglang": {"args": ["--standin-ttft-delay-ms", "400"]}})
+    r = wait_phase(kube, namespace, {"Promoted", "RolledBack"}, 420, op)
+    assert (r["phase"], r["reason"]) == ("RolledBack", "TTFTRegressed"), dump(r)
+    loop = next(s for s in r["signals"] if s["name"] == "loop_latency")
+    assert abs(loop["delta"]) < 0.25, dump(r)  # the loop did not regress beyond its margin
 
 
 def test_harmless_change_is_promoted(kube, namespace, stack):

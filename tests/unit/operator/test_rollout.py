@@ -251,3 +251,13 @@ def test_no_capacity_for_a_fresh_baseline_falls_back_to_stable_and_says_so():
     p = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old), 1), None, now=T0, free_gpus=1)
     assert (p.rollout.capacity, p.rollout.baseline) == ("Surge", "Stable") and p.baseline is None
     assert "no capacity for a fresh baseline" in p.events[0].message
+
+
+def test_an_unresolvable_margin_is_a_warning_event_once():
+    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
+    d = decision("Continue", reason="AwaitingEvidence", warning="pods of the baseline differ by 3.0% (sd)")
+    first = _analysing(old, new, d, T0 + 60)
+    assert [e.reason for e in first.events] == ["CanaryMarginUnresolvable"] and first.rollout.warning
+    obs = observed_with_stable(desired(old), canary=desired(new), canary_ready=1)
+    again = rollout.plan(OWNER, new, desired(new), obs, first.rollout, now=T0 + 120, free_gpus=None, decision=d)
+    assert not again.events
