@@ -76,7 +76,7 @@ class LoopEstimate:
     p50_s: float | None
     p95_s: float | None
     samples_s: tuple[float, ...]  # one per estimated iteration, for the histogram
-    boundaries: int  # reversals seen before the missed-boundary correction
+    boundaries: int  # iteration boundaries seen in the samples, before missed ones are added back
 
 
 @dataclass(frozen=True)

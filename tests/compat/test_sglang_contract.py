@@ -78,28 +78,26 @@ class Shape:
 _OLD_IDLE = frozenset({"self_check_during_idle", "check_memory"})  # 0.5.9, 0.5.10 (runtime-checker mixin)
 _NEW_IDLE = frozenset({"on_idle"})  # 0.5.15+ (scheduler.py)
 _INGEST = frozenset({"ingest_requests"})  # 0.5.20+: wraps recv_requests + process_input_requests
+_MLX = frozenset({"event_loop_overlap_mlx"})  # 0.5.15+: the Apple-silicon loop
 _RECEIVER = "SchedulerRequestReceiver"  # managers/scheduler_components/request_receiver.py
 SHAPES = {
     "0.5.9": Shape("recv_requests", "self_check_during_idle", "Scheduler", None, 0, False, _OLD_IDLE),
     "0.5.10": Shape("recv_requests", "self_check_during_idle", "Scheduler", None, 0, False, _OLD_IDLE),
-    "0.5.15": Shape("recv_requests", "on_idle", _RECEIVER, "scheduler_nvtx_method", 1, False, _NEW_IDLE),
-    "0.5.17": Shape("recv_requests", "on_idle", _RECEIVER, "scheduler_nvtx_method", 1, False, _NEW_IDLE),
+    "0.5.15": Shape("recv_requests", "on_idle", _RECEIVER, "scheduler_nvtx_method", 1, False, _NEW_IDLE | _MLX),
+    "0.5.17": Shape("recv_requests", "on_idle", _RECEIVER, "scheduler_nvtx_method", 1, False, _NEW_IDLE | _MLX),
     "0.5.20": Shape(
-        "ingest_requests", "on_idle", _RECEIVER, "scheduler_stage_method", 2, True, _NEW_IDLE | _INGEST
+        "ingest_requests", "on_idle", _RECEIVER, "scheduler_stage_method", 2, True, _NEW_IDLE | _INGEST | _MLX
     ),
     "0.5.23": Shape(
-        "ingest_requests", "on_idle", _RECEIVER, "scheduler_stage_method", 2, True, _NEW_IDLE | _INGEST
+        "ingest_requests", "on_idle", _RECEIVER, "scheduler_stage_method", 2, True, _NEW_IDLE | _INGEST | _MLX
     ),
 }
 # Version-dependent names: each is defined in exactly the versions whose Shape.only_here lists it.
-VERSIONED_NAMES = _OLD_IDLE | _NEW_IDLE | _INGEST
+VERSIONED_NAMES = _OLD_IDLE | _NEW_IDLE | _INGEST | _MLX
 
-# Names in the sidecar's constants that no release defines. Each is reported, not fixed here (the sidecar is
-# not this test's to edit); the entry must go once the sidecar drops the name.
-KNOWN_ABSENT = {
-    "watchdog_thread": "SGLang's is Watchdog._watchdog_thread (utils/watchdog.py), on its own thread, never under "
-    "the event loop: the IDLE_FUNCTIONS entry matches nothing",
-}
+# Names in the sidecar's constants that no release defines, with why they are kept (none today); an entry
+# must go once the sidecar drops the name.
+KNOWN_ABSENT: dict[str, str] = {}
 
 # Metric kind per sglang_names key; the declared name is the family name (+ _total for counters).
 METRIC_KINDS = {
