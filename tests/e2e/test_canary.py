@@ -112,8 +112,7 @@ def test_cache_off_canary_is_rolled_back_with_the_input_path_named_and_alerted(k
 # The shipped cadence for the last two scenarios: the PodMonitor's 15 s scrape and the default telemetry
 # (5 s windows every 15 s); only the analysis is shortened (15 s looks, a 90 s step, at most 6 minutes).
 SHIPPED = {
-    **{k: v for k, v in SPEC.items() if k not in ("telemetry", "rollout")},
-    "telemetry": {"rate": 250},
+    **{k: v for k, v in SPEC.items() if k not in ("telemetry", "rollout")},  # telemetry: the defaults
     "rollout": {
         "steps": [{"replicas": 1, "analysis": "90s"}],
         "analysis": {"interval": "15s", "minSamples": 5, "maxDuration": "6m",
