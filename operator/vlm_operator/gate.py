@@ -67,14 +67,17 @@ class _Spec:
     higher_is_worse: bool
     reason: str
     label: str
+    # Promotion needs this signal's bound inside the margin (proof of non-inferiority). The other signals
+    # hold a canary back only while their estimate is beyond the margin, and roll it back on evidence.
+    prove: bool = False
     # Request signals only exist when SGLang metrics are scraped: absent on both sides they are
     # reported but do not hold back a promotion; the profiler signals always must be there.
     required: bool = True
 
 
 SIGNALS: Mapping[str, _Spec] = {
-    "loop_latency": _Spec("log", True, "LoopLatencyRegressed", "scheduler loop latency"),
-    "loop_p95": _Spec("log", True, "LoopP95Regressed", "scheduler loop p95"),
+    "loop_latency": _Spec("log", True, "LoopLatencyRegressed", "scheduler loop latency", prove=True),
+    "loop_p95": _Spec("log", True, "LoopP95Regressed", "scheduler loop p95", prove=True),
     "ttft": _Spec("log", True, "TTFTRegressed", "time to first token", required=False),
     "itl": _Spec("log", True, "ITLRegressed", "inter-token latency", required=False),
     "throughput": _Spec("log", False, "ThroughputRegressed", "throughput", required=False),
@@ -211,6 +214,8 @@ class GatePolicy:
     min_function_share: functions below this share on both sides are not tested (noise, and every
         extra test costs power).
     trim: fraction trimmed from each tail by the test.
+    pair_s: a canary window is paired with the baseline windows that ended within half this of it (else
+        within this): the telemetry interval, so each pod contributes about one window per pair.
     """
 
     max_regression: Mapping[str, float] = field(
@@ -227,6 +232,7 @@ class GatePolicy:
     max_idle_share: float = 0.9
     min_function_share: float = 0.01
     trim: float = stats.DEFAULT_TRIM
+    pair_s: float = 15.0
 
     def __post_init__(self) -> None:
         where = "spec.rollout.analysis"
@@ -276,6 +282,7 @@ class GatePolicy:
             on_inconclusive=a.on_inconclusive,
             interval_s=parse_duration(a.interval),
             stale_after_s=max(3 * parse_duration(spec.telemetry.interval), 60.0),
+            pair_s=parse_duration(spec.telemetry.interval),
         )
 
 
@@ -478,6 +485,31 @@ class _Instance:
     canary_pods: tuple[str, ...] = ()
     reference: tuple[float | None, ...] = ()
     reference_pods: tuple[str, ...] = ()
+    baseline_ends: tuple[float, ...] = ()
+    canary_ends: tuple[float, ...] = ()
+
+    def pairs(self, log: bool, pair_s: float) -> list[float]:
+        """One difference per canary unit: its value minus the mean of the baseline units that ended at
+        about the same time (within pair_s / 2, else pair_s), on the test scale. Load shared by both
+        revisions cancels; canary units without a concurrent baseline are left out."""
+
+        def f(v: float | None) -> float | None:
+            if v is None or not math.isfinite(v) or (log and v <= 0):
+                return None
+            return math.log(v) if log else v
+
+        base = [(e, x) for e, v in zip(self.baseline_ends, self.baseline, strict=True) if (x := f(v)) is not None]
+        out = []
+        for e, v in zip(self.canary_ends, self.canary, strict=True):
+            x = f(v)
+            if x is None:
+                continue
+            for width in (pair_s / 2, pair_s):
+                near = [b for t, b in base if abs(t - e) <= width]
+                if near:
+                    out.append(x - sum(near) / len(near))
+                    break
+        return out
 
     def tau2(self, log: bool) -> float:
         """Between-pod variance: from the reference pods where there are enough, else the baseline's."""
@@ -506,7 +538,7 @@ def _instances(
             out.append(
                 _Instance(
                     family, family, tuple(u.values[family] for u in b), tuple(u.values[family] for u in c),
-                    _pods(b), _pods(c), tuple(u.values[family] for u in ref), _pods(ref),
+                    _pods(b), _pods(c), tuple(u.values[family] for u in ref), _pods(ref), _ends(b), _ends(c),
                 )
             )
         elif family == "stage_time":
@@ -523,6 +555,7 @@ def _instances(
                         tuple(_per_loop(u.stage_seconds, k, loop_ref) for u in c),
                         _pods(b), _pods(c),
                         tuple(_per_loop(u.stage_seconds, k, loop_ref) for u in ref), _pods(ref),
+                        _ends(b), _ends(c),
                     )
                 )
     return out
@@ -530,6 +563,10 @@ def _instances(
 
 def _pods(units: Sequence[_Unit]) -> tuple[str, ...]:
     return tuple(u.pod for u in units)
+
+
+def _ends(units: Sequence[_Unit]) -> tuple[float, ...]:
+    return tuple(u.end for u in units)
 
 
 def _reference_loop(units: Sequence[_Unit]) -> float | None:
@@ -578,27 +615,34 @@ def _evaluate(
     alpha_promote: float,
     enough: bool,
 ) -> list[SignalResult]:
-    """Judge every member of one signal family (one vectorised test for all of them)."""
+    """Judge every member of one signal family on its time-paired differences.
+
+    The rollback bound carries the between-pod variance (a canary on a slow node is not a regression);
+    the promotion bound does not (it proves the canary pods within the margin of the baseline pods they
+    ran beside; with tau added, one canary pod could never be proven within a margin of ~3 tau).
+    """
     spec = SIGNALS[family]
+    log = spec.scale == "log"
     margin = float(policy.max_regression[family])
     # The rollback bound sits on the "worse" side of the estimate, the promotion bound on the other.
-    a_low, a_high = (
-        (alpha_rollback, alpha_promote) if spec.higher_is_worse else (alpha_promote, alpha_rollback)
-    )
-    cmps = stats.compare_many(
-        [i.baseline for i in insts],
-        [i.canary for i in insts],
+    worse_low = spec.higher_is_worse
+    a_low, a_high = (alpha_rollback, alpha_promote) if worse_low else (alpha_promote, alpha_rollback)
+    tau = [i.extra_var(log) for i in insts]
+    zero = [0.0] * len(insts)
+    cmps = stats.paired_many(
+        [i.pairs(log, policy.pair_s) for i in insts],
         scale=spec.scale,
         alpha_low=a_low,
         alpha_high=a_high,
         trim=policy.trim,
-        extra_var=[i.extra_var(spec.scale == "log") for i in insts],
+        extra_var_low=tau if worse_low else zero,
+        extra_var_high=zero if worse_low else tau,
     )
     out: list[SignalResult] = []
     for inst, cmp in zip(insts, cmps, strict=True):
+        n_b = len(stats.finite(inst.baseline, positive=log))
+        n_c = len(stats.finite(inst.canary, positive=log))
         if cmp is None:
-            n_b = len(stats.finite(inst.baseline, positive=spec.scale == "log"))
-            n_c = len(stats.finite(inst.canary, positive=spec.scale == "log"))
             out.append(
                 SignalResult(inst.name, None, None, None, None, None, None, n_b, n_c, "insufficient", margin)
             )
@@ -613,19 +657,19 @@ def _evaluate(
         # condition keeps small-but-certain differences (a slower node) inside the allowance.
         if enough and worse_lcb > margin / 2 and worse_est > margin:
             verdict = "fail"
-        elif enough and worse_ucb < margin:
+        elif enough and (worse_ucb < margin if spec.prove else worse_est <= margin):
             verdict = "pass"
         out.append(
             SignalResult(
                 name=inst.name,
-                baseline=cmp.baseline,
-                canary=cmp.canary,
+                baseline=stats.center(inst.baseline, scale=spec.scale, trim=policy.trim),
+                canary=stats.center(inst.canary, scale=spec.scale, trim=policy.trim),
                 delta=cmp.delta,
                 ci_low=cmp.low,
                 ci_high=cmp.high,
                 p_value=cmp.p_greater if spec.higher_is_worse else cmp.p_less,
-                n_baseline=cmp.n_baseline,
-                n_canary=cmp.n_canary,
+                n_baseline=n_b,
+                n_canary=n_c,
                 verdict=verdict,
                 margin=margin,
             )

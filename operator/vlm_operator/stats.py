@@ -192,3 +192,81 @@ def bonferroni(alpha: float, *parts: int) -> float:
     for p in parts:
         k *= max(1, int(p))
     return alpha / k
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A one-sample comparison of paired differences (canary minus its concurrent baseline), on the test's
+    scale (log differences for `log`). `delta`, `low`, `high` are on the signal's natural scale like
+    `Comparison`'s; `low` includes `extra_var_low`, `high` includes `extra_var_high`."""
+
+    delta: float
+    low: float
+    high: float
+    p_greater: float
+    p_less: float
+    n: int
+
+
+def paired_many(
+    rows: Sequence[Sequence[float]],
+    *,
+    scale: Scale,
+    alpha_low: float,
+    alpha_high: float,
+    trim: float = DEFAULT_TRIM,
+    extra_var_low: Sequence[float] | None = None,
+    extra_var_high: Sequence[float] | None = None,
+) -> list[Paired | None]:
+    """Yuen's one-sample trimmed-mean t-test per row of differences (Tukey-McLaughlin standard error:
+    winsorized variance, h - 1 degrees of freedom), in plain numpy.
+
+    Each row holds one difference per time slice, canary minus the baseline windows of the same slice:
+    load that moves both revisions (a traffic ramp) cancels in every difference instead of widening the
+    spread of both samples. `extra_var_*` (per row, on the test scale) is added to the squared standard
+    error of the bound on that side (the gate passes the between-pod variance for the rollback bound).
+    p-values use the larger of the two variances. None for rows with fewer than MIN_PER_SIDE values.
+    """
+    if not (0 < alpha_low < 0.5 and 0 < alpha_high < 0.5):
+        raise ValueError(f"alphas must be in (0, 0.5), got {alpha_low}, {alpha_high}")
+    out: list[Paired | None] = []
+    for i, raw in enumerate(rows):
+        d = np.sort(np.asarray([x for x in raw if x is not None and math.isfinite(x)], dtype=float))
+        n = int(d.size)
+        if n < MIN_PER_SIDE:
+            out.append(None)
+            continue
+        g = math.floor(trim * n)
+        h = n - 2 * g
+        tm = float(d[g : n - g].mean())
+        w = np.clip(d, d[g], d[n - 1 - g])
+        var_w = float(w.var(ddof=1)) if n > 1 else 0.0
+        se2 = (n - 1) * var_w / (h * (h - 1)) if h > 1 else math.inf
+        df = max(1, h - 1)
+        ex_l = max(0.0, float(extra_var_low[i])) if extra_var_low is not None else 0.0
+        ex_h = max(0.0, float(extra_var_high[i])) if extra_var_high is not None else 0.0
+        se_l, se_h = math.sqrt(se2 + ex_l), math.sqrt(se2 + ex_h)
+        low = tm - float(_st.t.ppf(1 - alpha_low, df)) * se_l
+        high = tm + float(_st.t.ppf(1 - alpha_high, df)) * se_h
+        se_p = max(se_l, se_h)
+        if se_p > 0:
+            t = tm / se_p
+            p_greater, p_less = float(_st.t.sf(t, df)), float(_st.t.cdf(t, df))
+        else:  # every difference identical: known exactly
+            p_greater = 0.0 if tm > 0 else 1.0
+            p_less = 0.0 if tm < 0 else 1.0
+        if scale == "log":
+            out.append(Paired(math.expm1(tm), math.expm1(low), math.expm1(high), p_greater, p_less, n))
+        else:
+            out.append(Paired(tm, low, high, p_greater, p_less, n))
+    return out
+
+
+def center(values: Sequence[float | None], *, scale: Scale, trim: float = DEFAULT_TRIM) -> float | None:
+    """The trimmed mean of the usable values (geometric for `log`): what a side's level is reported as."""
+    x = finite(values, positive=scale == "log")
+    if x.size == 0:
+        return None
+    if scale == "log":
+        return math.exp(float(_st.trim_mean(np.log(x), trim)))
+    return float(_st.trim_mean(x, trim))
