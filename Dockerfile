@@ -4,32 +4,69 @@
 #   docker build --target operator -t vlmops/vlm-operator:0.1.0 .
 #   docker build --target sidecar  -t vlmops/vlm-sidecar:0.1.0 .
 #
+# OCI labels: pass --build-arg REVISION=$(git rev-parse HEAD) CREATED=$(date -u +%FT%TZ) SOURCE=<repo URL>
+# (left empty rather than guessed); VERSION must match pyproject.toml's (the tests check).
+#
 # The base image is pinned by its full tag (CPython patch release and Debian release). Pin it by
 # digest too in production (python:3.11.11-slim-bookworm@sha256:...): the digest could not be
 # resolved where this file was written (no registry access), so it is not invented here.
 # tests/unit/packaging/test_dockerfile.py lints this file (hadolint) and replays the RUN steps of the
-# `build` stage in a fresh virtualenv; keep those steps plain pip so the replay stays honest.
+# `build` stage plus each image's `*-venv` stage in a fresh directory per image; keep those steps plain
+# pip so the replay stays honest.
 
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
-# ---- build: one virtualenv with the wheel and its dependencies, all from binary wheels ----
+# ---- build: the project's one wheel (both packages; each image's install step picks what it needs) ----
 FROM ${PYTHON_IMAGE} AS build
-# py-spy ships a static manylinux wheel; pinning it keeps the sampler the tests measured.
-ARG PY_SPY_VERSION=0.4.3
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
 COPY sidecar/ sidecar/
-# --only-binary: no compiler in the slim image, and py-spy must come from its wheel, not a Rust build.
+RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src
+
+# ---- one virtualenv per image, each from its lock (hack/lock-requirements writes both, with hashes) ----
+# --require-hashes: every package, transitive ones included, is pinned and checked against the lock.
+# --only-binary: no compiler in the slim image, and py-spy must come from its static wheel, not a Rust build.
+# Then the wheel itself with --no-index: pip must find every requirement (and extra) already installed
+# from the lock, so a dependency missing from the lock fails the build instead of floating in unpinned.
+FROM build AS operator-venv
+COPY requirements/operator.txt requirements/
 RUN python -m venv /opt/vlm \
- && /opt/vlm/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src \
- && /opt/vlm/bin/pip install --no-cache-dir --only-binary=:all: "py-spy==${PY_SPY_VERSION}" /wheels/vlm_operator-*.whl
+ && /opt/vlm/bin/pip install --no-cache-dir --require-hashes --only-binary=:all: -r requirements/operator.txt \
+ && whl=$(echo /wheels/vlm_operator-*.whl) \
+ && /opt/vlm/bin/pip install --no-cache-dir --no-index "${whl}[operator]" \
+ && /opt/vlm/bin/pip check
+
+# The sidecar runs in every GPU pod: the base dependencies only (py-spy, prometheus-client), no
+# kopf/kubernetes/pydantic/scipy/numpy. The wheel's vlm_operator package comes along (a few hundred KB
+# of Python) but cannot start without the operator extra.
+FROM build AS sidecar-venv
+COPY requirements/sidecar.txt requirements/
+RUN python -m venv /opt/vlm \
+ && /opt/vlm/bin/pip install --no-cache-dir --require-hashes --only-binary=:all: -r requirements/sidecar.txt \
+ && whl=$(echo /wheels/vlm_operator-*.whl) \
+ && /opt/vlm/bin/pip install --no-cache-dir --no-index "${whl}" \
+ && /opt/vlm/bin/pip check
 
 # ---- operator: non-root, nothing writable needed (readOnlyRootFilesystem in the chart) ----
 FROM ${PYTHON_IMAGE} AS operator
-COPY --from=build /opt/vlm /opt/vlm
+# Global ARGs are not in scope after FROM until declared again (for the base.name label).
+ARG PYTHON_IMAGE
+ARG VERSION=0.1.0
+ARG REVISION=""
+ARG CREATED=""
+ARG SOURCE=""
+LABEL org.opencontainers.image.title="vlm-operator" \
+      org.opencontainers.image.description="Kubernetes operator for vision-language models on SGLang, with scheduler profiling and canary gating" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
+COPY --from=operator-venv /opt/vlm /opt/vlm
 ENV PATH=/opt/vlm/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -47,7 +84,20 @@ ENTRYPOINT ["vlm-operator"]
 # non-root SGLang image, run the sidecar as SGLang's uid instead (runAsUser in the pod template)
 # and keep SYS_PTRACE for kernels with yama ptrace_scope=1.
 FROM ${PYTHON_IMAGE} AS sidecar
-COPY --from=build /opt/vlm /opt/vlm
+ARG PYTHON_IMAGE
+ARG VERSION=0.1.0
+ARG REVISION=""
+ARG CREATED=""
+ARG SOURCE=""
+LABEL org.opencontainers.image.title="vlm-sidecar" \
+      org.opencontainers.image.description="py-spy profiler sidecar for SGLang schedulers, exporting scheduler-loop metrics" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
+COPY --from=sidecar-venv /opt/vlm /opt/vlm
 ENV PATH=/opt/vlm/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1

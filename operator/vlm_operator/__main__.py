@@ -4,23 +4,59 @@
 
 Settings come from the environment (see vlm_operator.settings); flags override
 the namespaces. Without --peering the operator runs standalone (one replica);
-with it, kopf peering lets several replicas run with one active.
+with it, kopf peering lets several replicas run with one active. A setting it
+cannot use is one line naming the variable (or flag) on stderr, exit code 2.
+
+Logs: VLM_LOG_FORMAT=text is kopf's full format (time, logger, level, object);
+json is one object per line with `time` (UTC, ISO 8601), `level`, `logger`,
+`msg` and, for a VLMService's own lines, `object` (kind, namespace, name, uid).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import random
 import sys
+import time
 
 from . import __version__
 
+PROG = "vlm-operator"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, msg (the sidecar writes the same keys)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        ref = getattr(record, "k8s_ref", None)  # kopf's per-object loggers attach the object
+        if ref:
+            line["object"] = ref
+        if record.exc_info:
+            line["error"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def _configure_logging(kopf, log_format: str) -> None:
+    kopf.configure(verbose=False, log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL)
+    if log_format == "json":
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="vlm-operator", description=__doc__.splitlines()[0])
-    p.add_argument("--namespace", "-n", action="append", default=None, help="namespace to watch (repeatable)")
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    p.add_argument("--namespace", "-n", action="append", default=None,
+                   help="namespace to watch (repeatable; default: VLM_NAMESPACES, else all)")
     p.add_argument("--peering", default=None, help="kopf peering name (for more than one replica)")
     p.add_argument(
         "--priority",
@@ -29,22 +65,39 @@ def main(argv: list[str] | None = None) -> int:
         help="kopf peering priority; the highest active replica works, the others stand by "
         "(default with --peering: random, so equal priorities never pause every replica)",
     )
-    p.add_argument("--liveness", default="http://0.0.0.0:8081/healthz", help="kopf liveness endpoint")
-    p.add_argument("--version", action="version", version=__version__)
+    p.add_argument("--liveness", default="http://0.0.0.0:8081/healthz",
+                   help="kopf liveness endpoint (default %(default)s)")
+    p.add_argument("--version", action="version", version=__version__, help="print the version and exit")
     args = p.parse_args(argv)
     if args.namespace:
         os.environ["VLM_NAMESPACES"] = ",".join(args.namespace)
 
-    import kopf
-    from prometheus_client import start_http_server
+    try:
+        import kopf
+        from prometheus_client import start_http_server
 
-    from . import handlers  # registers the handlers
+        from .settings import Settings, SettingsError
+    except ImportError as e:  # a base install (the sidecar's) has no operator dependencies
+        print(f"{PROG}: {e}; install the operator extra: pip install 'vlm-operator[operator]'", file=sys.stderr)
+        return 2
 
-    settings = handlers.SETTINGS
-    fmt = kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.PLAIN
-    kopf.configure(verbose=False, log_format=fmt)
-    logging.getLogger("kubernetes").setLevel(logging.WARNING)
-    start_http_server(settings.metrics_port, addr=os.environ.get("VLM_METRICS_ADDR", "0.0.0.0"))
+    try:
+        # Checked before kopf and the handlers load (handlers read the same environment at import).
+        settings = Settings.from_env()
+    except SettingsError as e:
+        for line in str(e).splitlines():
+            flag = " (--namespace)" if line.startswith("VLM_NAMESPACES:") and args.namespace else ""
+            print(f"{PROG}: {line.replace(':', flag + ':', 1)}", file=sys.stderr)
+        return 2
+
+    from . import handlers  # noqa: F401  (registers the handlers)
+
+    _configure_logging(kopf, settings.log_format)
+    try:
+        start_http_server(settings.metrics_port, addr=os.environ.get("VLM_METRICS_ADDR", "0.0.0.0"))
+    except OSError as e:
+        print(f"{PROG}: VLM_METRICS_PORT: cannot listen on {settings.metrics_port}: {e.strerror or e}", file=sys.stderr)
+        return 1
     kopf.run(
         standalone=args.peering is None,
         peering_name=args.peering,

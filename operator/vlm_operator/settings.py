@@ -10,46 +10,144 @@
 | VLM_METRICS_PORT            | 8080                             | the operator's own /metrics               |
 | VLM_RESYNC_SECONDS          | 15                               | status refresh and drift-repair timer     |
 | VLM_FIELD_MANAGER           | vlm-operator                     | server-side apply field manager           |
+| VLM_NETWORK_POLICY          | true                             | telemetry.networkPolicy Auto: create one  |
+| VLM_PROFILER_PEERS          | DEFAULT_PROFILER_PEERS (JSON)    | NetworkPolicy peers admitted to port 9400 |
+
+Read by pydantic-settings: each field of `Settings` is the variable `VLM_<FIELD>` (empty counts as unset).
+`Settings.from_env()` raises `SettingsError` with one line per bad variable, naming it
+(`VLM_METRICS_PORT: not a valid integer (got 'abc')`); `vlm-operator` prints that and exits 2.
+`Settings(...)` with keywords reads no environment (tests and builders stay pure).
+
+Adding a setting: one annotated field with its default and `description=` below, a row in the table above
+and the README's; comma lists and JSON values need `NoDecode` plus a `mode="before"` validator (as
+`namespaces` and `profiler_peers`), so a bad value fails with the variable's name, never a traceback.
 """
 
 from __future__ import annotations
 
-import os
+import json
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from . import __version__
 from .api import DEFAULT_SGLANG_IMAGE
 
 PREFIX = "serving.vlmops.dev"
+ENV_PREFIX = "VLM_"
+# Who may reach the sidecar's port: the operator's pods (the chart's selector label) and Prometheus (the
+# Prometheus Operator labels its pods app.kubernetes.io/name=prometheus), in any namespace. Narrow them with
+# namespaceSelector, or add an ipBlock for the API server (kubectl vlm profile goes through its pod proxy).
+DEFAULT_PROFILER_PEERS: tuple[dict, ...] = (
+    {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "vlm-operator"}}},
+    {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
+)
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
-@dataclass(frozen=True)
-class Settings:
-    namespaces: tuple[str, ...] = ()
-    sglang_image: str = DEFAULT_SGLANG_IMAGE
-    sidecar_image: str = f"vlmops/vlm-sidecar:{__version__}"
-    prometheus_url: str = ""
-    log_format: str = "text"
-    metrics_port: int = 8080
-    resync_seconds: float = 15.0
-    field_manager: str = "vlm-operator"
-    extra: Mapping[str, str] = field(default_factory=dict)
+class SettingsError(ValueError):
+    """Settings the operator cannot start with; the message names each variable, one per line."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_ignore_empty=True, frozen=True, extra="ignore")
+
+    namespaces: Annotated[tuple[str, ...], NoDecode] = Field((), description="namespaces to watch (comma-separated)")
+    sglang_image: str = Field(DEFAULT_SGLANG_IMAGE, min_length=1, description="image when spec.sglang.image is unset")
+    sidecar_image: str = Field(f"vlmops/vlm-sidecar:{__version__}", min_length=1, description="profiler sidecar image")
+    prometheus_url: str = Field("", description="Prometheus for canary analysis (source Auto)")
+    log_format: Literal["text", "json"] = Field("text", description="text or json")
+    metrics_port: int = Field(8080, ge=0, le=65535, description="the operator's own /metrics port")
+    resync_seconds: float = Field(15.0, gt=0, description="status refresh, drift repair and analysis timer")
+    field_manager: str = Field("vlm-operator", min_length=1, description="server-side apply field manager")
+    network_policy: bool = Field(True, description="telemetry.networkPolicy Auto creates a NetworkPolicy")
+    profiler_peers: Annotated[tuple[dict, ...], NoDecode] = Field(
+        DEFAULT_PROFILER_PEERS, description="NetworkPolicyPeer objects admitted to the sidecar's port (JSON list)")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   **_: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Keywords only: the environment is read by from_env, from the mapping it is given.
+        return (init_settings,)
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _split_namespaces(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = [n.strip() for n in v.split(",") if n.strip()]
+        bad = [n for n in v if not isinstance(n, str) or not _NAMESPACE.match(n)]
+        if bad:
+            raise ValueError(f"not a namespace name: {', '.join(map(repr, bad))}")
+        return tuple(v)
+
+    @field_validator("prometheus_url", mode="after")
+    @classmethod
+    def _strip_slash(cls, v: str) -> str:
+        if v and not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError(f"not an http(s) URL: {v!r}")
+        return v.rstrip("/")
+
+    @field_validator("profiler_peers", mode="before")
+    @classmethod
+    def _peers(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except ValueError as e:
+                raise ValueError(f"not JSON ({e})") from None
+        if not isinstance(v, list | tuple) or not all(isinstance(p, dict) and p for p in v):
+            raise ValueError("must be a JSON list of NetworkPolicyPeer objects")
+        return tuple(v)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        env = os.environ if env is None else env
-        ns = tuple(n.strip() for n in env.get("VLM_NAMESPACES", "").split(",") if n.strip())
-        fmt = env.get("VLM_LOG_FORMAT", "text")
-        if fmt not in ("text", "json"):
-            raise ValueError(f"VLM_LOG_FORMAT must be text or json, not {fmt!r}")
-        return cls(
-            namespaces=ns,
-            sglang_image=env.get("VLM_SGLANG_IMAGE", DEFAULT_SGLANG_IMAGE),
-            sidecar_image=env.get("VLM_SIDECAR_IMAGE", cls.sidecar_image),
-            prometheus_url=env.get("VLM_PROMETHEUS_URL", "").rstrip("/"),
-            log_format=fmt,
-            metrics_port=int(env.get("VLM_METRICS_PORT", "8080")),
-            resync_seconds=float(env.get("VLM_RESYNC_SECONDS", "15")),
-            field_manager=env.get("VLM_FIELD_MANAGER", "vlm-operator"),
-        )
+        """The settings from `env` (default: os.environ); SettingsError naming every bad variable."""
+        source = _MappingEnvSource(cls, env)
+        try:
+            return cls(**source())
+        except ValidationError as e:
+            raise SettingsError("\n".join(_message(err) for err in e.errors())) from None
+
+
+class _MappingEnvSource(EnvSettingsSource):
+    """pydantic-settings' env source (prefix, case, empty values as unset) over a given mapping."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str] | None) -> None:
+        self._given = env
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        if self._given is None:
+            return super()._load_env_vars()
+        return {k.lower(): v for k, v in self._given.items() if v != ""}
+
+
+def env_name(field: str) -> str:
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+_PLAIN = {
+    "int_parsing": "not a valid integer",
+    "int_from_float": "not a valid integer",
+    "float_parsing": "not a valid number",
+    "bool_parsing": "not a valid boolean (true or false)",
+}
+
+
+def _message(err: Mapping[str, Any]) -> str:
+    """One pydantic error as `VLM_NAME: what is wrong (got 'value')`."""
+    name = env_name(str(err["loc"][0])) if err.get("loc") else "settings"
+    text = _PLAIN.get(err["type"]) or str(err["msg"]).removeprefix("Value error, ")
+    text = text.replace("Input should be", "must be") if text.startswith("Input should be") else text
+    value = err.get("input")
+    got = f" (got {value!r})" if isinstance(value, str) and err["type"] != "value_error" else ""
+    return f"{name}: {text[0].lower() + text[1:] if text else text}{got}"

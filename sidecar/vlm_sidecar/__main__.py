@@ -1,8 +1,10 @@
-"""`vlm-sidecar`: wire config, discovery, sampler, runner and HTTP together and run until SIGTERM."""
+"""`vlm-sidecar`: wire config, discovery, sampler, runner and HTTP together and run until SIGTERM.
+
+A bad flag or environment value is one line naming both (`vlm-sidecar: --port (VLM_SIDECAR_PORT): not a
+valid integer (got 'x')`) and exit code 2; logs are JSON lines with time and level (vlm_sidecar.log)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -12,13 +14,15 @@ import time
 from vlm_sidecar.collector import ProfileStore
 from vlm_sidecar.config import ConfigError, load_config
 from vlm_sidecar.discovery import discover
-from vlm_sidecar.runner import Runner, event
+from vlm_sidecar.log import configure as configure_logging
+from vlm_sidecar.log import event
+from vlm_sidecar.runner import Runner
 from vlm_sidecar.sampler import PySpySampler
 from vlm_sidecar.server import SidecarHTTP
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    configure_logging()
     try:
         cfg = load_config(sys.argv[1:] if argv is None else argv, dict(os.environ))
     except ConfigError as e:

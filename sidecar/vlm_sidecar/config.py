@@ -77,50 +77,98 @@ def _env_default(environ: dict[str, str], name: str, default):
     return default if value is None or value == "" else value
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line naming the flag (and its env var), not a usage dump and exit 2
+        message = message.removeprefix("argument ")
+        flag, sep, rest = message.partition(": ")
+        raise ConfigError(f"{_name(flag)}: {rest}" if sep and flag in ENV_OF else message)
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a valid integer (got {text!r})") from None
+
+
+# flag -> the env var it overrides; errors name both, since either may have set the value.
+ENV_OF = {
+    "--port": "VLM_SIDECAR_PORT", "--host": "VLM_SIDECAR_HOST", "--interval": "VLM_PROFILE_INTERVAL",
+    "--duration": "VLM_PROFILE_DURATION", "--rate": "VLM_PROFILE_RATE", "--watch-functions": "VLM_WATCH_FUNCTIONS",
+    "--top-n": "VLM_TOP_N", "--process-pattern": "VLM_PROCESS_PATTERN", "--sglang-metrics-url": "VLM_SGLANG_METRICS_URL",
+    "--pyspy": "VLM_PYSPY", "--discovery-root-pid": "VLM_DISCOVERY_ROOT_PID", "--pod": "POD_NAME",
+    "--namespace": "POD_NAMESPACE", "--vlmservice": "VLM_SERVICE_NAME", "--revision": "VLM_REVISION",
+    "--history": "VLM_WINDOW_HISTORY", "--blocking": "VLM_PROFILE_BLOCKING",
+}
+
+
+def _name(flag: str) -> str:
+    return f"{flag} ({ENV_OF[flag]})"
+
+
 def build_parser(environ: dict[str, str]) -> argparse.ArgumentParser:
     e = environ
-    p = argparse.ArgumentParser(prog="vlm-sidecar", description="py-spy profiler sidecar for SGLang schedulers")
-    a = p.add_argument
-    a("--port", type=int, default=int(_env_default(e, "VLM_SIDECAR_PORT", DEFAULT_PORT)))
-    a("--host", default=_env_default(e, "VLM_SIDECAR_HOST", "0.0.0.0"))
-    a("--interval", default=_env_default(e, "VLM_PROFILE_INTERVAL", f"{DEFAULT_INTERVAL_S:g}s"),
-      help="time between window starts (30s, 2m, or seconds)")
-    a("--duration", default=_env_default(e, "VLM_PROFILE_DURATION", f"{DEFAULT_DURATION_S:g}s"),
-      help="window length")
-    a("--rate", type=int, default=int(_env_default(e, "VLM_PROFILE_RATE", DEFAULT_RATE_HZ)), help="samples/s")
-    a("--watch-functions", default=_env_default(e, "VLM_WATCH_FUNCTIONS", ",".join(DEFAULT_WATCH)))
-    a("--top-n", type=int, default=int(_env_default(e, "VLM_TOP_N", DEFAULT_TOP_N)))
-    a("--process-pattern", default=_env_default(e, "VLM_PROCESS_PATTERN", DEFAULT_PATTERN))
-    a("--sglang-metrics-url", default=e.get("VLM_SGLANG_METRICS_URL", DEFAULT_SGLANG_METRICS_URL),
-      help="SGLang /metrics to cross-check stage shares; empty disables")
-    a("--pyspy", default=_env_default(e, "VLM_PYSPY", None))
-    a("--discovery-root-pid", type=int, default=_env_default(e, "VLM_DISCOVERY_ROOT_PID", None))
-    a("--pod", default=_env_default(e, "POD_NAME", ""))
-    a("--namespace", default=_env_default(e, "POD_NAMESPACE", ""))
-    a("--vlmservice", default=_env_default(e, "VLM_SERVICE_NAME", ""))
-    a("--revision", default=_env_default(e, "VLM_REVISION", ""))
-    a("--history", type=int, default=int(_env_default(e, "VLM_WINDOW_HISTORY", 64)))
-    a("--blocking", action="store_true", default=_env_default(e, "VLM_PROFILE_BLOCKING", "") in ("1", "true"),
-      help="let py-spy pause the target per sample (benchmark only: it slows the scheduler)")
+    p = _Parser(prog="vlm-sidecar", description="py-spy profiler sidecar for SGLang schedulers. Every flag "
+                "defaults to its environment variable (named in its help), then to the built-in default.")
+
+    def a(flag: str, help: str, default=None, **kw):
+        env = ENV_OF[flag]
+        p.add_argument(flag, default=_env_default(e, env, default), help=f"{help} [{env}]", **kw)
+
+    # String defaults go through `type` too (argparse converts them), so a bad env value fails like a bad flag.
+    a("--port", "HTTP port for /metrics, /profile/* and /windows.json (default %(default)s)", str(DEFAULT_PORT),
+      type=_int)
+    a("--host", "address to listen on (default %(default)s)", "0.0.0.0")
+    a("--interval", "time between window starts: 30s, 2m, 500ms or seconds (default %(default)s)",
+      f"{DEFAULT_INTERVAL_S:g}s")
+    a("--duration", "length of one sampling window, at most --interval (default %(default)s)",
+      f"{DEFAULT_DURATION_S:g}s")
+    a("--rate", "py-spy samples per second, 1-10000 (default %(default)s)", str(DEFAULT_RATE_HZ), type=_int)
+    a("--watch-functions", "comma-separated functions whose shares are always exported (default %(default)s)",
+      ",".join(DEFAULT_WATCH))
+    a("--top-n", "how many of the hottest functions to export besides the watched ones (default %(default)s)",
+      str(DEFAULT_TOP_N), type=_int)
+    a("--process-pattern", "process title (or command line) that marks an SGLang scheduler (default %(default)s)",
+      DEFAULT_PATTERN)
+    p.add_argument("--sglang-metrics-url", default=e.get("VLM_SGLANG_METRICS_URL", DEFAULT_SGLANG_METRICS_URL),
+                   help="SGLang /metrics for TTFT, ITL and throughput per window; empty disables "
+                        "(default %(default)s) [VLM_SGLANG_METRICS_URL]")
+    a("--pyspy", "py-spy executable (default: on PATH, then next to this Python)")
+    a("--discovery-root-pid", "look for schedulers only among this PID's descendants (default: every process)",
+      type=_int)
+    a("--pod", "pod name, a label on every series (the downward API sets it)", "")
+    a("--namespace", "pod namespace, a label on every series", "")
+    a("--vlmservice", "VLMService name, a label on every series", "")
+    a("--revision", "the pod template's revision (stable or canary), a label on every series", "")
+    a("--history", "windows kept for /windows.json and diffs (default %(default)s)", "64", type=_int)
+    p.add_argument("--blocking", action="store_true",
+                   default=_env_default(e, "VLM_PROFILE_BLOCKING", "") in ("1", "true"),
+                   help="let py-spy pause the target per sample (benchmark only: it slows the scheduler) "
+                        "[VLM_PROFILE_BLOCKING=1]")
     return p
 
 
 def load_config(argv: list[str], environ: dict[str, str]) -> SidecarConfig:
     """Flags win over env vars, env vars over defaults. Raises ConfigError on nonsense."""
-    try:
-        ns = build_parser(environ).parse_args(argv)
-    except SystemExit as e:  # argparse exits on bad flags; turn it into our error for tests and main
-        if e.code == 0:  # --help and --version: argparse printed what was asked, exit cleanly
-            raise
-        raise ConfigError(f"bad arguments: {argv}") from e
-    interval = parse_duration(ns.interval)
-    duration = parse_duration(ns.duration)
+    # Bad flags and bad env values raise ConfigError naming the flag (_Parser.error); --help exits 0.
+    ns = build_parser(environ).parse_args(argv)
+    durations = {}
+    for flag in ("--interval", "--duration"):
+        try:
+            durations[flag] = parse_duration(getattr(ns, flag[2:]))
+        except ConfigError as e:
+            raise ConfigError(f"{_name(flag)}: {e}") from None
+    interval, duration = durations["--interval"], durations["--duration"]
     if duration > interval:
-        raise ConfigError(f"window duration {duration}s is longer than the interval {interval}s")
+        raise ConfigError(f"{_name('--duration')}: window duration {duration:g}s is longer than --interval {interval:g}s")
     if not 1 <= ns.rate <= 10000:
-        raise ConfigError(f"rate {ns.rate} Hz outside 1..10000")
-    if ns.top_n < 0 or ns.history < 1:
-        raise ConfigError("top-n must be >= 0 and history >= 1")
+        raise ConfigError(f"{_name('--rate')}: {ns.rate} Hz outside 1..10000")
+    if ns.top_n < 0:
+        raise ConfigError(f"{_name('--top-n')}: must be >= 0 (got {ns.top_n})")
+    if ns.history < 1:
+        raise ConfigError(f"{_name('--history')}: must be >= 1 (got {ns.history})")
+    if not 0 <= ns.port <= 65535:
+        raise ConfigError(f"{_name('--port')}: not a port number (got {ns.port})")
     watch = tuple(w.strip() for w in ns.watch_functions.split(",") if w.strip())
     return SidecarConfig(
         port=ns.port, host=ns.host, interval_s=interval, duration_s=duration, rate_hz=ns.rate,

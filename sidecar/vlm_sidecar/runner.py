@@ -7,7 +7,6 @@ but marked stale) or restarting (the next window re-discovers it by title); trun
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -19,16 +18,13 @@ from vlm_sidecar import sglang_metrics
 from vlm_sidecar.collector import ProfileStore
 from vlm_sidecar.config import SidecarConfig
 from vlm_sidecar.estimators import summarize
+from vlm_sidecar.log import event
 from vlm_sidecar.model import ParsedTrace, Target, WindowSummary
 from vlm_sidecar.parser import parse_chrometrace
 from vlm_sidecar.sampler import SampleOutcome
 
 log = logging.getLogger("vlm_sidecar")
 
-
-def event(msg: str, **fields) -> None:
-    """One structured line per event, Kubernetes style ("Found scheduler ...")."""
-    log.info(json.dumps({"msg": msg, **fields}, default=str))
 
 
 def judge(outcome: SampleOutcome, trace: ParsedTrace | None) -> tuple[str, list[str], str | None]:

@@ -44,3 +44,64 @@ def test_flags_win_over_env():
 def test_rejects(argv):
     with pytest.raises(ConfigError):
         load_config(argv, {})
+
+
+@pytest.mark.parametrize(("argv", "env", "line"), [
+    (["--port", "x"], {}, "--port (VLM_SIDECAR_PORT): not a valid integer (got 'x')"),
+    ([], {"VLM_SIDECAR_PORT": "abc"}, "--port (VLM_SIDECAR_PORT): not a valid integer (got 'abc')"),
+    ([], {"VLM_TOP_N": "-2"}, "--top-n (VLM_TOP_N): must be >= 0 (got -2)"),
+    ([], {"VLM_WINDOW_HISTORY": "0"}, "--history (VLM_WINDOW_HISTORY): must be >= 1 (got 0)"),
+    (["--interval", "soon"], {}, "--interval (VLM_PROFILE_INTERVAL): not a duration: 'soon'"),
+    (["--duration", "40s"], {}, "--duration (VLM_PROFILE_DURATION): window duration 40s is longer than --interval 30s"),
+    (["--rate", "0"], {}, "--rate (VLM_PROFILE_RATE): 0 Hz outside 1..10000"),
+    ([], {"VLM_DISCOVERY_ROOT_PID": "me"}, "--discovery-root-pid (VLM_DISCOVERY_ROOT_PID): not a valid integer"),
+    (["--bogus"], {}, "unrecognized arguments: --bogus"),
+])
+def test_errors_are_one_line_naming_the_flag_and_its_variable(argv, env, line):
+    with pytest.raises(ConfigError) as e:
+        load_config(argv, env)
+    assert str(e.value).startswith(line) and "\n" not in str(e.value), str(e.value)
+
+
+def test_every_flag_has_help_naming_its_variable():
+    from vlm_sidecar.config import ENV_OF, build_parser
+
+    actions = [a for a in build_parser({})._actions if a.option_strings and a.dest != "help"]
+    assert len(actions) == 17
+    for a in actions:
+        flag = max(a.option_strings, key=len)
+        assert a.help and f"[{ENV_OF[flag]}" in a.help, (flag, a.help)
+
+
+def test_console_script_bad_env_exits_2_with_one_line():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLM_")}
+    proc = subprocess.run([sys.executable, "-m", "vlm_sidecar"], env={**env, "VLM_PROFILE_RATE": "fast"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr == "vlm-sidecar: --rate (VLM_PROFILE_RATE): not a valid integer (got 'fast')\n", proc.stderr
+
+
+def test_log_lines_are_json_with_time_and_level():
+    import io
+    import json
+    import logging
+    import re
+
+    from vlm_sidecar import log
+
+    buf = io.StringIO()
+    log.configure(buf)
+    try:
+        log.event("Found scheduler", pid=42, tp_rank=0)
+        log.event("Lost scheduler", pid=42)
+    finally:
+        logging.getLogger().handlers.clear()
+    first, second = (json.loads(x) for x in buf.getvalue().splitlines())
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", first["time"])
+    assert (first["level"], first["logger"], first["msg"], first["pid"]) == ("info", "vlm_sidecar", "Found scheduler", 42)
+    assert second["level"] == "warning"
+    assert '"msg": "Found scheduler"' in buf.getvalue()  # what the acceptance test greps for

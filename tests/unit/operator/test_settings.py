@@ -1,0 +1,132 @@
+"""Operator settings (pydantic-settings): every VLM_* variable and default the README documents, one line
+naming the variable for a bad value, exit 2 from the real console script, and logs with time and level."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from vlm_operator.__main__ import JsonFormatter
+from vlm_operator.settings import DEFAULT_PROFILER_PEERS, Settings, SettingsError, env_name
+
+REPO = Path(__file__).resolve().parents[3]
+# Read by other modules, not Settings (signals.py, __main__.py).
+ELSEWHERE = {"VLM_SIDECAR_ENDPOINTS", "VLM_METRICS_ADDR"}
+
+
+def _readme_settings() -> dict[str, str]:
+    """env -> default from the README's "Operator settings" table."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Operator settings", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for m in re.finditer(r"^\| `(VLM_\w+)`[^|]*\| ([^|]*)\|", section, re.M):
+        rows[m.group(1)] = m.group(2).strip().strip("`")
+    return rows
+
+
+def test_every_readme_variable_is_a_setting_with_the_documented_default():
+    rows = _readme_settings()
+    assert {"VLM_NAMESPACES", "VLM_METRICS_PORT", "VLM_LOG_FORMAT"} <= set(rows)
+    fields = {env_name(f): f for f in Settings.model_fields}
+    defaults = Settings()
+    for env, documented in rows.items():
+        if env in ELSEWHERE:
+            continue
+        assert env in fields, f"README documents {env}, Settings has no field for it"
+        value = getattr(defaults, fields[env])
+        if isinstance(value, tuple) and value:  # a structured default, described in words
+            continue
+        if documented in ("", "all"):
+            assert value in ("", ()), (env, value)
+        elif isinstance(value, float):
+            assert value == float(documented), (env, value, documented)
+        elif isinstance(value, bool):
+            assert str(value).lower() == documented.lower(), (env, value, documented)
+        else:
+            assert str(value) == documented, (env, value, documented)
+
+
+def test_module_docstring_lists_every_field():
+    import vlm_operator.settings as mod
+
+    for f in Settings.model_fields:
+        assert env_name(f) in mod.__doc__, f
+
+
+def test_from_env_reads_every_variable():
+    s = Settings.from_env({"VLM_NAMESPACES": "team-a, team-b,", "VLM_SGLANG_IMAGE": "r/sglang:v0.5.10",
+                           "VLM_SIDECAR_IMAGE": "r/sidecar:1", "VLM_PROMETHEUS_URL": "http://prom:9090/",
+                           "VLM_LOG_FORMAT": "json", "VLM_METRICS_PORT": "9090", "VLM_RESYNC_SECONDS": "2.5",
+                           "VLM_FIELD_MANAGER": "fm", "VLM_NETWORK_POLICY": "false",
+                           "VLM_PROFILER_PEERS": '[{"podSelector": {}}]', "UNRELATED": "x"})
+    assert s.namespaces == ("team-a", "team-b") and s.prometheus_url == "http://prom:9090"
+    assert (s.sglang_image, s.sidecar_image, s.log_format, s.metrics_port, s.resync_seconds, s.field_manager) == (
+        "r/sglang:v0.5.10", "r/sidecar:1", "json", 9090, 2.5, "fm")
+    assert s.network_policy is False and s.profiler_peers == ({"podSelector": {}},)
+
+
+def test_empty_values_are_unset_and_keywords_read_no_environment(monkeypatch):
+    monkeypatch.setenv("VLM_METRICS_PORT", "1234")
+    assert Settings().metrics_port == 8080  # builders and tests stay pure
+    assert Settings.from_env().metrics_port == 1234
+    s = Settings.from_env({"VLM_METRICS_PORT": "", "VLM_PROFILER_PEERS": "", "VLM_NETWORK_POLICY": ""})
+    assert (s.metrics_port, s.profiler_peers, s.network_policy) == (8080, DEFAULT_PROFILER_PEERS, True)
+
+
+@pytest.mark.parametrize(("env", "line"), [
+    ({"VLM_METRICS_PORT": "abc"}, "VLM_METRICS_PORT: not a valid integer (got 'abc')"),
+    ({"VLM_METRICS_PORT": "70000"}, "VLM_METRICS_PORT: must be less than or equal to 65535 (got '70000')"),
+    ({"VLM_RESYNC_SECONDS": "soon"}, "VLM_RESYNC_SECONDS: not a valid number (got 'soon')"),
+    ({"VLM_RESYNC_SECONDS": "0"}, "VLM_RESYNC_SECONDS: must be greater than 0 (got '0')"),
+    ({"VLM_LOG_FORMAT": "xml"}, "VLM_LOG_FORMAT: must be 'text' or 'json' (got 'xml')"),
+    ({"VLM_NETWORK_POLICY": "maybe"}, "VLM_NETWORK_POLICY: not a valid boolean (true or false) (got 'maybe')"),
+    ({"VLM_PROFILER_PEERS": "[{"}, "VLM_PROFILER_PEERS: not JSON"),
+    ({"VLM_PROFILER_PEERS": "[1]"}, "VLM_PROFILER_PEERS: must be a JSON list of NetworkPolicyPeer objects"),
+    ({"VLM_NAMESPACES": "ok,Not_A_Namespace"}, "VLM_NAMESPACES: not a namespace name: 'Not_A_Namespace'"),
+    ({"VLM_PROMETHEUS_URL": "prometheus:9090"}, "VLM_PROMETHEUS_URL: not an http(s) URL: 'prometheus:9090'"),
+])
+def test_a_bad_value_is_one_line_naming_the_variable(env, line):
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env(env)
+    assert str(e.value).startswith(line) and "\n" not in str(e.value), str(e.value)
+
+
+def test_every_bad_variable_is_named_at_once():
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env({"VLM_METRICS_PORT": "x", "VLM_LOG_FORMAT": "xml"})
+    assert [line.split(":")[0] for line in str(e.value).splitlines()] == ["VLM_LOG_FORMAT", "VLM_METRICS_PORT"]
+
+
+def _run(*args, **env):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("VLM_")}
+    return subprocess.run([sys.executable, "-m", "vlm_operator", *args], env={**clean, **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_console_script_exits_2_with_one_line_and_no_traceback():
+    proc = _run(VLM_METRICS_PORT="abc")
+    assert proc.returncode == 2 and proc.stderr == "vlm-operator: VLM_METRICS_PORT: not a valid integer (got 'abc')\n"
+    flag = _run("--namespace", "Bad_NS")
+    assert flag.returncode == 2 and flag.stderr.startswith("vlm-operator: VLM_NAMESPACES (--namespace): "), flag.stderr
+
+
+def test_every_operator_flag_has_help():
+    proc = _run("--help")
+    assert proc.returncode == 0
+    for flag in ("--namespace", "--peering", "--priority", "--liveness", "--version"):
+        line = next(x for x in proc.stdout.splitlines() if x.strip().startswith(flag) or f", {flag}" in x)
+        assert len(line.split()) > 2 or "--liveness" in line, f"{flag} has no help: {line!r}"
+
+
+def test_json_log_lines_carry_time_level_logger_and_object():
+    record = logging.LogRecord("vlm_operator", logging.WARNING, __file__, 1, "Created Deployment %s", ("qwen",), None)
+    record.k8s_ref = {"namespace": "ml", "name": "qwen"}
+    line = json.loads(JsonFormatter().format(record))
+    assert line["level"] == "warning" and line["logger"] == "vlm_operator" and line["msg"] == "Created Deployment qwen"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"]) and line["object"]["name"] == "qwen"
