@@ -43,6 +43,19 @@ VERSION_PATTERN = r"^[0-9]+\.[0-9]+\.[0-9]+([.-]?(post|rc|dev)[0-9]+)?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 FUNCTION_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.<>]*$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+CONFIG_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+# Label and annotation keys: an optional DNS-subdomain prefix and a name of at most 63 characters.
+QUALIFIED_NAME_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+# Pod labels the operator sets itself (builders.common_labels; the watch filters on managed-by); keys under
+# the operator's prefix (selector, revision and role labels, the ipc-cache annotation) are refused as well.
+OPERATOR_PREFIX = f"{GROUP}/"
+OPERATOR_LABELS = (
+    "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component", "app.kubernetes.io/managed-by"
+)
 
 Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)]
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=32)]
@@ -100,9 +113,81 @@ class IPCCache(KubeModel):
     )
 
 
+class KeySelector(KubeModel):
+    name: str = Field(description="Name of the object in the service's namespace.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
+    key: str = Field(description="Key in the object's data.", pattern=CONFIG_KEY_PATTERN, max_length=253)
+    optional: bool | None = Field(None, description="Start the container even when the object or key is missing.")
+
+
+class FieldSelector(KubeModel):
+    field_path: str = Field(
+        description="Pod field, e.g. metadata.name, metadata.namespace, status.podIP, spec.nodeName, "
+        "metadata.labels['key'].",
+        min_length=1,
+        max_length=256,
+    )
+    api_version: str | None = Field(None, description="Schema version of fieldPath (v1).", max_length=32)
+
+
+class EnvVarSource(KubeModel):
+    cel = (
+        (
+            "(has(self.secretKeyRef) ? 1 : 0) + (has(self.configMapKeyRef) ? 1 : 0) + (has(self.fieldRef) ? 1 : 0) == 1",
+            "valueFrom needs exactly one of secretKeyRef, configMapKeyRef, fieldRef",
+            None,
+        ),
+    )
+
+    secret_key_ref: KeySelector | None = Field(None, description="A key of a Secret (e.g. a Hugging Face token).")
+    config_map_key_ref: KeySelector | None = Field(None, description="A key of a ConfigMap.")
+    field_ref: FieldSelector | None = Field(None, description="A field of the pod (downward API).")
+
+    @model_validator(mode="after")
+    def _one(self) -> EnvVarSource:
+        if sum(x is not None for x in (self.secret_key_ref, self.config_map_key_ref, self.field_ref)) != 1:
+            raise ValueError("valueFrom needs exactly one of secretKeyRef, configMapKeyRef, fieldRef")
+        return self
+
+
 class EnvVar(KubeModel):
+    cel = (("has(self.value) != has(self.valueFrom)", "env needs exactly one of value and valueFrom", None),)
+
     name: str = Field(description="Environment variable name.", pattern=ENV_NAME_PATTERN, max_length=256)
-    value: str = Field("", description="Value.", max_length=4096)
+    value: str | None = Field(None, description="Value (exactly one of value and valueFrom).", max_length=4096)
+    value_from: EnvVarSource | None = Field(
+        None, description="Take the value from a Secret, a ConfigMap or a pod field; the spec never holds it."
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> EnvVar:
+        if (self.value is None) == (self.value_from is None):
+            raise ValueError(f"env {self.name}: needs exactly one of value and valueFrom")
+        return self
+
+
+class EnvFromRef(KubeModel):
+    name: str = Field(description="Name of the object in the service's namespace.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
+    optional: bool | None = Field(None, description="Start the container even when the object is missing.")
+
+
+class EnvFromSource(KubeModel):
+    cel = (
+        (
+            "has(self.secretRef) != has(self.configMapRef)",
+            "envFrom needs exactly one of secretRef and configMapRef",
+            None,
+        ),
+    )
+
+    prefix: str | None = Field(None, description="Prepended to every key.", pattern=ENV_NAME_PATTERN, max_length=128)
+    secret_ref: EnvFromRef | None = Field(None, description="Every key of a Secret becomes a variable.")
+    config_map_ref: EnvFromRef | None = Field(None, description="Every key of a ConfigMap becomes a variable.")
+
+    @model_validator(mode="after")
+    def _one(self) -> EnvFromSource:
+        if (self.secret_ref is None) == (self.config_map_ref is None):
+            raise ValueError("envFrom needs exactly one of secretRef and configMapRef")
+        return self
 
 
 class SGLangSpec(KubeModel):
@@ -124,8 +209,12 @@ class SGLangSpec(KubeModel):
         ),
     )
 
-    image: str = Field(
-        DEFAULT_SGLANG_IMAGE, description="SGLang container image.", pattern=IMAGE_PATTERN, max_length=512
+    image: str | None = Field(
+        None,
+        description="SGLang container image; the operator's VLM_SGLANG_IMAGE when absent "
+        "(status.sglang.image reports the one in use).",
+        pattern=IMAGE_PATTERN,
+        max_length=512,
     )
     version: str | None = Field(
         None,
@@ -137,7 +226,14 @@ class SGLangSpec(KubeModel):
     args: list[Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=list, description="Extra launch arguments for sglang.launch_server.", max_length=64
     )
-    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.", max_length=64)
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        description="Extra environment variables; valueFrom takes a value from a Secret, a ConfigMap or the pod.",
+        max_length=64,
+    )
+    env_from: list[EnvFromSource] = Field(
+        default_factory=list, description="Secrets and ConfigMaps whose keys all become variables.", max_length=16
+    )
     ipc_cache: IPCCache = Field(default_factory=IPCCache, description="CUDA IPC pool-handle cache.")
 
     @field_validator("args")
@@ -160,6 +256,187 @@ class SGLangSpec(KubeModel):
                         f"env: {e.name} must not be set when ipcCache.mode is {self.ipc_cache.mode}: "
                         "the operator sets it"
                     )
+        return self
+
+
+# ---------------------------------------------------------------- pod: the Kubernetes types, as KServe and
+# Argo Rollouts inline them (same names, same meaning), typed so that the API server checks them at apply time.
+
+SELECTOR_VALUES_CEL = (
+    "self.operator in ['In', 'NotIn'] ? (has(self.values) && size(self.values) > 0) "
+    ": (self.operator in ['Gt', 'Lt'] ? (has(self.values) && size(self.values) == 1 "
+    "&& self.values[0].matches('^-?[0-9]+$')) : (!has(self.values) || size(self.values) == 0))"
+)
+_SELECTOR_VALUES_MSG = "values must be non-empty for In and NotIn, one integer for Gt and Lt, and empty for Exists and DoesNotExist"
+
+
+def _check_values(operator: str, values: list[str] | None) -> None:
+    n = len(values or [])
+    if operator in ("In", "NotIn"):
+        ok = n > 0
+    elif operator in ("Gt", "Lt"):
+        ok = n == 1 and re.match(r"^-?[0-9]+$", (values or [""])[0]) is not None
+    else:
+        ok = n == 0
+    if not ok:
+        raise ValueError(f"operator {operator}: {_SELECTOR_VALUES_MSG}")
+
+
+LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
+
+
+class LabelSelectorRequirement(KubeModel):
+    cel = ((SELECTOR_VALUES_CEL, _SELECTOR_VALUES_MSG, ".values"),)
+
+    key: str = Field(pattern=QUALIFIED_NAME_PATTERN, max_length=316)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[Annotated[str, Field(max_length=63)]] | None = Field(None, max_length=64)
+
+    @model_validator(mode="after")
+    def _values(self) -> LabelSelectorRequirement:
+        _check_values(self.operator, self.values)
+        return self
+
+
+class LabelSelector(KubeModel):
+    match_labels: dict[str, LabelValue] | None = Field(None, max_length=32)
+    match_expressions: list[LabelSelectorRequirement] | None = Field(None, max_length=16)
+
+
+class NodeSelectorRequirement(KubeModel):
+    cel = ((SELECTOR_VALUES_CEL, _SELECTOR_VALUES_MSG, ".values"),)
+
+    key: str = Field(min_length=1, max_length=316)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[Annotated[str, Field(max_length=63)]] | None = Field(None, max_length=64)
+
+    @model_validator(mode="after")
+    def _values(self) -> NodeSelectorRequirement:
+        _check_values(self.operator, self.values)
+        return self
+
+
+class NodeSelectorTerm(KubeModel):
+    match_expressions: list[NodeSelectorRequirement] | None = Field(None, max_length=16)
+    match_fields: list[NodeSelectorRequirement] | None = Field(None, max_length=16)
+
+
+class NodeSelector(KubeModel):
+    node_selector_terms: list[NodeSelectorTerm] = Field(min_length=1, max_length=16)
+
+
+class PreferredSchedulingTerm(KubeModel):
+    weight: int = Field(ge=1, le=100)
+    preference: NodeSelectorTerm
+
+
+class NodeAffinity(KubeModel):
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = None
+    preferred_during_scheduling_ignored_during_execution: list[PreferredSchedulingTerm] | None = Field(None, max_length=16)
+
+
+class PodAffinityTerm(KubeModel):
+    label_selector: LabelSelector | None = None
+    namespace_selector: LabelSelector | None = None
+    namespaces: list[Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=63)]] | None = Field(None, max_length=32)
+    topology_key: str = Field(min_length=1, max_length=316, pattern=QUALIFIED_NAME_PATTERN)
+    match_label_keys: list[Annotated[str, Field(max_length=316)]] | None = Field(None, max_length=16)
+    mismatch_label_keys: list[Annotated[str, Field(max_length=316)]] | None = Field(None, max_length=16)
+
+
+class WeightedPodAffinityTerm(KubeModel):
+    weight: int = Field(ge=1, le=100)
+    pod_affinity_term: PodAffinityTerm
+
+
+class PodAffinity(KubeModel):
+    """Used for both podAffinity and podAntiAffinity (Kubernetes' two types have the same fields)."""
+
+    required_during_scheduling_ignored_during_execution: list[PodAffinityTerm] | None = Field(None, max_length=16)
+    preferred_during_scheduling_ignored_during_execution: list[WeightedPodAffinityTerm] | None = Field(None, max_length=16)
+
+
+class Affinity(KubeModel):
+    node_affinity: NodeAffinity | None = Field(None, description="Node affinity (beyond gpu.product and gpu.nodeSelector).")
+    pod_affinity: PodAffinity | None = None
+    pod_anti_affinity: PodAffinity | None = Field(None, description="E.g. spread replicas over nodes.")
+
+
+class TopologySpreadConstraint(KubeModel):
+    max_skew: int = Field(ge=1)
+    topology_key: str = Field(min_length=1, max_length=316, pattern=QUALIFIED_NAME_PATTERN)
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
+    label_selector: LabelSelector | None = Field(
+        None, description="Pods counted; the service's own pods (serving.vlmops.dev/vlmservice) when absent."
+    )
+    min_domains: int | None = Field(None, ge=1)
+    node_affinity_policy: Literal["Honor", "Ignore"] | None = None
+    node_taints_policy: Literal["Honor", "Ignore"] | None = None
+    match_label_keys: list[Annotated[str, Field(max_length=316)]] | None = Field(None, max_length=16)
+
+
+class LocalObjectReference(KubeModel):
+    name: str = Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
+
+
+def _reserved_label(key: str) -> bool:
+    return key.startswith(OPERATOR_PREFIX) or key in OPERATOR_LABELS
+
+
+_KEYS_CEL = "self.all(k, k.matches('" + QUALIFIED_NAME_PATTERN + "'))"
+
+
+class PodSpec(KubeModel):
+    """Pod-level settings of every serving pod (stable, canary and baseline alike)."""
+
+    cel = (
+        ("!has(self.labels) || " + _KEYS_CEL.replace("self.all", "self.labels.all"),
+         "label keys must be qualified names (prefix/name)", ".labels"),
+        (
+            "!has(self.labels) || self.labels.all(k, !k.startsWith('" + OPERATOR_PREFIX + "') && !(k in "
+            + str(list(OPERATOR_LABELS)).replace('"', "'") + "))",
+            f"labels must not use the operator's prefix {OPERATOR_PREFIX} or its own labels "
+            f"({', '.join(OPERATOR_LABELS)})",
+            ".labels",
+        ),
+        ("!has(self.annotations) || " + _KEYS_CEL.replace("self.all", "self.annotations.all"),
+         "annotation keys must be qualified names (prefix/name)", ".annotations"),
+        (
+            "!has(self.annotations) || self.annotations.all(k, !k.startsWith('" + OPERATOR_PREFIX + "'))",
+            f"annotations must not use the operator's prefix {OPERATOR_PREFIX}",
+            ".annotations",
+        ),
+    )
+
+    labels: dict[str, LabelValue] | None = Field(
+        None, description="Extra labels on the pods (not on the Deployments).", max_length=32
+    )
+    annotations: dict[str, Annotated[str, Field(max_length=4096)]] | None = Field(
+        None, description="Extra annotations on the pods.", max_length=32
+    )
+    service_account_name: str | None = Field(
+        None, description="ServiceAccount the pods run as (the namespace's default when absent).",
+        pattern=DNS_SUBDOMAIN_PATTERN, max_length=253,
+    )
+    image_pull_secrets: list[LocalObjectReference] | None = Field(
+        None, description="Secrets for pulling the SGLang and the sidecar images (one pod, one list).", max_length=16
+    )
+    priority_class_name: str | None = Field(
+        None, description="PriorityClass of the pods.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253
+    )
+    affinity: Affinity | None = Field(None, description="Kubernetes affinity (node, pod, pod anti-affinity).")
+    topology_spread_constraints: list[TopologySpreadConstraint] | None = Field(
+        None, description="How the pods spread over topology domains.", max_length=8
+    )
+
+    @model_validator(mode="after")
+    def _keys(self) -> PodSpec:
+        for what, keys in (("labels", self.labels or {}), ("annotations", self.annotations or {})):
+            for k in keys:
+                if not re.match(QUALIFIED_NAME_PATTERN, k):
+                    raise ValueError(f"{what}: {k!r} is not a qualified name (prefix/name)")
+                if k.startswith(OPERATOR_PREFIX) or (what == "labels" and k in OPERATOR_LABELS):
+                    raise ValueError(f"{what}: {k!r} is the operator's own (prefix {OPERATOR_PREFIX})")
         return self
 
 
@@ -212,6 +489,18 @@ class TelemetrySpec(KubeModel):
         max_length=32,
     )
     image: str | None = Field(None, description="Sidecar image override.", pattern=IMAGE_PATTERN, max_length=512)
+    network_policy: Literal["Auto", "On", "Off"] = Field(
+        "Auto",
+        description="A NetworkPolicy that admits only the operator and Prometheus to the sidecar's port 9400 "
+        "(SGLang's port stays open). Auto follows the operator's VLM_NETWORK_POLICY setting (on by default).",
+    )
+    run_as_user: int = Field(
+        0,
+        description="UID of the profiler sidecar. py-spy needs the scheduler's UID (or root): set the UID the "
+        "SGLang image runs as; lmsysorg/sglang images run as root (0).",
+        ge=0,
+        le=2147483647,
+    )
 
     @model_validator(mode="after")
     def _window_fits(self) -> TelemetrySpec:
@@ -333,6 +622,11 @@ class VLMServiceSpec(KubeModel):
     rollout: RolloutSpec | None = Field(
         None, description="Canary rollout; without it a template change rolls the Deployment in place."
     )
+    pod: PodSpec | None = Field(
+        None,
+        description="Pod-level settings: labels, annotations, serviceAccountName, imagePullSecrets, "
+        "priorityClassName, affinity, topologySpreadConstraints.",
+    )
     paused: bool = Field(False, description="Stop reconciling changes (status is still updated).")
 
     @model_validator(mode="after")
@@ -405,6 +699,11 @@ class ProfilerStatus(KubeModel):
     top_function: str | None = None
 
 
+class SGLangStatus(KubeModel):
+    image: str | None = Field(None, description="The SGLang image the pods run (spec.sglang.image or the operator's default).")
+    version: str | None = Field(None, description="Its SGLang version (spec.sglang.version or the image tag).")
+
+
 class VLMServiceStatus(KubeModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
@@ -418,10 +717,12 @@ class VLMServiceStatus(KubeModel):
     canary_revision: str | None = None
     rollout: RolloutStatus | None = None
     profiler: ProfilerStatus | None = None
+    sglang: SGLangStatus | None = Field(None, description="The effective SGLang image and version.")
 
 
 PRINTER_COLUMNS = [
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.path"},
+    {"name": "Version", "type": "string", "jsonPath": ".status.sglang.version"},
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Canary", "type": "string", "jsonPath": ".status.rollout.phase"},

@@ -27,6 +27,8 @@ _PLURALS = {
     "Service": "services",
     "PodMonitor": "podmonitors",
     "PrometheusRule": "prometheusrules",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "NetworkPolicy": "networkpolicies",
     "VLMService": PLURAL,
 }
 

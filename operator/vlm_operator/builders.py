@@ -4,7 +4,8 @@ Nothing here talks to the API server or reads the clock; `apply` applies what
 these return. Golden files in tests/golden/builders/ pin the output.
 
 Names: the stable Deployment is `<name>`, the canary `<name>-canary`; one
-Service `<name>` selects both. The revision label is a hash of the pod
+Service `<name>` selects both; the PodDisruptionBudget (replicas > 1) and the
+NetworkPolicy over the sidecar's port are `<name>` too. The revision label is a hash of the pod
 template without role-specific labels, so stable and canary built from the
 same spec carry the same revision.
 """
@@ -17,8 +18,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
+
 from . import sglang
-from .api import GROUP, KIND, VERSION, VLMServiceSpec
+from .api import GROUP, KIND, VERSION, EnvVar, PodSpec, VLMServiceSpec
+from .errors import InvalidSpec
 from .settings import PREFIX, Settings
 
 SGLANG_PORT = 30000
@@ -99,14 +103,36 @@ def _sglang_args(spec: VLMServiceSpec, plan: sglang.IPCPlan) -> list[str]:
     return args + list(plan.args) + list(spec.sglang.args)
 
 
-def _env_list(pairs: dict[str, str]) -> list[dict[str, str]]:
-    return [{"name": k, "value": v} for k, v in pairs.items()]
+def _prune(node: Any) -> Any:
+    """Drop empty lists and empty matchLabels: the API server omits them, and an object that differs from
+    what the server returns would be applied again on every resync. Empty selectors ({}) mean "all" and stay."""
+    if isinstance(node, dict):
+        return {
+            k: _prune(v) for k, v in node.items() if not (v == [] or (k == "matchLabels" and v == {}))
+        }
+    if isinstance(node, list):
+        return [_prune(v) for v in node]
+    return node
+
+
+def _dump(model: BaseModel) -> dict[str, Any]:
+    return _prune(model.model_dump(by_alias=True, exclude_none=True, mode="json"))
+
+
+def _env_entry(e: EnvVar) -> dict[str, Any]:
+    if e.value_from is not None:
+        return {"name": e.name, "valueFrom": _dump(e.value_from)}  # by reference: the value never enters the spec
+    return {"name": e.name, "value": e.value}
+
+
+def _env(spec: VLMServiceSpec, plan: sglang.IPCPlan) -> list[dict[str, Any]]:
+    env: dict[str, dict[str, Any]] = {k: {"name": k, "value": v} for k, v in plan.env.items()}
+    for e in spec.sglang.env:
+        env.setdefault(e.name, _env_entry(e))  # the plan wins; CEL already refuses conflicts when mode != Auto
+    return list(env.values())
 
 
 def _sglang_container(spec: VLMServiceSpec, plan: sglang.IPCPlan, image: str) -> dict[str, Any]:
-    env = dict(plan.env)
-    for e in spec.sglang.env:
-        env.setdefault(e.name, e.value)  # the plan wins; CEL already refuses conflicts when mode != Auto
     res = spec.resources
     gpus = str(spec.gpus_per_replica)
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
@@ -120,7 +146,8 @@ def _sglang_container(spec: VLMServiceSpec, plan: sglang.IPCPlan, image: str) ->
         "image": image,
         "command": ["python3", "-m", "sglang.launch_server"],
         "args": _sglang_args(spec, plan),
-        "env": _env_list(env),
+        "env": _env(spec, plan),
+        **({"envFrom": [_dump(e) for e in spec.sglang.env_from]} if spec.sglang.env_from else {}),
         "ports": [{"name": "http", "containerPort": SGLANG_PORT, "protocol": "TCP"}],
         "resources": {
             "requests": {"cpu": res.cpu, "memory": res.memory, GPU_RESOURCE: gpus},
@@ -162,13 +189,15 @@ def _sidecar_container(spec: VLMServiceSpec, image: str) -> dict[str, Any]:
         ],
         "ports": [{"name": "profiler", "containerPort": SIDECAR_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
-        # py-spy reads the scheduler's memory through ptrace: SYS_PTRACE and nothing else. It runs as
-        # root because SGLang images run as root and ptrace needs the same uid (or root).
+        # py-spy reads the scheduler's memory through ptrace: SYS_PTRACE and nothing else. It runs as the
+        # scheduler's UID (telemetry.runAsUser): root by default, because lmsysorg/sglang images run as root
+        # and ptrace needs the same UID (or root).
         "securityContext": {
             "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]},
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
-            "runAsUser": 0,
+            "runAsUser": t.run_as_user,
+            **({"runAsNonRoot": True} if t.run_as_user else {}),
         },
         "livenessProbe": {
             "httpGet": {"path": "/healthz", "port": "profiler"},
@@ -212,10 +241,12 @@ def build_pod_template(
             }
         )
     node_selector = {GPU_PRODUCT_LABEL: spec.gpu.product, **spec.gpu.node_selector}
+    pod = spec.pod or PodSpec()
     return {
         "metadata": {
-            "labels": common_labels(owner),
-            "annotations": {ANNOTATION_IPC: "active" if plan.active else "inactive"},
+            # The spec's own keys cannot collide: the schema refuses the operator's labels and prefix.
+            "labels": {**(pod.labels or {}), **common_labels(owner)},
+            "annotations": {**(pod.annotations or {}), ANNOTATION_IPC: "active" if plan.active else "inactive"},
         },
         "spec": {
             "shareProcessNamespace": spec.telemetry.enabled,
@@ -225,8 +256,28 @@ def build_pod_template(
             "tolerations": _tolerations(spec),
             "containers": containers,
             "volumes": volumes,
+            **_pod_fields(owner, pod),
         },
     }
+
+
+def _pod_fields(owner: Owner, pod: PodSpec) -> dict[str, Any]:
+    """spec.pod's scheduling and identity fields; only those set, so older specs keep their revision."""
+    out: dict[str, Any] = {}
+    if pod.service_account_name:
+        out["serviceAccountName"] = pod.service_account_name
+    if pod.image_pull_secrets:
+        out["imagePullSecrets"] = [_dump(r) for r in pod.image_pull_secrets]  # the sidecar's image too
+    if pod.priority_class_name:
+        out["priorityClassName"] = pod.priority_class_name
+    if pod.affinity is not None and (affinity := _dump(pod.affinity)):
+        out["affinity"] = affinity
+    if pod.topology_spread_constraints:
+        out["topologySpreadConstraints"] = [
+            {"labelSelector": {"matchLabels": {LABEL_SERVICE: owner.name}}, **_dump(c)}
+            for c in pod.topology_spread_constraints
+        ]
+    return out
 
 
 def with_role(template: dict[str, Any], revision: str, role: str) -> dict[str, Any]:
@@ -304,6 +355,43 @@ def build_pod_monitor(owner: Owner) -> dict[str, Any]:
     }
 
 
+def build_pod_disruption_budget(owner: Owner) -> dict[str, Any]:
+    """At most one stable pod down at a time through voluntary disruptions (drains, node upgrades)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": owned_metadata(owner),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": {LABEL_SERVICE: owner.name, LABEL_ROLE: ROLE_STABLE}},
+        },
+    }
+
+
+def build_network_policy(owner: Owner, peers: Any) -> dict[str, Any]:
+    """Ingress to the service's pods: SGLang's port from anywhere (as without a policy), the sidecar's
+    port (profiles, flamegraphs, windows) only from `peers` (the operator and Prometheus by default).
+    Any other port is closed once a policy selects the pods; the pods listen on no other."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": owned_metadata(owner),
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_SERVICE: owner.name}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"ports": [{"protocol": "TCP", "port": SGLANG_PORT}]},
+                {"ports": [{"protocol": "TCP", "port": SIDECAR_PORT}], "from": copy.deepcopy(list(peers))},
+            ],
+        },
+    }
+
+
+def wants_network_policy(spec: VLMServiceSpec, settings: Settings) -> bool:
+    mode = spec.telemetry.network_policy
+    return spec.telemetry.enabled and (mode == "On" or (mode == "Auto" and settings.network_policy))
+
+
 @dataclass(frozen=True)
 class Desired:
     """Everything one VLMService should own, plus facts the status needs."""
@@ -312,6 +400,20 @@ class Desired:
     revision: str
     plan: sglang.IPCPlan
     service: dict[str, Any]
+    image: str = ""  # the effective SGLang image (spec or the operator's default) and its version
+    version: str | None = None
+    pdb: dict[str, Any] | None = None  # None: there must be none (replicas <= 1)
+    network_policy: dict[str, Any] | None = None
+
+
+def _check_env_refs(spec: VLMServiceSpec, plan: sglang.IPCPlan) -> None:
+    for e in spec.sglang.env:
+        if e.value_from is not None and e.name in plan.env:
+            raise InvalidSpec(
+                f"env {e.name} comes from valueFrom, but the operator sets it for ipcCache ({e.name}="
+                f"{plan.env[e.name]}); set spec.sglang.ipcCache instead",
+                field="spec.sglang.env",
+            )
 
 
 def build_desired(owner: Owner, spec: VLMServiceSpec, settings: Settings) -> Desired:
@@ -321,6 +423,19 @@ def build_desired(owner: Owner, spec: VLMServiceSpec, settings: Settings) -> Des
     plan = sglang.plan_ipc_cache(
         version, spec.sglang.ipc_cache.mode, spec.sglang.tensor_parallel, spec.sglang.ipc_cache.feature_cache_mb
     )
-    sglang.check_user_overrides(plan, spec.sglang.args, {e.name: e.value for e in spec.sglang.env})
+    _check_env_refs(spec, plan)
+    sglang.check_user_overrides(
+        plan, spec.sglang.args, {e.name: e.value for e in spec.sglang.env if e.value is not None}
+    )
     template = build_pod_template(owner, spec, settings, plan)
-    return Desired(template=template, revision=revision_of(template), plan=plan, service=build_service(owner))
+    return Desired(
+        template=template,
+        revision=revision_of(template),
+        plan=plan,
+        service=build_service(owner),
+        image=image,
+        version=version,
+        pdb=build_pod_disruption_budget(owner) if spec.replicas > 1 else None,
+        network_policy=build_network_policy(owner, settings.profiler_peers)
+        if wants_network_policy(spec, settings) else None,
+    )

@@ -179,7 +179,7 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
         msg = _validation_message(e) if isinstance(e, ValidationError) else str(e)
         metrics.ERRORS.labels(reason="InvalidSpec").inc()
         h = S.Health(want=int(t.spec.get("replicas", 1) or 0), ready=observed.ready_replicas(builders.ROLE_STABLE), invalid=msg)
-        keep = {k: v for k, v in t.status.items() if k in ("stableRevision", "canaryRevision", "rollout", "profiler", "selector")}
+        keep = {k: v for k, v in t.status.items() if k in ("stableRevision", "canaryRevision", "rollout", "profiler", "selector", "sglang")}
         _write_status(rt, t, S.build_status(t.status, h, generation=t.generation, now=now_dt, extra=keep), emit)
         return
 
@@ -212,6 +212,17 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
                 rt.kube.apply(want, observed.deployments.get(role))
             elif role in observed.deployments:
                 rt.kube.delete("apps/v1", "Deployment", t.namespace, builders.deployment_name(owner, role))
+        if t.status.get("observedGeneration") != t.generation:
+            # Both follow the spec alone (and the operator's settings): applied once per generation, like the
+            # PodMonitor; deleted when the spec no longer wants them (replicas <= 1, networkPolicy Off).
+            for api_version, kind, want in (
+                ("policy/v1", "PodDisruptionBudget", desired.pdb),
+                ("networking.k8s.io/v1", "NetworkPolicy", desired.network_policy),
+            ):
+                if want is not None:
+                    rt.kube.apply(want, None)
+                else:
+                    rt.kube.delete(api_version, kind, t.namespace, t.name)
         if rt.monitoring and t.status.get("observedGeneration") != t.generation:
             rt.kube.apply(builders.build_pod_monitor(owner), None)
             rt.kube.apply(
@@ -253,6 +264,7 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
         "canaryRevision": plan.canary_revision,
         "rollout": plan.rollout.model_dump(by_alias=True, exclude_none=True) if plan.rollout else None,
         "profiler": _profiler(rt, t, spec, observed, stable_rev, now),
+        "sglang": S.sglang_status(desired.image, desired.version),
     }
     if t.status.get("observedGeneration") != t.generation:
         for w in desired.plan.warnings:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from . import api
 from . import conditions as C
 from .builders import LABEL_REVISION, LABEL_ROLE, ROLE_CANARY, ROLE_STABLE
 
@@ -155,6 +156,11 @@ def build_status(
     return out
 
 
+def sglang_status(image: str, version: str | None) -> dict[str, Any]:
+    """status.sglang: the image the pods run (the spec's or the operator's default) and its version."""
+    return api.SGLangStatus(image=image, version=version).model_dump(by_alias=True, exclude_none=True)
+
+
 def rolling(observed: Observed, role: str = ROLE_STABLE) -> bool:
     d = observed.deployments.get(role) or {}
     spec, st = d.get("spec") or {}, d.get("status") or {}
@@ -166,4 +172,4 @@ def rolling(observed: Observed, role: str = ROLE_STABLE) -> bool:
     )
 
 
-__all__ = ["ROLE_CANARY", "ROLE_STABLE", "Health", "Observed", "PodInfo", "build_status", "rolling"]
+__all__ = ["ROLE_CANARY", "ROLE_STABLE", "Health", "Observed", "PodInfo", "build_status", "rolling", "sglang_status"]

@@ -4,6 +4,7 @@ scheduler, kwok fake H100 nodes): issue 4's acceptance."""
 from __future__ import annotations
 
 import copy
+import json
 import time
 from pathlib import Path
 
@@ -234,3 +235,141 @@ def test_operator_survives_a_deleted_owned_deployment(kube, namespace, operator)
     wait_for(lambda: name in deployments(kube, namespace, name), 30, "Deployment re-created")
     with pytest.raises(ApiException):
         client.AppsV1Api(kube).read_namespaced_deployment(name + "-canary", namespace)
+
+
+# ---------------------------------------------------------------- issue 15: pod template, effective image, security
+
+HF_TOKEN_VALUE = "hf_never_in_a_spec_0123456789abcdef"
+
+
+def _as_dict(kube, obj) -> dict:
+    return kube.sanitize_for_serialization(obj)
+
+
+def _gone(read) -> bool:
+    try:
+        read()
+    except ApiException as e:
+        return e.status == 404
+    return False
+
+
+def test_hf_token_by_reference_pod_fields_pdb_and_effective_image(cluster, kube, namespace, crd, kubectl, tmp_path):
+    """The private example: HF_TOKEN from a Secret by reference only; spec.pod reaches the pods; a PDB while
+    replicas > 1; no spec.sglang.image, so the operator's VLM_SGLANG_IMAGE is used and reported."""
+    core, apps, policy = client.CoreV1Api(kube), client.AppsV1Api(kube), client.PolicyV1Api(kube)
+    core.create_namespaced_secret(namespace, client.V1Secret(
+        metadata=client.V1ObjectMeta(name="hf-token"), string_data={"token": HF_TOKEN_VALUE}))
+    doc = copy.deepcopy(EXAMPLES["qwen2.5-vl-7b-private"])
+    name = doc["metadata"]["name"]
+    assert "image" not in doc["spec"]["sglang"]
+    gen = run_operator(cluster.kubeconfig, namespace, tmp_path, VLM_SGLANG_IMAGE="lmsysorg/sglang:v0.5.22")
+    op = next(gen)
+    try:
+        create(kube, namespace, doc)
+        obj = wait_condition(kube, namespace, name, "Ready", "True", timeout=90, op=op)
+        assert obj["status"]["sglang"] == {"image": "lmsysorg/sglang:v0.5.22", "version": "0.5.22"}
+        assert obj["status"]["readyReplicas"] == 2
+        header, row = kubectl("get", "vlms", "-n", namespace, name).splitlines()[:2]
+        assert "VERSION" in header and "0.5.22" in row
+
+        dep = deployments(kube, namespace, name)[name]
+        sg = next(c for c in dep.spec.template.spec.containers if c.name == "sglang")
+        assert sg.image == "lmsysorg/sglang:v0.5.22"
+        env = {e.name: e for e in sg.env}
+        assert env["HF_TOKEN"].value is None
+        assert env["HF_TOKEN"].value_from.secret_key_ref.name == "hf-token"
+        assert env["HF_TOKEN"].value_from.secret_key_ref.key == "token"
+        assert env["NODE_NAME"].value_from.field_ref.field_path == "spec.nodeName"
+        assert sg.env_from[0].config_map_ref.name == "sglang-env"
+        pods = core.list_namespaced_pod(namespace, label_selector=f"serving.vlmops.dev/vlmservice={name}").items
+        assert len(pods) == 2
+        # The token's value is nowhere: not in the Deployment, its pods, or the VLMService.
+        for o in (_as_dict(kube, dep), *(_as_dict(kube, p) for p in pods), get_vlms(kube, namespace, name)):
+            assert HF_TOKEN_VALUE not in json.dumps(o)
+
+        for p in pods:
+            assert p.metadata.labels["team"] == "vision"
+            assert p.metadata.annotations["example.com/owner"] == "vision-team"
+            assert [s.name for s in p.spec.image_pull_secrets] == ["registry-pull"]  # for both containers
+            term = p.spec.affinity.pod_anti_affinity.preferred_during_scheduling_ignored_during_execution[0]
+            assert term.pod_affinity_term.topology_key == "kubernetes.io/hostname"
+            (tsc,) = p.spec.topology_spread_constraints
+            assert tsc.label_selector.match_labels == {"serving.vlmops.dev/vlmservice": name}
+
+        pdb = wait_for(lambda: policy.read_namespaced_pod_disruption_budget(name, namespace), 30, "PDB",
+                       ignore=(ApiException,))
+        assert pdb.spec.max_unavailable == 1
+        assert pdb.spec.selector.match_labels == {"serving.vlmops.dev/vlmservice": name,
+                                                  "serving.vlmops.dev/role": "stable"}
+        assert pdb.metadata.owner_references[0].name == name
+        wait_for(lambda: pdb_status(policy, namespace, name) == 2, 30, "PDB counts the two stable pods")
+
+        patch_spec(kube, namespace, name, {"replicas": 1})
+        wait_for(lambda: _gone(lambda: policy.read_namespaced_pod_disruption_budget(name, namespace)), 30,
+                 "PDB deleted at replicas 1")
+        assert apps.read_namespaced_deployment(name, namespace).spec.replicas == 1
+    finally:
+        next(gen, None)
+
+
+def pdb_status(policy, namespace, name) -> int:
+    st = policy.read_namespaced_pod_disruption_budget(name, namespace).status
+    return (st.expected_pods or 0) if st else 0
+
+
+def test_network_policy_guards_the_sidecar_port_and_the_sidecar_runs_as_the_given_uid(kube, namespace, operator):
+    """The policy object's content and the sidecar's UID in the pod spec. kwok does not enforce
+    NetworkPolicies (no CNI runs here), so what is tested is the object, not the traffic it blocks."""
+    net = client.NetworkingV1Api(kube)
+    doc = copy.deepcopy(EXAMPLES["qwen2.5-vl-3b"])
+    doc["metadata"]["name"] = name = "guarded"
+    doc["spec"]["telemetry"] = {"runAsUser": 1000}
+    create(kube, namespace, doc)
+    wait_condition(kube, namespace, name, "Ready", "True", timeout=90, op=operator)
+
+    np = _as_dict(kube, net.read_namespaced_network_policy(name, namespace))
+    assert np["metadata"]["ownerReferences"][0]["name"] == name
+    assert np["spec"]["podSelector"] == {"matchLabels": {"serving.vlmops.dev/vlmservice": name}}
+    assert np["spec"]["policyTypes"] == ["Ingress"]
+    sglang_rule, sidecar_rule = np["spec"]["ingress"]
+    assert sglang_rule == {"ports": [{"port": 30000, "protocol": "TCP"}]}  # no `from`: open as before
+    assert sidecar_rule["ports"] == [{"port": 9400, "protocol": "TCP"}]
+    peers = sidecar_rule["from"]
+    assert [p["podSelector"]["matchLabels"] for p in peers] == [
+        {"app.kubernetes.io/name": "vlm-operator"}, {"app.kubernetes.io/name": "prometheus"}]
+    assert all(p["namespaceSelector"] == {} for p in peers)
+
+    pods = client.CoreV1Api(kube).list_namespaced_pod(namespace, label_selector=f"serving.vlmops.dev/vlmservice={name}").items
+    assert pods
+    for p in pods:
+        prof = next(c for c in p.spec.containers if c.name == "profiler")
+        assert prof.security_context.run_as_user == 1000 and prof.security_context.run_as_non_root is True
+        assert prof.security_context.capabilities.add == ["SYS_PTRACE"]
+        sg = next(c for c in p.spec.containers if c.name == "sglang")
+        assert sg.security_context is None  # SGLang keeps its image's user
+
+    patch_spec(kube, namespace, name, {"telemetry": {"networkPolicy": "Off"}})
+    wait_for(lambda: _gone(lambda: net.read_namespaced_network_policy(name, namespace)), 30, "NetworkPolicy deleted")
+
+
+def test_dropping_the_old_crd_default_image_keeps_the_revision(kube, namespace, operator):
+    """A service stored with the old CRD default (image: lmsysorg/sglang:v0.5.23) and the same service with
+    no image (the operator's default, the same string) have one pod template: no rollout."""
+    doc = copy.deepcopy(EXAMPLES["qwen2.5-vl-3b"])
+    doc["metadata"]["name"] = name = "legacy-image"
+    doc["spec"]["sglang"] = {"image": "lmsysorg/sglang:v0.5.23"}
+    create(kube, namespace, doc)
+    obj = wait_condition(kube, namespace, name, "Ready", "True", timeout=90, op=operator)
+    before = obj["status"]["stableRevision"]
+    dep_gen = client.AppsV1Api(kube).read_namespaced_deployment(name, namespace).metadata.generation
+    patch_spec(kube, namespace, name, {"sglang": {"image": None}})
+
+    def observed():
+        o = get_vlms(kube, namespace, name)
+        return o["status"].get("observedGeneration") == o["metadata"]["generation"] and o
+    obj = wait_for(observed, 30, "new generation observed")
+    assert "image" not in obj["spec"]["sglang"]
+    assert obj["status"]["stableRevision"] == before
+    assert obj["status"]["sglang"]["image"] == "lmsysorg/sglang:v0.5.23"
+    assert client.AppsV1Api(kube).read_namespaced_deployment(name, namespace).metadata.generation == dep_gen

@@ -18,7 +18,7 @@ MINIMAL = {"model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"}}
 def test_defaults_of_a_minimal_spec():
     s = api.parse_spec(MINIMAL)
     assert s.replicas == 1
-    assert s.sglang.image == api.DEFAULT_SGLANG_IMAGE
+    assert s.sglang.image is None  # no CRD default: the operator's VLM_SGLANG_IMAGE fills it
     assert s.sglang.tensor_parallel == 1
     assert s.sglang.ipc_cache.mode == "Auto"
     assert s.gpu.product == api.DEFAULT_GPU_PRODUCT
@@ -116,6 +116,42 @@ INVALID = [
     ({**MINIMAL, "rollout": {"analysis": {"maxRegression": {"loopLatency": 150}}}}, "loopLatency"),
     ({**MINIMAL, "rollout": {"analysis": {"onInconclusive": "Shrug"}}}, "onInconclusive"),
     ({**MINIMAL, "unknownField": 1}, "unknownField"),
+    # issue 15: env by reference, envFrom, the pod block, telemetry's network policy and UID
+    (_with("sglang.env", [{"name": "HF_TOKEN", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]), "env"),
+    (_with("sglang.env", [{"name": "HF_TOKEN"}]), "env"),
+    (_with("sglang.env", [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"},
+                                                      "fieldRef": {"fieldPath": "metadata.name"}}}]), "valueFrom"),
+    (_with("sglang.env", [{"name": "A", "valueFrom": {}}]), "valueFrom"),
+    (_with("sglang.env", [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s"}}}]), "key"),
+    (_with("sglang.env", [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "Not_A_Name", "key": "k"}}}]), "name"),
+    (_with("sglang.envFrom", [{"secretRef": {"name": "s"}, "configMapRef": {"name": "c"}}]), "envFrom"),
+    (_with("sglang.envFrom", [{"prefix": "P_"}]), "envFrom"),
+    (_with("pod.labels", {"serving.vlmops.dev/role": "stable"}), "labels"),
+    (_with("pod.labels", {"app.kubernetes.io/managed-by": "me"}), "labels"),
+    (_with("pod.labels", {"team": "has space"}), "labels"),
+    (_with("pod.labels", {"-bad-key": "x"}), "labels"),
+    (_with("pod.annotations", {"serving.vlmops.dev/ipc-cache": "inactive"}), "annotations"),
+    (_with("pod.imagePullSecrets", [{"name": "Bad_Name"}]), "imagePullSecrets"),
+    (_with("pod.serviceAccountName", "Runner"), "serviceAccountName"),
+    (_with("pod.priorityClassName", "high priority"), "priorityClassName"),
+    (_with("pod.affinity", {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{}]}}), "topologyKey"),
+    (_with("pod.affinity", {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In"}]}]}}}), "values"),
+    (_with("pod.affinity", {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {
+        "matchExpressions": [{"key": "gpus", "operator": "Gt", "values": ["many"]}]}}]}}), "values"),
+    (_with("pod.affinity", {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 101, "podAffinityTerm": {
+        "topologyKey": "kubernetes.io/hostname"}}]}}), "weight"),
+    (_with("pod.topologySpreadConstraints", [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                              "whenUnsatisfiable": "Whatever"}]), "whenUnsatisfiable"),
+    (_with("pod.topologySpreadConstraints", [{"maxSkew": 0, "topologyKey": "kubernetes.io/hostname",
+                                              "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchExpressions": [
+                                                  {"key": "a", "operator": "Exists", "values": ["x"]}]}}]), "maxSkew"),
+    (_with("pod.topologySpreadConstraints", [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                              "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchExpressions": [
+                                                  {"key": "a", "operator": "Exists", "values": ["x"]}]}}]), "values"),
+    (_with("pod.hostNetwork", True), "hostNetwork"),
+    (_with("telemetry.networkPolicy", "Maybe"), "networkPolicy"),
+    (_with("telemetry.runAsUser", -1), "runAsUser"),
 ]
 
 
@@ -143,3 +179,43 @@ def test_status_round_trip_ignores_unknown_fields():
     st = api.VLMServiceStatus.model_validate(raw)
     assert st.rollout and st.rollout.signals[0].delta == 0.07
     assert "kopf" not in st.model_dump(by_alias=True)
+
+
+def test_pod_block_and_env_references_round_trip():
+    spec = {
+        **MINIMAL,
+        "sglang": {
+            "env": [
+                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}},
+                {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                {"name": "EMPTY", "value": ""},  # an explicit empty value is still a value
+            ],
+            "envFrom": [{"configMapRef": {"name": "c", "optional": True}, "prefix": "C_"}],
+        },
+        "pod": {
+            "labels": {"team": "vision", "example.com/tier": ""},
+            "annotations": {"example.com/note": "any text, even with spaces"},
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "gpus", "operator": "Gt", "values": ["4"]},
+                                      {"key": "zone", "operator": "Exists"}]}]}}},
+        },
+        "telemetry": {"networkPolicy": "Off", "runAsUser": 1000},
+    }
+    s = api.parse_spec(spec)
+    assert s.sglang.env[0].value is None and s.sglang.env[0].value_from.secret_key_ref.key == "token"
+    assert s.sglang.env[2].value == ""
+    assert s.telemetry.network_policy == "Off" and s.telemetry.run_as_user == 1000
+    dumped = s.model_dump(by_alias=True, exclude_none=True, mode="json")
+    assert api.parse_spec(dumped) == s
+    assert dumped["pod"] == spec["pod"]
+
+
+def test_telemetry_defaults_keep_the_sidecar_as_before():
+    t = api.parse_spec(MINIMAL).telemetry
+    assert t.network_policy == "Auto" and t.run_as_user == 0
+
+
+def test_status_reports_the_effective_sglang():
+    st = api.VLMServiceStatus.model_validate({"sglang": {"image": "lmsysorg/sglang:v0.5.23", "version": "0.5.23"}})
+    assert st.sglang and st.sglang.version == "0.5.23"
+    assert any(c["jsonPath"] == ".status.sglang.version" for c in api.PRINTER_COLUMNS)

@@ -18,6 +18,8 @@ from vlm_operator.settings import Settings
 ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = ROOT / "tests" / "golden" / "builders"
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+# Golden inputs that are not examples (they name objects a bare cluster lacks); same output format.
+INPUTS = sorted((GOLDEN / "inputs").glob("*.yaml"))
 OWNER = builders.Owner("svc", "ns", "00000000-0000-0000-0000-000000000001")
 SETTINGS = Settings(sidecar_image="vlmops/vlm-sidecar:test")
 
@@ -26,13 +28,15 @@ def _desired(spec: dict) -> builders.Desired:
     return builders.build_desired(OWNER, api.parse_spec(spec), SETTINGS)
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", EXAMPLES + INPUTS, ids=lambda p: p.stem)
 def test_golden(path):
     spec = api.parse_spec(yaml.safe_load(path.read_text())["spec"])
     d = builders.build_desired(OWNER, spec, SETTINGS)
     out = {
         "deployment": builders.build_deployment(OWNER, d.template, d.revision, builders.ROLE_STABLE, spec.replicas),
         "service": d.service,
+        "podDisruptionBudget": d.pdb,
+        "networkPolicy": d.network_policy,
     }
     text = yaml.safe_dump(out, sort_keys=True)
     golden = GOLDEN / f"{path.stem}.yaml"
@@ -123,3 +127,154 @@ def test_user_env_that_contradicts_the_plan_is_invalid():
 
 def test_template_is_json_serialisable():
     json.dumps(_desired({"model": {"path": "m", "cache": {"claimName": "weights"}}}).template)
+
+
+# ---------------------------------------------------------------- issue 15: pod template, image, security
+
+def test_no_image_and_the_old_crd_default_give_the_same_revision():
+    """Objects stored with the old CRD default (image: lmsysorg/sglang:v0.5.23) keep their revision."""
+    old = _desired({"model": {"path": "m"}, "sglang": {"image": api.DEFAULT_SGLANG_IMAGE}})
+    new = _desired({"model": {"path": "m"}})
+    assert old.template == new.template and old.revision == new.revision
+    assert new.image == api.DEFAULT_SGLANG_IMAGE and new.version == "0.5.23"
+
+
+def test_the_operator_setting_fills_the_image_and_its_version():
+    s = Settings(sidecar_image="vlmops/vlm-sidecar:test", sglang_image="registry.example.com/sglang:v0.5.10")
+    d = builders.build_desired(OWNER, api.parse_spec({"model": {"path": "m"}}), s)
+    assert _containers(d)["sglang"]["image"] == "registry.example.com/sglang:v0.5.10"
+    assert (d.image, d.version) == ("registry.example.com/sglang:v0.5.10", "0.5.10")
+    pinned = builders.build_desired(
+        OWNER, api.parse_spec({"model": {"path": "m"}, "sglang": {"image": "lmsysorg/sglang:v0.5.22"}}), s
+    )
+    assert (pinned.image, pinned.version) == ("lmsysorg/sglang:v0.5.22", "0.5.22")
+
+
+def test_env_from_a_secret_is_a_reference_never_a_value():
+    d = _desired(
+        {
+            "model": {"path": "m"},
+            "sglang": {
+                "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
+                "envFrom": [{"configMapRef": {"name": "cm"}}],
+            },
+        }
+    )
+    c = _containers(d)["sglang"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+    assert c["envFrom"] == [{"configMapRef": {"name": "cm"}}]
+    # The plan's env stays first, as before: older specs keep their revision.
+    assert list(env)[-1] == "HF_TOKEN" and all(n.startswith("SGLANG_") for n in list(env)[:-1])
+
+
+def test_value_from_on_an_env_the_operator_sets_is_invalid():
+    with pytest.raises(InvalidSpec) as e:
+        _desired(
+            {
+                "model": {"path": "m"},
+                "sglang": {
+                    "env": [
+                        {
+                            "name": "SGLANG_USE_IPC_POOL_HANDLE_CACHE",
+                            "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}},
+                        }
+                    ]
+                },
+            }
+        )
+    assert e.value.field == "spec.sglang.env"
+
+
+def test_pod_fields_reach_the_pod_and_only_when_set():
+    bare = _desired({"model": {"path": "m"}}).template
+    for k in ("serviceAccountName", "imagePullSecrets", "priorityClassName", "affinity", "topologySpreadConstraints"):
+        assert k not in bare["spec"]
+    d = _desired(
+        {
+            "model": {"path": "m"},
+            "pod": {
+                "labels": {"team": "vision"},
+                "annotations": {"example.com/a": "b"},
+                "serviceAccountName": "runner",
+                "imagePullSecrets": [{"name": "pull"}],
+                "priorityClassName": "high",
+                "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"topologyKey": "kubernetes.io/hostname", "namespaceSelector": {}}]}},
+                "topologySpreadConstraints": [
+                    {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway"}
+                ],
+            },
+        }
+    )
+    t = d.template
+    assert t["metadata"]["labels"]["team"] == "vision"
+    assert t["metadata"]["labels"][builders.LABEL_SERVICE] == "svc"
+    assert t["metadata"]["annotations"] == {"example.com/a": "b", builders.ANNOTATION_IPC: "active"}
+    pod = t["spec"]
+    assert pod["serviceAccountName"] == "runner" and pod["priorityClassName"] == "high"
+    assert pod["imagePullSecrets"] == [{"name": "pull"}]  # one list for both containers' images
+    # An empty namespaceSelector means "all namespaces" and must survive the pruning of empty fields.
+    term = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert term == {"topologyKey": "kubernetes.io/hostname", "namespaceSelector": {}}
+    # Without a labelSelector a spread constraint counts the service's own pods.
+    assert pod["topologySpreadConstraints"][0]["labelSelector"] == {"matchLabels": {builders.LABEL_SERVICE: "svc"}}
+    assert d.revision != _desired({"model": {"path": "m"}}).revision
+
+
+def test_operator_labels_cover_what_the_schema_refuses():
+    """Every pod label the operator sets is one the spec may not set (so a user label never shadows it)."""
+    d = _desired({"model": {"path": "m"}})
+    s = builders.build_deployment(OWNER, d.template, d.revision, builders.ROLE_STABLE, 1)
+    for k in s["spec"]["template"]["metadata"]["labels"]:
+        assert k in api.OPERATOR_LABELS or k.startswith(api.OPERATOR_PREFIX), k
+    for k in s["spec"]["template"]["metadata"]["annotations"]:
+        assert k.startswith(api.OPERATOR_PREFIX), k
+
+
+def test_pdb_only_with_more_than_one_replica_and_over_the_stable_pods():
+    assert _desired({"model": {"path": "m"}, "replicas": 1}).pdb is None
+    assert _desired({"model": {"path": "m"}, "replicas": 0}).pdb is None
+    pdb = _desired({"model": {"path": "m"}, "replicas": 2}).pdb
+    assert pdb["apiVersion"] == "policy/v1" and pdb["metadata"]["name"] == "svc"
+    assert pdb["spec"] == {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": {builders.LABEL_SERVICE: "svc", builders.LABEL_ROLE: builders.ROLE_STABLE}},
+    }
+    assert pdb["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
+
+
+@pytest.mark.parametrize(
+    "mode,setting,telemetry,want",
+    [
+        ("Auto", True, True, True),
+        ("Auto", False, True, False),
+        ("On", False, True, True),
+        ("Off", True, True, False),
+        ("On", True, False, False),  # no sidecar, no port to guard
+    ],
+)
+def test_network_policy_follows_the_mode_and_the_setting(mode, setting, telemetry, want):
+    s = Settings(sidecar_image="x/y:1", network_policy=setting)
+    spec = api.parse_spec({"model": {"path": "m"}, "telemetry": {"networkPolicy": mode, "enabled": telemetry}})
+    assert (builders.build_desired(OWNER, spec, s).network_policy is not None) is want
+
+
+def test_network_policy_guards_only_the_sidecar_port():
+    np = _desired({"model": {"path": "m"}}).network_policy
+    assert np["spec"]["podSelector"] == {"matchLabels": {builders.LABEL_SERVICE: "svc"}}
+    assert np["spec"]["policyTypes"] == ["Ingress"]
+    open_rule, sidecar_rule = np["spec"]["ingress"]
+    assert open_rule == {"ports": [{"protocol": "TCP", "port": builders.SGLANG_PORT}]}  # no `from`: anyone
+    assert sidecar_rule["ports"] == [{"protocol": "TCP", "port": builders.SIDECAR_PORT}]
+    assert sidecar_rule["from"] == list(SETTINGS.profiler_peers)
+    names = [p["podSelector"]["matchLabels"]["app.kubernetes.io/name"] for p in sidecar_rule["from"]]
+    assert names == ["vlm-operator", "prometheus"]
+
+
+def test_sidecar_uid_follows_telemetry_run_as_user():
+    root = _containers(_desired({"model": {"path": "m"}}))["profiler"]["securityContext"]
+    assert root["runAsUser"] == 0 and "runAsNonRoot" not in root
+    sc = _containers(_desired({"model": {"path": "m"}, "telemetry": {"runAsUser": 1000}}))["profiler"]["securityContext"]
+    assert sc["runAsUser"] == 1000 and sc["runAsNonRoot"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
