@@ -25,6 +25,7 @@ lint:
 	$(PY) -m vlm_operator.crdgen --check
 	$(PY) -m vlm_operator.alerts --check
 	$(PY) dashboards/build.py --check
+	$(PY) hack/chart-readme.py --check
 
 # Unit (fast and slow), SGLang wheel compatibility, integration and e2e tiers.
 test: setup lint

@@ -1,6 +1,6 @@
 """Generate the VLMService CRD from the pydantic models (the only source of the schema).
 
-    python -m vlm_operator.crdgen           # write crds/ and the chart's copy
+    python -m vlm_operator.crdgen           # write crds/ and the chart's copy (files/crds/)
     python -m vlm_operator.crdgen --check   # exit 1 when the committed YAML differs
 
 The API server wants a *structural* schema: every $ref inlined, `nullable`
@@ -24,7 +24,9 @@ from . import api
 from .generated import write_or_check
 
 CRD_FILE = f"{api.GROUP}_{api.PLURAL}.yaml"
-DEFAULT_OUTPUTS = ("crds", "charts/vlm-operator/crds")
+# The chart's copy is read by charts/vlm-operator/templates/crds.yaml (not Helm's crds/ directory,
+# which `helm upgrade` never applies), so a chart upgrade carries the CRD with it.
+DEFAULT_OUTPUTS = ("crds", "charts/vlm-operator/files/crds")
 # Optional spec fields are simply absent when unset (the API server drops nulls from non-nullable
 # fields, so `revision: null` means the same as leaving it out, and CEL `has()` stays simple);
 # status fields are nullable because the operator clears them by writing null in a merge patch.

@@ -1,16 +1,23 @@
-"""The Helm chart installed into the testbed with the real helm: the CRD present, the operator's
-ServiceAccount checked with a `kubectl auth can-i --as` matrix, the real operator run with that
-ServiceAccount's token (so "everything it needs" is what it actually calls, not a list), and what
-`helm uninstall` leaves behind (the CRDs and the VLMServices; Helm never deletes crds/).
+"""The Helm chart installed into the testbed with the real helm: the CRD rendered from the template and
+upgraded by `helm upgrade`, the operator's ServiceAccount checked with a `kubectl auth can-i --as` matrix,
+the real operator run with that ServiceAccount's token (so "everything it needs" is what it actually
+calls, not a list), the aggregated ClusterRoles seen by a namespace admin, the `helm test` hook, and what
+`helm uninstall` leaves behind (the CRDs, kept by crds.keep, and the VLMServices).
 
-Each test installs its own release (unique name, own namespaces); nothing cluster-wide is deleted,
-so other tests sharing the testbed keep their CRD.
+Each test installs its own release (unique name, own namespaces); nothing cluster-wide is deleted, so
+other tests sharing the testbed keep their CRD. The VLMService CRD is one per cluster and other tests
+apply it with kubectl, so every install adopts it (`--take-ownership`, as an upgrade from chart 0.1.0
+would) and the `vlm_crd` fixture puts it back as it was afterwards (spec, labels, annotations).
 """
 
 from __future__ import annotations
 
+import copy
 import os
+import shutil
 import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +25,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from vlm_operator import crdgen
 
 from tests.cluster import _namespace_prefix, wait_for
 from tests.operator_proc import GROUP, PLURAL, VERSION, condition, get_vlms, run_operator, vlms
@@ -38,9 +46,13 @@ def helm(cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess
 
 
 def can_i(cluster, sa: str, verb: str, resource: str, namespace: str | None) -> bool:
+    """`kubectl auth can-i`; "RESOURCE/SUB" here means the subresource (`--subresource`): kubectl itself
+    reads TYPE/NAME, an object named SUB, which would ask about the resource's own verbs instead."""
     where = ["--all-namespaces"] if namespace is None else ["-n", namespace]
+    resource, _, sub = resource.partition("/")
+    subresource = [f"--subresource={sub}"] if sub else []
     proc = subprocess.run([str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", "auth", "can-i",
-                           verb, resource, *where, "--as", sa], capture_output=True, text=True, timeout=30)
+                           verb, resource, *subresource, *where, "--as", sa], capture_output=True, text=True, timeout=30)
     answer = proc.stdout.strip()
     assert answer in ("yes", "no"), f"can-i {verb} {resource}: {proc.stdout} {proc.stderr}"
     return answer == "yes"
@@ -53,6 +65,22 @@ def sar(kube, user: str, verb: str, group: str, resource: str, namespace: str) -
     return bool(review.status.allowed)
 
 
+def read_crd(kube) -> dict | None:
+    try:
+        return client.ApiextensionsV1Api(kube).read_custom_resource_definition(CRD_NAME).to_dict()
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def spec_properties(crd: dict) -> dict:
+    # to_dict() of the kubernetes client names the schema field open_apiv3_schema.
+    schema = crd["spec"]["versions"][0]["schema"]
+    root = schema.get("open_apiv3_schema") or schema.get("openAPIV3Schema")
+    return root["properties"]["spec"]["properties"]
+
+
 def crd_rv(kube) -> str | None:
     try:
         return client.ApiextensionsV1Api(kube).read_custom_resource_definition(CRD_NAME).metadata.resource_version
@@ -60,6 +88,26 @@ def crd_rv(kube) -> str | None:
         if e.status == 404:
             return None
         raise
+
+
+@pytest.fixture
+def vlm_crd(kube) -> Iterator[None]:
+    """Put the shared VLMService CRD back as it was (or as crdgen writes it) after a test that let a
+    release adopt and upgrade it, so no Helm ownership or test-only field outlives the test."""
+    ext = client.ApiextensionsV1Api(kube)
+    before = ext.read_custom_resource_definition(CRD_NAME) if read_crd(kube) else None
+    yield
+    if read_crd(kube) is None:
+        return
+    current = ext.read_custom_resource_definition(CRD_NAME)
+    if before is not None:
+        body = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": CRD_NAME, "labels": before.metadata.labels,
+                             "annotations": before.metadata.annotations}, "spec": before.spec}
+    else:
+        body = crdgen.build_crd()
+    body["metadata"]["resourceVersion"] = current.metadata.resource_version
+    ext.replace_custom_resource_definition(CRD_NAME, body)
 
 
 @pytest.fixture
@@ -76,15 +124,18 @@ class Release:
         self.cluster, self.name, self.namespace = cluster, name, namespace
         self.sa = f"system:serviceaccount:{namespace}:{name}-vlm-operator"
 
-    def install(self, *values: str) -> None:
-        helm(self.cluster, "install", self.name, str(CHART), "-n", self.namespace, *values)
+    def install(self, *values: str, chart: Path = CHART) -> None:
+        helm(self.cluster, "install", self.name, str(chart), "-n", self.namespace, "--take-ownership", *values)
+
+    def upgrade(self, *values: str, chart: Path = CHART) -> None:
+        helm(self.cluster, "upgrade", self.name, str(chart), "-n", self.namespace, *values)
 
     def uninstall(self) -> None:
         helm(self.cluster, "uninstall", self.name, "-n", self.namespace, "--wait", "--timeout", "60s", check=False)
 
 
 @pytest.fixture
-def release(cluster, namespace) -> Iterator[Release]:
+def release(cluster, namespace, vlm_crd) -> Iterator[Release]:
     r = Release(cluster, namespace.removeprefix("t-")[-20:].strip("-"), namespace)
     yield r
     r.uninstall()
@@ -94,19 +145,19 @@ def test_helm_lint_and_dry_run_against_the_api_server(cluster, namespace):
     out = helm(cluster, "lint", str(CHART), "--strict", "--kube-version", "1.34.4").stdout
     assert "0 chart(s) failed" in out
     # Server-side dry run: the API server validates every object the chart renders.
-    helm(cluster, "install", "dry", str(CHART), "-n", namespace, "--dry-run=server",
+    helm(cluster, "install", "dry", str(CHART), "-n", namespace, "--dry-run=server", "--take-ownership",
          "--set", "peering.enabled=true,replicaCount=2")
 
 
 def test_cluster_wide_install_crd_and_permission_matrix(cluster, kube, namespace, other_namespace, release):
-    rv_before = crd_rv(kube)
     release.install()
-    rv_after = crd_rv(kube)
-    assert rv_after is not None, "helm install did not create the VLMService CRD"
-    if rv_before is not None:  # Helm skips crds/ that exist: it must not have touched the CRD
-        assert rv_after == rv_before
-    established = client.ApiextensionsV1Api(kube).read_custom_resource_definition(CRD_NAME).status.conditions
-    assert any(c.type == "Established" and c.status == "True" for c in established)
+    crd = client.ApiextensionsV1Api(kube).read_custom_resource_definition(CRD_NAME)
+    assert crd.metadata.annotations["meta.helm.sh/release-name"] == release.name, "the release does not own the CRD"
+    assert crd.metadata.annotations["helm.sh/resource-policy"] == "keep"
+    assert crd.metadata.labels["app.kubernetes.io/component"] == "crds"
+    assert set(spec_properties(crd.to_dict())) == set(crdgen.build_crd()["spec"]["versions"][0]["schema"][
+        "openAPIV3Schema"]["properties"]["spec"]["properties"])
+    assert any(c.type == "Established" and c.status == "True" for c in crd.status.conditions)
 
     sa, ns, other = release.sa, namespace, other_namespace
     allowed = [
@@ -193,7 +244,11 @@ def test_namespaced_install_runs_the_real_operator_with_its_service_account(
 
 
 def test_uninstall_keeps_crds_and_vlmservices(cluster, kube, namespace, release):
+    """crds.keep (the default): the CRD the release owns survives `helm uninstall`, and so do the VLMServices.
+    crds.keep=false is checked by rendering only (tests/unit/packaging): deleting the shared CRD here would
+    delete every other test's VLMServices."""
     release.install("--set", "peering.enabled=true")
+    assert read_crd(kube)["metadata"]["annotations"]["meta.helm.sh/release-name"] == release.name
     body = {**EXAMPLE, "metadata": {"name": "survivor"}}
     vlms(kube).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
     release.uninstall()
@@ -213,3 +268,123 @@ def test_uninstall_keeps_crds_and_vlmservices(cluster, kube, namespace, release)
         client.CoreV1Api(kube).read_namespaced_service_account(f"{release.name}-vlm-operator", namespace)
     assert e.value.status == 404
     assert not can_i(cluster, release.sa, "list", "vlmservices.serving.vlmops.dev", None)
+
+
+PROBE = "upgradeProbe"  # a spec field only the second chart version's CRD has
+
+
+def _chart_with_a_new_crd_field(tmp_path: Path) -> Path:
+    """Chart 0.2.0 as a later release would ship it: the generated CRD file with one more spec field."""
+    chart = tmp_path / "vlm-operator"
+    shutil.copytree(CHART, chart)
+    crd_file = chart / "files" / "crds" / crdgen.CRD_FILE
+    crd = yaml.safe_load(crd_file.read_text())
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][PROBE] = {
+        "type": "string", "description": "Added by the next chart version (test only)."}
+    crd_file.write_text(yaml.safe_dump(crd, sort_keys=False))
+    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+    meta["version"] = meta["version"] + "-next"
+    (chart / "Chart.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+    return chart
+
+
+def test_helm_upgrade_applies_a_crd_change(cluster, kube, namespace, release, tmp_path):
+    """The failure crds/ had: a field the cluster's CRD lacks is pruned. After `helm upgrade` to a chart whose
+    CRD has the field, the served schema has it and a VLMService keeps it."""
+    release.install()
+    api = vlms(kube)
+    body = copy.deepcopy(EXAMPLE)
+    body["metadata"] = {"name": "probe"}
+    body["spec"][PROBE] = "kept"
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    assert PROBE not in get_vlms(kube, namespace, "probe")["spec"], "the installed CRD should prune the unknown field"
+
+    release.upgrade(chart=_chart_with_a_new_crd_field(tmp_path))
+    crd = read_crd(kube)
+    assert PROBE in spec_properties(crd), "helm upgrade did not apply the CRD change"
+    assert crd["metadata"]["labels"]["helm.sh/chart"].endswith("-next")
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    history = yaml.safe_load(helm(release.cluster, "history", release.name, "-n", namespace, "-o", "yaml").stdout)
+    assert [h["status"] for h in history] == ["superseded", "deployed"], history
+
+    def kept() -> bool:  # the API server swaps in the new schema asynchronously after the CRD update
+        api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "probe", {"spec": {PROBE: "kept"}})
+        return get_vlms(kube, namespace, "probe")["spec"].get(PROBE) == "kept"
+
+    wait_for(kept, 30, f"spec.{PROBE} kept after the upgrade")
+    body["metadata"] = {"name": "probe-new"}
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    assert get_vlms(kube, namespace, "probe-new")["spec"][PROBE] == "kept"
+
+
+def test_aggregated_cluster_roles_give_namespace_users_vlmservices(cluster, kube, namespace, other_namespace, release):
+    """A RoleBinding of the built-in admin/edit/view ClusterRole in one namespace covers VLMServices there,
+    through the chart's aggregated ClusterRoles (the controller-manager's aggregation controller folds them in)."""
+    release.install()
+    rbac = client.RbacAuthorizationV1Api(kube)
+    users = {role: f"{role}-user@{namespace}" for role in ("admin", "edit", "view")}
+    for role, user in users.items():
+        rbac.create_namespaced_role_binding(namespace, {
+            "metadata": {"name": f"test-{role}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
+    vlm = "vlmservices.serving.vlmops.dev"
+    wait_for(lambda: all(can_i(cluster, u, "get", vlm, namespace) for u in users.values()), 30,
+             "the aggregated rules in admin, edit and view")
+
+    write = ["create", "update", "patch", "delete"]
+    expected: dict[tuple[str, str, str, str | None], bool] = {}
+    for role, user in users.items():
+        writer = role != "view"
+        for verb in ["get", "list", "watch"]:
+            expected[(user, verb, vlm, namespace)] = True
+            expected[(user, verb, f"{vlm}/status", namespace)] = True
+        for verb in write:
+            expected[(user, verb, vlm, namespace)] = writer
+        expected[(user, "patch", f"{vlm}/scale", namespace)] = writer
+        expected[(user, "patch", f"{vlm}/status", namespace)] = False  # status is the operator's
+        expected[(user, "update", f"{vlm}/status", namespace)] = False
+        expected[(user, "get", vlm, other_namespace)] = False  # the RoleBinding is namespaced
+        expected[(user, "list", vlm, None)] = False
+    got = {case: can_i(cluster, case[0], *case[1:]) for case in expected}
+    assert got == expected, {c: v for c, v in got.items() if v != expected[c]}
+
+
+def _hook_script(cluster, release: Release) -> tuple[dict, str]:
+    hooks = [d for d in yaml.safe_load_all(helm(cluster, "get", "hooks", release.name, "-n", release.namespace).stdout) if d]
+    (pod,) = [h for h in hooks if h["kind"] == "Pod" and h["metadata"]["annotations"]["helm.sh/hook"] == "test"]
+    return pod, pod["spec"]["containers"][0]["command"][2]
+
+
+def test_helm_test_hook(cluster, kube, namespace, release, tmp_path):
+    """kwok runs no containers: it marks the test pod Running and, since no Job owns it, never completes it.
+    So: `helm test` creates the hook's pod (checked as created); playing the kubelet, the pod's status is set
+    to Succeeded and `helm test` reports it; the pod's own script is run here against the real operator's
+    /metrics (it passes) and against a port where nothing answers (it fails)."""
+    release.install()
+    pod_manifest, script = _hook_script(cluster, release)
+    name = pod_manifest["metadata"]["name"]
+    result: dict[str, subprocess.CompletedProcess[str]] = {}
+    runner = threading.Thread(target=lambda: result.update(
+        proc=helm(cluster, "test", release.name, "-n", namespace, "--timeout", "90s", check=False)))
+    runner.start()
+    core = client.CoreV1Api(kube)
+    pod = wait_for(lambda: core.read_namespaced_pod(name, namespace), 60, f"pod {name}", ignore=(ApiException,))
+    assert pod.metadata.annotations["helm.sh/hook"] == "test"
+    assert pod.metadata.labels["app.kubernetes.io/component"] == "test"
+    assert pod.spec.containers[0].command[2] == script
+    wait_for(lambda: core.read_namespaced_pod(name, namespace).status.phase == "Running", 60, f"kwok runs {name}")
+    core.patch_namespaced_pod_status(name, namespace, {"status": {"phase": "Succeeded"}})
+    runner.join(120)
+    proc = result["proc"]
+    assert proc.returncode == 0 and "Succeeded" in proc.stdout, f"{proc.stdout}\n{proc.stderr}"
+
+    with_port = {**os.environ}
+    for op in run_operator(cluster.kubeconfig, namespace, tmp_path):
+        with_port["METRICS_URL"] = f"http://127.0.0.1:{op.metrics_port}/metrics"
+        ok = subprocess.run([sys.executable, "-c", script], env=with_port, capture_output=True, text=True, timeout=90)
+        assert ok.returncode == 0 and "the operator answers" in ok.stdout, ok.stderr
+    # The operator stopped: nothing answers on that port any more; the script gives up after its 60 s.
+    down = subprocess.run([sys.executable, "-c", script.replace("+ 60", "+ 3")], env=with_port,
+                          capture_output=True, text=True, timeout=60)
+    assert down.returncode != 0 and "refused" in down.stderr.lower(), down.stderr

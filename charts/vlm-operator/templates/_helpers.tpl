@@ -1,15 +1,25 @@
 {{/* Names and labels shared by every template. */}}
 
 {{- define "vlm-operator.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- define "vlm-operator.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Namespace of every namespaced object except the Roles in watchNamespaces and the dashboard's own. */}}
+{{- define "vlm-operator.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
 {{- end -}}
 
 {{- define "vlm-operator.selectorLabels" -}}
@@ -17,9 +27,34 @@ app.kubernetes.io/name: {{ include "vlm-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/*
+app.kubernetes.io/component of an object, decided by the template file it comes from, so that every
+object gets one (a template missing here fails the render) without each call site passing it.
+*/}}
+{{- define "vlm-operator.component" -}}
+{{- $components := dict
+  "crds.yaml" "crds"
+  "deployment.yaml" "operator"
+  "serviceaccount.yaml" "rbac"
+  "rbac.yaml" "rbac"
+  "rbac-aggregate.yaml" "rbac"
+  "service.yaml" "metrics"
+  "servicemonitor.yaml" "metrics"
+  "prometheusrule.yaml" "alerts"
+  "dashboard-configmap.yaml" "dashboard"
+  "peering.yaml" "peering"
+  "test-connection.yaml" "test" -}}
+{{- $file := base .Template.Name -}}
+{{- if not (hasKey $components $file) -}}
+{{- fail (printf "templates/_helpers.tpl: no app.kubernetes.io/component for %s" $file) -}}
+{{- end -}}
+{{- get $components $file -}}
+{{- end -}}
+
 {{- define "vlm-operator.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{ include "vlm-operator.selectorLabels" . }}
+app.kubernetes.io/component: {{ include "vlm-operator.component" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: vlm-operator

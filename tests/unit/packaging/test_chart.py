@@ -1,6 +1,7 @@
 """The Helm chart, rendered by the real helm binary: lint, golden `helm template` output, schema
 rejections, and the properties the issue asks for (least-privilege RBAC, hardened Deployment, the CRD
-and alert rules identical to their generators' output).
+and alert rules identical to their generators' output, naming overrides, aggregated user ClusterRoles,
+the `helm test` hook, a component label on every object, the README's values table up to date).
 
 Regenerate the golden files with UPDATE_GOLDEN=1 pytest tests/unit/packaging/test_chart.py.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import shutil
 import subprocess
 from pathlib import Path
@@ -29,8 +31,12 @@ FORBIDDEN_RESOURCES = {"secrets", "pods/exec", "pods/attach", "pods/portforward"
 ALLOWED_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
 
 
+COMPONENTS = {"operator", "metrics", "rbac", "crds", "alerts", "dashboard", "peering", "test"}
+AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
+
+
 def test_golden_cases_exist():
-    assert {"default", "namespaced-peering", "monitoring"} <= set(CASES), CASES
+    assert {"default", "namespaced-peering", "monitoring", "overrides"} <= set(CASES), CASES
 
 
 def helm_bin() -> str:
@@ -50,13 +56,19 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def template(values: Path | None = None, *extra: str) -> str:
-    """`helm template` without crds/ (the VLMService CRD is compared with crdgen's output instead, so an
-    API change does not churn these golden files); pass --include-crds in `extra` to get them."""
+CRD_TEMPLATE = "# Source: vlm-operator/templates/crds.yaml\n"
+
+
+def template(values: Path | None = None, *extra: str, crd: bool = False) -> str:
+    """`helm template`, by default without the VLMService CRD's document (it is compared with crdgen's
+    output instead, so an API change does not churn these golden files)."""
     args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION]
     if values:
         args += ["-f", str(values)]
-    return helm(*args, *extra).stdout
+    text = helm(*args, *extra).stdout
+    if crd:
+        return text
+    return "\n---\n".join(d for d in text.split("\n---\n") if not d.lstrip("-\n").startswith(CRD_TEMPLATE))
 
 
 def docs(text: str) -> list[dict]:
@@ -88,6 +100,9 @@ def test_helm_template_matches_golden(case):
     (["--set", "operator.logFormat=xml"], "logFormat"),
     (["--set", "watchNamespaces[0]=Not_A_Namespace"], "watchNamespaces"),
     (["--set", "unknownKey=1"], "unknownKey"),
+    (["--set", "nameOverride=Not_A_Name"], "nameOverride"),
+    (["--set", "namespaceOverride=Bad.Namespace"], "namespaceOverride"),
+    (["--set", "crds.install=true"], "install"),
 ])
 def test_bad_values_are_refused(values, message):
     proc = helm("template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION, *values, check=False)
@@ -100,10 +115,39 @@ def test_values_schema_is_a_valid_schema_and_accepts_the_defaults():
     jsonschema.validate(yaml.safe_load((CHART / "values.yaml").read_text()), schema)
 
 
-def test_chart_crd_is_the_generated_one_and_installed_first():
-    assert (CHART / "crds" / crdgen.CRD_FILE).read_text() == crdgen.render(), "run python -m vlm_operator.crdgen"
-    objs = docs(template(None, "--include-crds"))
-    assert objs[0]["kind"] == "CustomResourceDefinition" and objs[0] == crdgen.build_crd()
+def _vlm_crd(objs: list[dict]) -> list[dict]:
+    return [o for o in objs if o["kind"] == "CustomResourceDefinition"
+            and o["metadata"]["name"] == f"{crdgen.api.PLURAL}.{crdgen.api.GROUP}"]
+
+
+def test_chart_crd_is_the_generated_one_rendered_as_a_template():
+    """The CRD is a template (helm upgrade applies it), not in crds/ (never upgraded); its file is crdgen's
+    output, and the template only adds the chart's labels and, with crds.keep, the keep policy."""
+    assert not (CHART / "crds").exists(), "Helm never upgrades crds/: the CRD belongs in files/crds/"
+    assert (CHART / "files" / "crds" / crdgen.CRD_FILE).read_text() == crdgen.render(), "run python -m vlm_operator.crdgen"
+    expected = crdgen.build_crd()
+    (crd,) = _vlm_crd(docs(template(crd=True)))
+    meta = crd.pop("metadata")
+    assert crd == {k: v for k, v in expected.items() if k != "metadata"}
+    assert meta["name"] == expected["metadata"]["name"]
+    assert expected["metadata"]["labels"].items() <= meta["labels"].items()
+    assert meta["labels"]["app.kubernetes.io/component"] == "crds"
+    assert meta["annotations"] == {**expected["metadata"]["annotations"], "helm.sh/resource-policy": "keep"}
+
+    (not_kept,) = _vlm_crd(docs(template(None, "--set", "crds.keep=false", crd=True)))
+    assert "helm.sh/resource-policy" not in not_kept["metadata"]["annotations"]
+    assert _vlm_crd(docs(template(None, "--set", "crds.enabled=false", crd=True))) == []
+    # Installed before the objects that may need it (Helm's install order puts CRDs before RBAC and workloads).
+    kinds = [o["kind"] for o in docs(template(crd=True))]
+    assert kinds.index("CustomResourceDefinition") < min(kinds.index("ClusterRole"), kinds.index("Deployment"))
+
+
+def test_chart_crd_template_fails_without_its_file(tmp_path):
+    chart = tmp_path / "vlm-operator"
+    shutil.copytree(CHART, chart)
+    (chart / "files" / "crds" / crdgen.CRD_FILE).unlink()
+    proc = helm("template", RELEASE, str(chart), "--kube-version", KUBE_VERSION, check=False)
+    assert proc.returncode != 0 and "vlm_operator.crdgen" in proc.stderr, proc.stderr
 
 
 def test_chart_alert_rules_are_the_generated_ones():
@@ -119,9 +163,14 @@ def test_dashboard_configmap_carries_the_dashboard():
     assert json.loads(cm[0]["data"]["vlm-operator.json"]) == json.loads((REPO / "dashboards" / "vlm-operator.json").read_text())
 
 
+def _aggregated(o: dict) -> bool:
+    return any(k.startswith(AGGREGATE) for k in o["metadata"].get("labels", {}))
+
+
 def _rules(objs: list[dict]) -> list[tuple[str, dict]]:
+    """The operator's own rules (the aggregated ClusterRoles for people are checked on their own)."""
     return [(f"{o['kind']} {o['metadata'].get('namespace', '')}/{o['metadata']['name']}", r)
-            for o in objs if o["kind"] in ("ClusterRole", "Role") for r in o["rules"]]
+            for o in objs if o["kind"] in ("ClusterRole", "Role") and not _aggregated(o) for r in o["rules"]]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -134,7 +183,7 @@ def test_rbac_is_least_privilege(case):
 
 def test_namespaced_mode_grants_namespaced_writes_only_in_watched_namespaces():
     objs = docs(template(GOLDEN / "namespaced-peering.values.yaml"))
-    (cluster_role,) = by_kind(objs, "ClusterRole")
+    (cluster_role,) = [r for r in by_kind(objs, "ClusterRole") if not _aggregated(r)]
     cluster_writes = [r for r in cluster_role["rules"] if set(r["verbs"]) - {"get", "list", "watch"}]
     assert cluster_writes == [], cluster_writes
     roles = by_kind(objs, "Role")
@@ -174,7 +223,135 @@ def test_peering_installs_kopf_crds_and_the_peering_object_as_a_hook():
     assert crds["kopfpeerings.kopf.dev"]["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     (peering,) = by_kind(objs, "ClusterKopfPeering")
     assert "post-install" in peering["metadata"]["annotations"]["helm.sh/hook"]
-    (role,) = by_kind(objs, "ClusterRole")
+    (role,) = [r for r in by_kind(objs, "ClusterRole") if not _aggregated(r)]
     assert any("clusterkopfpeerings" in r["resources"] for r in role["rules"])
     no_peering = docs(template())
     assert not [o for o in no_peering if "kopf.dev" in json.dumps(o)]
+
+
+def test_aggregated_cluster_roles_for_people():
+    """view/edit/admin ClusterRoles folded into the built-in ones: view reads, edit/admin write VLMServices and
+    their scale; status (the operator's) is read-only in all three; nothing but VLMServices."""
+    roles = {o["metadata"]["name"].rsplit("-", 1)[1]: o for o in by_kind(docs(template()), "ClusterRole") if _aggregated(o)}
+    assert set(roles) == {"view", "edit", "admin"}
+    read, write = {"get", "list", "watch"}, {"get", "list", "watch", "create", "update", "patch", "delete"}
+    for name, role in roles.items():
+        assert role["metadata"]["name"] == f"{RELEASE}-vlm-operator-{name}"
+        assert [k for k in role["metadata"]["labels"] if k.startswith(AGGREGATE)] == [AGGREGATE + name]
+        assert role["metadata"]["labels"][AGGREGATE + name] == "true"
+        granted = {res: set(r["verbs"]) for r in role["rules"] for res in r["resources"]}
+        assert all(r["apiGroups"] == ["serving.vlmops.dev"] for r in role["rules"]), role["rules"]
+        main = read if name == "view" else write
+        assert granted == {"vlmservices": main, "vlmservices/scale": main, "vlmservices/status": read}, (name, granted)
+    assert not [o for o in by_kind(docs(template(GOLDEN / "overrides.values.yaml")), "ClusterRole") if _aggregated(o)]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_object_has_a_component_label(case):
+    objs = docs(template(GOLDEN / f"{case}.values.yaml", crd=True))
+    missing = [(o["kind"], o["metadata"]["name"]) for o in objs
+               if o["metadata"].get("labels", {}).get("app.kubernetes.io/component") not in COMPONENTS]
+    assert missing == []
+    for dep in by_kind(objs, "Deployment"):
+        assert dep["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"
+        # A Deployment's selector is immutable: the component label must not enter it (0.1.0 had none).
+        assert set(dep["spec"]["selector"]["matchLabels"]) == {"app.kubernetes.io/name", "app.kubernetes.io/instance"}
+
+
+def test_component_label_map_refuses_an_unknown_template(tmp_path):
+    chart = tmp_path / "vlm-operator"
+    shutil.copytree(CHART, chart)
+    (chart / "templates" / "extra.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n  labels:\n"
+        "    {{- include \"vlm-operator.labels\" . | nindent 4 }}\n")
+    proc = helm("template", RELEASE, str(chart), "--kube-version", KUBE_VERSION, check=False)
+    assert proc.returncode != 0 and "no app.kubernetes.io/component for extra.yaml" in proc.stderr, proc.stderr
+
+
+def test_name_and_namespace_overrides():
+    objs = docs(template(GOLDEN / "overrides.values.yaml", crd=True))
+    names = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    assert {("Deployment", "platform-vlm"), ("ServiceAccount", "platform-vlm"), ("ClusterRole", "platform-vlm"),
+            ("ClusterRoleBinding", "platform-vlm"), ("ConfigMap", "platform-vlm-dashboard")} <= names, names
+    namespaced = [o for o in objs if o["kind"] not in ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding")]
+    assert {o["metadata"].get("namespace") for o in namespaced} == {"platform"}
+    (binding,) = by_kind(objs, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "platform-vlm", "namespace": "platform"}]
+    (dep,) = by_kind(objs, "Deployment")
+    assert dep["metadata"]["labels"]["app.kubernetes.io/name"] == "vlmop"
+    assert dep["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "vlmop"
+    # nameOverride alone: <release>-<nameOverride>.
+    (dep,) = by_kind(docs(template(None, "--set", "nameOverride=vlmop")), "Deployment")
+    assert dep["metadata"]["name"] == f"{RELEASE}-vlmop"
+    # Namespaced mode: the Roles stay in the watched namespaces, their subjects point at the override.
+    objs = docs(template(GOLDEN / "namespaced-peering.values.yaml", "--set", "namespaceOverride=platform"))
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(objs, "Role")) == ["team-a", "team-b"]
+    assert {b["subjects"][0]["namespace"] for b in by_kind(objs, "RoleBinding")} == {"platform"}
+
+
+def test_helm_test_hook_checks_the_metrics_service_with_the_operator_image():
+    objs = docs(template())
+    (dep,) = by_kind(objs, "Deployment")
+    (svc,) = by_kind(objs, "Service")
+    (pod,) = by_kind(objs, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    spec = pod["spec"]
+    (c,) = spec["containers"]
+    (operator,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == operator["image"] and c["securityContext"] == operator["securityContext"]
+    assert spec["securityContext"] == dep["spec"]["template"]["spec"]["securityContext"]
+    assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False
+    env = {e["name"]: e["value"] for e in c["env"]}
+    port = svc["spec"]["ports"][0]["port"]
+    assert env["METRICS_URL"] == f"http://{svc['metadata']['name']}.{NAMESPACE}.svc:{port}/metrics"
+    assert c["command"][:2] == ["python", "-c"] and "vlm_operator_managed_services" in c["command"][2]
+    assert not by_kind(docs(template(GOLDEN / "overrides.values.yaml")), "Pod"), "no Service, nothing to test"
+
+
+def test_helm_test_script_passes_on_operator_metrics_and_fails_without_them(tmp_path):
+    """The hook's own script, run here against a stand-in /metrics: it passes on the operator's series and
+    exits non-zero on another exporter's answer (the real operator is covered by the integration tier)."""
+    import http.server
+    import sys
+    import threading
+
+    (pod,) = by_kind(docs(template()), "Pod")
+    script = pod["spec"]["containers"][0]["command"][2]
+    body = {"text": b"vlm_operator_managed_services 0.0\n"}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body["text"])
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {**os.environ, "METRICS_URL": f"http://127.0.0.1:{server.server_port}/metrics"}
+        ok = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=30)
+        assert ok.returncode == 0 and "the operator answers" in ok.stdout, ok.stderr
+        body["text"] = b"some_other_exporter 1\n"
+        bad = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=30)
+        assert bad.returncode != 0 and "without vlm_operator_managed_services" in bad.stderr, bad.stderr
+    finally:
+        server.shutdown()
+
+
+def test_chart_readme_values_table_is_current(tmp_path):
+    gen = runpy.run_path(str(REPO / "hack" / "chart-readme.py"))
+    assert gen["main"](["--check"]) == 0, "run python hack/chart-readme.py"
+    readme = (CHART / "README.md").read_text()
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    for path, _ in gen["_leaves"](schema):
+        assert f"| `{path}` |" in readme, path
+    # A value without a description cannot reach the table undocumented.
+    chart = tmp_path / "vlm-operator"
+    shutil.copytree(CHART, chart)
+    schema["properties"]["crds"]["properties"]["keep"].pop("description")
+    (chart / "values.schema.json").write_text(json.dumps(schema))
+    with pytest.raises(SystemExit, match=r"no description for crds\.keep"):
+        gen["main"](["--chart", str(chart)])
