@@ -27,9 +27,10 @@ lint:
 	$(PY) dashboards/build.py --check
 	$(PY) hack/chart-readme.py --check
 
-# Unit (fast and slow), SGLang wheel compatibility, integration and e2e tiers.
+# Unit (fast and slow), SGLang wheel compatibility, integration and e2e tiers, in that order
+# (pyproject.toml's testpaths: the py-spy measurements run before the control plane starts).
 test: setup lint
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit:
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -6,13 +6,17 @@ It mimics what the profiler sidecar and the canary gate look at, and nothing els
   whose MainThread runs SGLang's event loop with SGLang's function names
   (``event_loop_normal``/``event_loop_overlap`` -> ``recv_requests`` -> ``process_input_requests`` ->
   ``handle_generate_request`` -> ``hash_feature``/``reconstruct_on_target_device`` ->
-  ``get_next_batch_to_run`` -> ``run_batch`` -> ``process_batch_result``);
+  ``get_next_batch_to_run`` -> ``run_batch`` -> ``process_batch_result``) and the control flow of the
+  release it claims (LoopShape: ``ingest_requests``, the decorators' ``wrapper`` frames, ``on_idle`` vs
+  ``self_check_during_idle``, ``pop_and_process`` before ``run_batch`` for consecutive prefills), with
+  image prefills several times longer than decode steps, and optionally N idle threads (py-spy's cost);
 - a multimodal input cost that follows the env vars and flags SGLang reads
   (``SGLANG_USE_IPC_POOL_HANDLE_CACHE``, ``SGLANG_USE_CUDA_IPC_TRANSPORT``, ``--mm-feature-transport``) with
   each version's defaults (REFERENCE.md), so the flags the operator writes into a pod decide its speed;
 - SGLang-named metrics on ``--port`` (``/metrics`` with ``--enable-metrics``, ``/health``), computed from
   its own loop;
-- its true time accounting at ``/standin/accounting`` (JSON), so tests can check the sidecar's estimates.
+- its true time accounting at ``/standin/accounting`` (JSON: per-iteration ring -> stage seconds and shares,
+  loop mean and quantiles of any window), so tests can check the sidecar's estimates.
 
 Run: ``python bench/standin/sglang_standin.py --model-path X --tp 2 --port 30000 --enable-metrics``
 plus ``--standin-*`` flags (``--help`` lists them). Unknown SGLang flags are accepted and ignored.
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import importlib.util
 import json
 import math
@@ -34,6 +39,7 @@ import signal
 import sys
 import threading
 import time
+import types
 from collections import deque
 from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -50,8 +56,13 @@ STAGES = (
     "other",
 )
 N_STAGES = len(STAGES)
-# Per-rank slots in the shared accounting array: stage seconds, iterations, loop seconds, heartbeat.
-RANK_SLOTS = N_STAGES + 3
+# Per-rank slots in the shared accounting array: stage seconds, iterations, loop seconds, heartbeat, and
+# the number of rows written to the iteration ring.
+RANK_SLOTS = N_STAGES + 4
+# Per-rank ring of iterations, one row each: end (unix s), duration, seconds per stage, batch kind, flags.
+RING_SIZE = 1 << 16  # 30+ minutes of a 30 ms loop, ~1 minute of an idle one
+RING_FIELDS = 2 + N_STAGES + 2
+RING_MARGIN = 4096  # rows next to the write position that a reader skips
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, math.inf)
 # Request stats (rank 0 only): ttft buckets+sum+count, itl buckets+sum+count, tokens, running, queued, done.
 NB = len(LATENCY_BUCKETS)
@@ -120,6 +131,106 @@ def resolve_feature_path(version: str, environ: dict[str, str], mm_feature_trans
     else:
         transport = "cuda_ipc" if v[:3] == (0, 5, 17) else "cpu"
     return FeaturePath(transport, cache and transport == "cuda_ipc", "flag plus cache env")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loop shape per version (pure): the frames py-spy sees around the stages (/tmp/sglang_shapes.md, read
+# from the released wheels 0.5.9, 0.5.10, 0.5.15, 0.5.17, 0.5.20, 0.5.23; releases in between take the
+# shape of the newest of those at or below them)
+
+
+@dataclass(frozen=True)
+class LoopShape:
+    """The control flow of one release's scheduler loop, as far as a py-spy stack can tell.
+
+    receiver: ``recv_requests`` is ``SchedulerRequestReceiver.recv_requests``, reached as
+    ``self.request_receiver.recv_requests()`` (0.5.15+), else a Scheduler method. ingest: the loop calls
+    ``ingest_requests()``, which calls recv_requests then ``process_input_requests`` (0.5.20+).
+    wrappers: how many ``wrapper`` frames sit above each decorated stage (0.5.15/0.5.17: the nvtx one;
+    0.5.20+: ``scheduler_stage_method``'s around the nvtx one); wrapped: the decorated methods.
+    idle: ``self_check_during_idle`` (-> ``check_memory``) up to 0.5.10, ``on_idle`` from 0.5.15.
+    handle_shim: 0.5.23's ``handle_generate_request`` calls ``_handle_generate_request``.
+    reconstruct_under_hash: 0.5.9 reconstructs inside ``hash_feature``.
+    Every version: the overlap loop's nested ``pop_and_process()`` runs the previous batch's
+    ``process_batch_result`` after ``run_batch``, or before it when ``is_disable_overlap_for_batch``
+    (SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP and two prefills in a row); then
+    ``launch_batch_sample_if_needed``."""
+
+    receiver: bool
+    ingest: bool
+    wrappers: int
+    wrapped: frozenset[str]
+    idle: str
+    handle_shim: bool
+    reconstruct_under_hash: bool
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["wrapped"] = sorted(self.wrapped)
+        return d
+
+
+FIVE_STAGES = ("recv_requests", "process_input_requests", "get_next_batch_to_run", "run_batch",
+               "process_batch_result")
+
+
+def loop_shape(version: str) -> LoopShape:
+    """The loop shape of an SGLang release."""
+    v = parse_version(version)[:3]
+    if v >= (0, 5, 20):
+        wrappers, wrapped = 2, frozenset((*FIVE_STAGES, "on_idle"))
+    elif v >= (0, 5, 15):
+        wrappers, wrapped = 1, frozenset(FIVE_STAGES)
+    else:
+        wrappers, wrapped = 0, frozenset()
+    return LoopShape(
+        receiver=v >= (0, 5, 15), ingest=v >= (0, 5, 20), wrappers=wrappers, wrapped=wrapped,
+        idle="on_idle" if v >= (0, 5, 15) else "self_check_during_idle",
+        handle_shim=v >= (0, 5, 23), reconstruct_under_hash=v < (0, 5, 10),
+    )
+
+
+# SGLang's two stage decorators, compiled under SGLang's file names so the frames read as in a real
+# profile: `wrapper (nvtx_utils.py)` and `wrapper (scheduler_stage_metrics.py)`. Real decorators: py-spy
+# sees the inner function's frame, named `wrapper`, above the stage method.
+_NVTX_SRC = '''
+def scheduler_nvtx_method(trace_name):
+    def decorator(func):
+        @wraps(func)
+        def wrapper(*args, **kwargs):
+            return func(*args, **kwargs)
+        return wrapper
+    return decorator
+'''
+_STAGE_SRC = '''
+def scheduler_stage_method(category):
+    def decorator(func):
+        profiled_func = scheduler_nvtx_method("scheduler." + category)(func)
+        @wraps(func)
+        def wrapper(self, *args, **kwargs):
+            t0 = perf_counter()
+            try:
+                return profiled_func(self, *args, **kwargs)
+            finally:
+                self.stage_clock[category] = perf_counter() - t0
+        return wrapper
+    return decorator
+'''
+_DECORATORS: dict = {"wraps": functools.wraps, "perf_counter": time.perf_counter}
+exec(compile(_NVTX_SRC, "sglang/srt/utils/nvtx_utils.py", "exec"), _DECORATORS)
+exec(compile(_STAGE_SRC, "sglang/srt/observability/scheduler_stage_metrics.py", "exec"), _DECORATORS)
+scheduler_nvtx_method = _DECORATORS["scheduler_nvtx_method"]
+scheduler_stage_method = _DECORATORS["scheduler_stage_method"]
+
+
+def decorate_stage(func, name: str, wrappers: int):
+    """`func` as the release decorates it: bare, nvtx-wrapped (1) or stage- around nvtx-wrapped (2)."""
+    category = "idle" if name == "on_idle" else name
+    if wrappers >= 2:
+        return scheduler_stage_method(category)(func)
+    if wrappers == 1:
+        return scheduler_nvtx_method("scheduler." + category)(func)
+    return func
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -206,6 +317,7 @@ class StandinConfig:
     batch_per_req_ms: float
     result_ms: float
     hash_feature_ms: float
+    ttft_delay_ms: float
     feature_costs_ms: dict
     idle_ms: float
     jitter: float
@@ -215,6 +327,14 @@ class StandinConfig:
     stage_metrics: bool
     cost_model: str = "wall"
     arrivals: str = "poisson"  # poisson | fixed (the overhead benchmark wants no arrival noise)
+    prefill_ms: float = 45.0  # run_batch of a prefill batch with images; 0: no prefill batches (old model)
+    prefill_per_req_ms: float = 8.0  # per extra request in a prefill batch
+    text_prefill_ms: float = 0.0  # run_batch of a prefill batch without images (0: the decode cost)
+    sample_ms: float = 0.05  # launch_batch_sample_if_needed
+    ingest_ms: float = 0.05  # ingest_requests' own bookkeeping (0.5.20+), counted as "other"
+    idle_check_ms: float = 0.05  # check_memory / invariant checks inside the idle method
+    threads: int = 0  # extra idle threads per scheduler process (SGLang has ~60)
+    disable_consecutive_prefill_overlap: bool = False  # SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -238,13 +358,28 @@ def build_parser() -> argparse.ArgumentParser:
     a("--standin-images-per-request", type=int, default=2)
     a("--standin-features-per-image", type=int, default=4)
     a("--standin-output-tokens", type=int, default=64)
-    a("--standin-max-running", type=int, default=64)
+    a("--standin-max-running", type=int, default=256)
     a("--standin-recv-ms", type=float, default=0.5)
     a("--standin-schedule-ms", type=float, default=0.8)
     a("--standin-batch-ms", type=float, default=14.0, help="run_batch base cost")
     a("--standin-batch-per-req-ms", type=float, default=0.05)
     a("--standin-result-ms", type=float, default=1.5)
+    a("--standin-prefill-ms", type=float, default=45.0,
+      help="run_batch of a prefill batch with images (a new request makes the next batch a prefill;\n"
+           "other batches decode at --standin-batch-ms). 0: no prefill batches, every batch costs batch-ms")
+    a("--standin-prefill-per-req-ms", type=float, default=8.0, help="per extra request in a prefill batch")
+    a("--standin-text-prefill-ms", type=float, default=0.0,
+      help="run_batch of a prefill batch without images (0: the decode cost)")
+    a("--standin-sample-ms", type=float, default=0.05, help="launch_batch_sample_if_needed")
+    a("--standin-ingest-ms", type=float, default=0.05, help="ingest_requests' own work (0.5.20+, 'other')")
+    a("--standin-idle-check-ms", type=float, default=0.05, help="check_memory / invariant checks when idle")
+    a("--standin-threads", type=int, default=0,
+      help="idle threads per scheduler process, waiting on events/conditions/queues (SGLang has ~60):\n"
+           "what py-spy has to walk on every sample")
     a("--standin-hash-feature-ms", type=float, default=0.3)
+    a("--standin-ttft-delay-ms", type=float, default=0.0,
+      help="extra time before each request's first token, outside the scheduler loop (a slow front end: "
+           "tokenizer, image preprocessing); TTFT grows, the loop does not")
     a("--standin-cached-feature-ms", type=float, default=0.03, help="reconstruct, cuda_ipc with cache")
     a("--standin-uncached-feature-ms", type=float, default=1.2, help="reconstruct, cuda_ipc re-opening handles")
     a("--standin-cpu-feature-ms", type=float, default=0.4, help="reconstruct, cpu transport")
@@ -276,10 +411,15 @@ def build_config(argv: list[str], environ: dict[str, str]) -> StandinConfig:
         recv_ms=ns.standin_recv_ms, schedule_ms=ns.standin_schedule_ms, batch_ms=ns.standin_batch_ms,
         batch_per_req_ms=ns.standin_batch_per_req_ms, result_ms=ns.standin_result_ms,
         hash_feature_ms=ns.standin_hash_feature_ms,
+        ttft_delay_ms=ns.standin_ttft_delay_ms,
         feature_costs_ms={"cached": ns.standin_cached_feature_ms, "uncached": ns.standin_uncached_feature_ms,
                           "cpu": ns.standin_cpu_feature_ms},
         idle_ms=ns.standin_idle_ms, jitter=ns.standin_jitter, feature_bytes=ns.standin_feature_bytes,
         seed=ns.standin_seed, restart=ns.standin_restart, stage_metrics=stage, cost_model=ns.standin_cost_model,
+        prefill_ms=ns.standin_prefill_ms, prefill_per_req_ms=ns.standin_prefill_per_req_ms,
+        text_prefill_ms=ns.standin_text_prefill_ms, sample_ms=ns.standin_sample_ms, ingest_ms=ns.standin_ingest_ms,
+        idle_check_ms=ns.standin_idle_check_ms, threads=max(0, ns.standin_threads),
+        disable_consecutive_prefill_overlap=env_bool(environ, "SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP", False),
     )
 
 
@@ -304,31 +444,118 @@ class Req:
     arrival: float
     n_features: int
     output_tokens: int
+    n_images: int = 0
     generated: int = 0
     last_token: float = 0.0
 
 
-class Scheduler:
-    """SGLang's scheduler loop, with busy waits in place of the work. Method names match SGLang's."""
+@dataclass
+class Batch:
+    """What get_next_batch_to_run returns: a prefill of new requests or a decode step of the running ones."""
 
-    def __init__(self, cfg: StandinConfig, rank: int, acct, stats) -> None:
+    reqs: list
+    kind: str  # prefill | decode
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    def is_prefill(self) -> bool:
+        return self.kind == "prefill"
+
+
+KIND_CODE = {None: 0, "decode": 1, "prefill": 2}
+KIND_NAMES = ("idle", "decode", "prefill")
+
+
+def start_idle_threads(n: int) -> list[threading.Thread]:
+    """N daemon threads that wait, as most of SGLang's ~60 do (event, condition, queue, a slow timer)."""
+    import queue
+
+    def on_event(ev: threading.Event) -> None:
+        ev.wait()
+
+    def on_condition(cv: threading.Condition) -> None:
+        with cv:
+            while True:
+                cv.wait(timeout=30.0)
+
+    def on_queue(q: queue.Queue) -> None:
+        q.get()
+
+    def watchdog(ev: threading.Event) -> None:
+        while not ev.wait(5.0):
+            pass
+
+    out = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            t = threading.Thread(target=on_event, args=(threading.Event(),), daemon=True)
+        elif kind == 1:
+            t = threading.Thread(target=on_condition, args=(threading.Condition(),), daemon=True)
+        elif kind == 2:
+            t = threading.Thread(target=on_queue, args=(queue.Queue(),), daemon=True)
+        else:
+            t = threading.Thread(target=watchdog, args=(threading.Event(),), daemon=True)
+        t.name = f"standin-idle-{i}"
+        t.start()
+        out.append(t)
+    return out
+
+
+class SchedulerRequestReceiver:
+    """0.5.15+'s request receiver (``self.request_receiver.recv_requests()``); same work as the old method."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+        self.stage_clock = sched.stage_clock
+
+    def recv_requests(self, local_reqs=None) -> list[Req]:
+        end, n = self.sched._budget(self.sched.cfg.recv_ms)
+        while n > 0 and time.perf_counter() < end:
+            n -= 1
+        return self.sched._arrivals()
+
+
+class Scheduler:
+    """SGLang's scheduler loop, with busy waits in place of the work. Method names match SGLang's, and the
+    loop follows the control flow of the release in `cfg.version` (LoopShape).
+
+    Truth: each stage's time is read at its call sites (outside any decorator), per iteration, and kept in a
+    shared ring (end time, duration, seconds per stage, batch kind, flags) plus running totals."""
+
+    def __init__(self, cfg: StandinConfig, rank: int, acct, stats, ring=None) -> None:
         self.cfg = cfg
         self.rank = rank
         self.acct = acct  # shared array, this rank's slots at base
         self.base = rank * RANK_SLOTS
+        self.ring = ring
+        self.ring_base = rank * RING_SIZE * RING_FIELDS
+        # A respawned scheduler (--standin-restart) continues its predecessor's totals and ring.
+        self.ring_n = int(acct[self.base + N_STAGES + 3])
         self.stats = stats if rank == 0 else None
         self.rng = random.Random(cfg.seed)  # same seed on every rank: TP ranks see the same requests
         self.jrng = random.Random(cfg.seed * 1000 + rank)
         self.running = True
         self.waiting: deque[Req] = deque()
-        self.batch: list[Req] = []
+        self.batch: list[Req] = []  # the running requests
         self.next_rid = 0
-        self.stage_s = [0.0] * N_STAGES
-        self.iterations = 0
-        self.loop_s = 0.0
-        self.last_result = None
-        self.spins_per_s = calibrate_spins() if cfg.cost_model == "work" else None
+        self.stage_s = list(acct[self.base:self.base + N_STAGES])
+        self.it = [0.0] * N_STAGES  # this iteration's seconds per stage
+        self.iterations = int(acct[self.base + N_STAGES])
+        self.loop_s = acct[self.base + N_STAGES + 1]
+        self.last_batch: Batch | None = None
+        self.result_queue: deque = deque()
+        self.stage_clock: dict[str, float] = {}  # what SGLang's stage decorator records (0.5.20+)
+        self.shape = loop_shape(cfg.version)
         self.version = parse_version(cfg.version)[:3]
+        self.request_receiver = SchedulerRequestReceiver(self)
+        for name in self.shape.wrapped:
+            func = getattr(SchedulerRequestReceiver if name == "recv_requests" else Scheduler, name)
+            owner = self.request_receiver if name == "recv_requests" else self
+            setattr(owner, name, types.MethodType(decorate_stage(func, name, self.shape.wrappers), owner))
+        self.idle_threads = start_idle_threads(cfg.threads)
+        self.spins_per_s = calibrate_spins() if cfg.cost_model == "work" else None
         if cfg.transport == "cuda":
             self.transport = load_cuda_transport(cfg.path.cache, cfg.feature_bytes, rank)
         else:
@@ -336,6 +563,7 @@ class Scheduler:
         # Requests start arriving once the transport is up (a CUDA one takes seconds), not before:
         # otherwise every run would begin with a backlog.
         self.start = time.perf_counter()
+        self.unix_offset = time.time() - time.perf_counter()
         self.next_arrival = self.start + self._gap()
 
     def _gap(self) -> float:
@@ -359,30 +587,57 @@ class Scheduler:
             return time.perf_counter() + seconds, 1 << 62
         return math.inf, int(seconds * self.spins_per_s)
 
-    # --- the SGLang stages -------------------------------------------------------------------------------
-    def recv_requests(self) -> list[Req]:
-        end, n = self._budget(self.cfg.recv_ms)
-        while n > 0 and time.perf_counter() < end:
-            n -= 1
+    def _arrivals(self) -> list[Req]:
         now = time.perf_counter()
         reqs = []
         while self.next_arrival <= now:
-            n = self.cfg.images_per_request * self.cfg.features_per_image
-            reqs.append(Req(self.next_rid, self.next_arrival, n, self.cfg.output_tokens))
+            imgs = self.cfg.images_per_request
+            reqs.append(Req(self.next_rid, self.next_arrival, imgs * self.cfg.features_per_image,
+                            self.cfg.output_tokens, imgs))
             self.next_rid += 1
             self.next_arrival += self._gap()
         return reqs
+
+    # --- the SGLang stages -------------------------------------------------------------------------------
+    def recv_requests(self) -> list[Req]:
+        """Up to 0.5.10 (0.5.15+: SchedulerRequestReceiver.recv_requests)."""
+        end, n = self._budget(self.cfg.recv_ms)
+        while n > 0 and time.perf_counter() < end:
+            n -= 1
+        return self._arrivals()
+
+    def ingest_requests(self) -> None:
+        """0.5.20+: receive and process in one Scheduler method; its own bookkeeping is "other"."""
+        clock, it = time.perf_counter, self.it
+        t0 = clock()
+        recv_reqs = self.request_receiver.recv_requests(local_reqs=None)
+        t1 = clock()
+        self.process_input_requests(recv_reqs)
+        t2 = clock()
+        it[0] += t1 - t0
+        it[1] += t2 - t1
+        end, n = self._budget(self.cfg.ingest_ms)  # _poll_timeout_aborts, record_scheduler_active
+        while n > 0 and time.perf_counter() < end:
+            n -= 1
 
     def process_input_requests(self, reqs: list[Req]) -> None:
         for req in reqs:
             self.handle_generate_request(req)
 
     def handle_generate_request(self, req: Req) -> None:
-        if self.version < (0, 5, 10):
+        if self.shape.handle_shim:
+            self._handle_generate_request(req)  # 0.5.23: a thin shim
+            return
+        if self.shape.reconstruct_under_hash:
             self.hash_feature(req, reconstruct_inside=True)  # 0.5.9: the reconstruct sat under hash_feature
         else:
             self.reconstruct_on_target_device(req)
             self.hash_feature(req, reconstruct_inside=False)
+        self.waiting.append(req)
+
+    def _handle_generate_request(self, req: Req) -> None:
+        self.reconstruct_on_target_device(req)
+        self.hash_feature(req, reconstruct_inside=False)
         self.waiting.append(req)
 
     def reconstruct_on_target_device(self, req: Req) -> None:
@@ -395,16 +650,36 @@ class Scheduler:
         while n > 0 and time.perf_counter() < end:
             n -= 1
 
-    def get_next_batch_to_run(self) -> list[Req] | None:
+    def get_next_batch_to_run(self) -> Batch | None:
+        """New requests make a prefill batch (prefill first, as SGLang does); else a decode of the running."""
         end, n = self._budget(self.cfg.schedule_ms)
         while n > 0 and time.perf_counter() < end:
             n -= 1
-        while self.waiting and len(self.batch) < self.cfg.max_running:
-            self.batch.append(self.waiting.popleft())
-        return list(self.batch) if self.batch else None
+        room = self.cfg.max_running - len(self.batch)
+        if self.cfg.prefill_ms <= 0:  # the old model: new requests join the running batch at once
+            while self.waiting and room > 0:
+                self.batch.append(self.waiting.popleft())
+                room -= 1
+            return Batch(list(self.batch), "decode") if self.batch else None
+        if self.waiting and room > 0:
+            new = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+            self.batch.extend(new)
+            return Batch(new, "prefill")
+        return Batch(list(self.batch), "decode") if self.batch else None
 
-    def run_batch(self, batch: list[Req]) -> list[Req]:
-        end, n = self._budget(self.cfg.batch_ms + self.cfg.batch_per_req_ms * len(batch))
+    def is_disable_overlap_for_batch(self, batch: Batch | None) -> bool:
+        return bool(self.cfg.disable_consecutive_prefill_overlap and batch is not None and batch.is_prefill()
+                    and self.last_batch is not None and self.last_batch.is_prefill())
+
+    def run_batch(self, batch: Batch) -> Batch:
+        cfg = self.cfg
+        if batch.is_prefill():
+            images = any(r.n_images for r in batch.reqs)
+            base = cfg.prefill_ms if images else (cfg.text_prefill_ms or cfg.batch_ms)
+            ms = base + cfg.prefill_per_req_ms * (len(batch) - 1)
+        else:
+            ms = cfg.batch_ms + cfg.batch_per_req_ms * len(batch)
+        end, n = self._budget(ms)
         while n > 0 and time.perf_counter() < end:
             n -= 1
         step = getattr(self.transport, "step", None)
@@ -412,18 +687,18 @@ class Scheduler:
             step()
         return batch
 
-    def process_batch_result(self, batch: list[Req], result) -> None:
+    def process_batch_result(self, batch: Batch, result) -> None:
         end, n = self._budget(self.cfg.result_ms + 0.02 * len(batch))
         while n > 0 and time.perf_counter() < end:
             n -= 1
         now = time.perf_counter()
         done = set()
-        for req in batch:
+        for req in batch.reqs:
             if req.generated >= req.output_tokens:
                 continue  # overlap loop: finished with the previous result, still in the launched batch
             req.generated += 1
             if req.generated == 1:
-                self._observe(0, now - req.arrival, 1)
+                self._observe(0, now - req.arrival + self.cfg.ttft_delay_ms / 1e3, 1)
             else:
                 self._observe(1, now - req.last_token, 1)
             req.last_token = now
@@ -439,7 +714,28 @@ class Scheduler:
             s[off + 2] = len(self.waiting)
             s[off + 3] += len(done)
 
+    def launch_batch_sample_if_needed(self, batch_result) -> None:
+        if batch_result is None:
+            return
+        end, n = self._budget(self.cfg.sample_ms)
+        while n > 0 and time.perf_counter() < end:
+            n -= 1
+
     def self_check_during_idle(self) -> None:
+        """Up to 0.5.10."""
+        self.check_memory()
+        time.sleep(self.cfg.idle_ms / 1e3)
+
+    def check_memory(self) -> None:
+        end, n = self._budget(self.cfg.idle_check_ms)
+        while n > 0 and time.perf_counter() < end:
+            n -= 1
+
+    def on_idle(self) -> None:
+        """0.5.15+: guard, check, metrics, reset, sleep."""
+        end, n = self._budget(self.cfg.idle_check_ms)
+        while n > 0 and time.perf_counter() < end:
+            n -= 1
         time.sleep(self.cfg.idle_ms / 1e3)
 
     # --- bookkeeping -------------------------------------------------------------------------------------
@@ -455,84 +751,132 @@ class Scheduler:
         s[off + NB] += value * count
         s[off + NB + 1] += count
 
-    def _publish(self, t_iter_start: float, t_end: float) -> None:
+    def _publish(self, t_iter_start: float, t_end: float, batch: Batch | None, overlap_disabled: bool) -> None:
         dt = t_end - t_iter_start
+        it = self.it
+        # "other" is loop time outside the five stages and idle (the loop's own code, ingest_requests'
+        # bookkeeping, launch_batch_sample_if_needed, this method).
+        it[6] = max(0.0, dt - sum(it[:6]))
         self.iterations += 1
         self.loop_s += dt
-        # "other" is loop time spent outside the five stages and idle (the loop's own overhead).
-        self.stage_s[6] = max(0.0, self.loop_s - sum(self.stage_s[:6]))
-        a, b = self.acct, self.base
         for i in range(N_STAGES):
-            a[b + i] = self.stage_s[i]
+            self.stage_s[i] += it[i]
+        a, b = self.acct, self.base
+        a[b:b + N_STAGES] = self.stage_s
         a[b + N_STAGES] = self.iterations
         a[b + N_STAGES + 1] = self.loop_s
         a[b + N_STAGES + 2] = time.time()
+        if self.ring is not None:
+            off = self.ring_base + (self.ring_n % RING_SIZE) * RING_FIELDS
+            self.ring[off:off + RING_FIELDS] = [t_end + self.unix_offset, dt, *it,
+                                                KIND_CODE[batch.kind if batch else None], float(overlap_disabled)]
+            self.ring_n += 1
+            a[b + N_STAGES + 3] = self.ring_n  # published after the row: readers never see a half row
+        for i in range(N_STAGES):
+            it[i] = 0.0
 
-    # The stages are called straight from the loop, as in SGLang: a timing wrapper would be a frame of its
-    # own in every stack, and the sidecar would (rightly) report it as the function that grew.
+    # The stages are called straight from the loop (or from ingest_requests), as in the release: a timing
+    # helper would be a frame of its own in every stack, and the sidecar would (rightly) report it as the
+    # function that grew. The decorators the release has are there (LoopShape.wrappers).
     def event_loop_normal(self) -> None:
-        clock, acc = time.perf_counter, self.stage_s
+        clock, it = time.perf_counter, self.it
+        ingest, receiver = self.shape.ingest, self.shape.receiver
+        on_idle = self.shape.idle == "on_idle"
         t = clock()
         while self.running:
-            t0 = clock()
-            reqs = self.recv_requests()
-            t1 = clock()
-            self.process_input_requests(reqs)
+            if ingest:
+                self.ingest_requests()
+            else:
+                t0 = clock()
+                reqs = self.request_receiver.recv_requests() if receiver else self.recv_requests()
+                t1 = clock()
+                self.process_input_requests(reqs)
+                t2 = clock()
+                it[0] += t1 - t0
+                it[1] += t2 - t1
             t2 = clock()
             batch = self.get_next_batch_to_run()
             t3 = clock()
-            acc[0] += t1 - t0
-            acc[1] += t2 - t1
-            acc[2] += t3 - t2
+            it[2] += t3 - t2
             if batch:
                 result = self.run_batch(batch)
                 t4 = clock()
                 self.process_batch_result(batch, result)
                 t5 = clock()
-                acc[3] += t4 - t3
-                acc[4] += t5 - t4
+                it[3] += t4 - t3
+                it[4] += t5 - t4
             else:
-                self.self_check_during_idle()
-                acc[5] += clock() - t3
+                if on_idle:
+                    self.on_idle()
+                else:
+                    self.self_check_during_idle()
+                it[5] += clock() - t3
+            self.last_batch = batch
             now = clock()
-            self._publish(t, now)
+            self._publish(t, now, batch, False)
             t = now
 
     def event_loop_overlap(self) -> None:
-        # SGLang's overlap loop launches batch k, then processes the result of batch k-1.
-        clock, acc = time.perf_counter, self.stage_s
+        # SGLang's overlap loop launches batch k, then processes the result of batch k-1; with overlap
+        # disabled for the batch it processes k-1 first (pop_and_process before run_batch).
+        clock, it = time.perf_counter, self.it
+        ingest, receiver = self.shape.ingest, self.shape.receiver
+        on_idle = self.shape.idle == "on_idle"
+        self.result_queue = deque()
+
+        def pop_and_process():
+            tmp_batch, tmp_result = self.result_queue.popleft()
+            ta = clock()
+            self.process_batch_result(tmp_batch, tmp_result)
+            it[4] += clock() - ta
+
         t = clock()
         while self.running:
-            t0 = clock()
-            reqs = self.recv_requests()
-            t1 = clock()
-            self.process_input_requests(reqs)
+            if ingest:
+                self.ingest_requests()
+            else:
+                t0 = clock()
+                reqs = self.request_receiver.recv_requests() if receiver else self.recv_requests()
+                t1 = clock()
+                self.process_input_requests(reqs)
+                t2 = clock()
+                it[0] += t1 - t0
+                it[1] += t2 - t1
             t2 = clock()
             batch = self.get_next_batch_to_run()
             t3 = clock()
-            acc[0] += t1 - t0
-            acc[1] += t2 - t1
-            acc[2] += t3 - t2
-            result = self.run_batch(batch) if batch else None
-            t4 = clock()
-            acc[3] += t4 - t3
-            if self.last_result is not None:
-                self.process_batch_result(*self.last_result)
-            t5 = clock()
-            acc[4] += t5 - t4
-            self.last_result = (batch, result) if batch else None
-            if not batch:
-                self.self_check_during_idle()
-                acc[5] += clock() - t5
+            it[2] += t3 - t2
+            disable_overlap_for_batch = self.is_disable_overlap_for_batch(batch)
+            if disable_overlap_for_batch:
+                pop_and_process()
+            if batch:
+                t4 = clock()
+                batch_result = self.run_batch(batch)
+                it[3] += clock() - t4
+                self.result_queue.append((batch, batch_result))
+            else:
+                batch_result = None
+            if self.last_batch:
+                if not disable_overlap_for_batch:
+                    pop_and_process()
+            elif batch is None:
+                t5 = clock()
+                if on_idle:
+                    self.on_idle()
+                else:
+                    self.self_check_during_idle()
+                it[5] += clock() - t5
+            self.launch_batch_sample_if_needed(batch_result)
+            self.last_batch = batch
             now = clock()
-            self._publish(t, now)
+            self._publish(t, now, batch, disable_overlap_for_batch)
             t = now
 
 
-def run_scheduler_process(cfg: StandinConfig, rank: int, acct, stats) -> None:
+def run_scheduler_process(cfg: StandinConfig, rank: int, acct, stats, ring=None) -> None:
     """Entry point of one scheduler process (spawned, like SGLang's)."""
     set_title("sglang::scheduler" if cfg.tp == 1 else f"sglang::scheduler_TP{rank}")
-    sched = Scheduler(cfg, rank, acct, stats)
+    sched = Scheduler(cfg, rank, acct, stats, ring)
 
     def stop(_signum, _frame):
         sched.running = False
@@ -567,17 +911,97 @@ def window_accounting(snaps: list[tuple], tp: int, start: float | None, end: flo
     out = []
     for r in range(tp):
         b = r * RANK_SLOTS
-        d = [hi[1][b + i] - lo[1][b + i] for i in range(RANK_SLOTS - 1)]
+        d = [hi[1][b + i] - lo[1][b + i] for i in range(N_STAGES + 2)]
         stage = dict(zip(STAGES, d[:N_STAGES], strict=True))
         total = d[N_STAGES + 1]
         iters = int(d[N_STAGES])
         out.append({
-            "tp_rank": r, "start": lo[0], "end": hi[0],
+            "tp_rank": r, "start": lo[0], "end": hi[0], "source": "snapshots",
             "stage_seconds": stage,
             "stage_shares": {k: (v / total if total > 0 else 0.0) for k, v in stage.items()},
             "iterations": iters, "loop_seconds": total,
             "loop_mean_seconds": total / iters if iters else None,
         })
+    return out
+
+
+def quantile(sorted_vals: list[float], q: float) -> float | None:
+    """Linear-interpolated quantile of sorted values (numpy's default, and the sidecar's)."""
+    if not sorted_vals:
+        return None
+    pos = q * (len(sorted_vals) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
+
+
+def ring_rows(ring, rank: int, count: int, start: float | None, end: float | None) -> tuple[list, bool]:
+    """Rows [t_end, duration, 7 stage seconds, kind, flags] of the iterations lying wholly inside
+    [start, end], and whether the ring still holds everything since `start` (else it wrapped past it)."""
+    base = rank * RING_SIZE * RING_FIELDS
+    avail = min(count, RING_SIZE - RING_MARGIN)  # the oldest rows may be overwritten while we read
+    first = count - avail
+
+    def t_end(i: int) -> float:
+        return ring[base + (i % RING_SIZE) * RING_FIELDS]
+
+    def row(i: int) -> list:
+        off = base + (i % RING_SIZE) * RING_FIELDS
+        return ring[off:off + RING_FIELDS]
+
+    if avail == 0:
+        return [], first == 0
+    i0, hi = first, count
+    if start is not None:
+        while i0 < hi:  # first row ending at or after start
+            mid = (i0 + hi) // 2
+            if t_end(mid) < start:
+                i0 = mid + 1
+            else:
+                hi = mid
+    i1 = count
+    if end is not None:
+        lo, i1 = i0, count
+        while lo < i1:  # first row ending after end
+            mid = (lo + i1) // 2
+            if t_end(mid) <= end:
+                lo = mid + 1
+            else:
+                i1 = mid
+    rows = [row(i) for i in range(i0, i1)]
+    if start is not None:
+        rows = [r for r in rows if r[0] - r[1] >= start]
+    oldest = row(first)
+    complete = first == 0 or (start is not None and oldest[0] - oldest[1] <= start)
+    return rows, complete
+
+
+def summarize_rows(rows: list, rank: int, durations: bool = False) -> dict:
+    """The true accounting of a set of iterations: stage seconds and shares, mean and quantiles."""
+    durs = sorted(r[1] for r in rows)
+    total = sum(durs)
+    stage = {s: sum(r[2 + k] for r in rows) for k, s in enumerate(STAGES)}
+    kinds = dict.fromkeys(KIND_NAMES, 0)
+    for r in rows:
+        kinds[KIND_NAMES[int(r[2 + N_STAGES])]] += 1
+    busy = [r[1] for r in rows if r[2 + N_STAGES] > 0]
+    out = {
+        "tp_rank": rank, "source": "iterations",
+        "start": rows[0][0] - rows[0][1] if rows else None, "end": rows[-1][0] if rows else None,
+        "stage_seconds": stage,
+        "stage_shares": {k: (v / total if total > 0 else 0.0) for k, v in stage.items()},
+        "iterations": len(rows), "loop_seconds": total,
+        "loop_mean_seconds": total / len(rows) if rows else None,
+        "loop_min_seconds": durs[0] if durs else None,
+        "loop_p50_seconds": quantile(durs, 0.5), "loop_p90_seconds": quantile(durs, 0.9),
+        "loop_p95_seconds": quantile(durs, 0.95), "loop_p99_seconds": quantile(durs, 0.99),
+        "loop_max_seconds": durs[-1] if durs else None,
+        "busy_loop_mean_seconds": sum(busy) / len(busy) if busy else None,
+        "batches": kinds,
+        "overlap_disabled_iterations": sum(1 for r in rows if r[3 + N_STAGES] > 0),
+    }
+    if durations:
+        out["durations"] = [r[1] for r in rows]
     return out
 
 
@@ -612,8 +1036,10 @@ def render_metrics(cfg: StandinConfig, snap: list[float], stats: list[float], th
     if cfg.stage_metrics:
         lines.append("# HELP sglang:scheduler_stage_seconds_total Scheduler wall time by stage.")
         lines.append("# TYPE sglang:scheduler_stage_seconds_total counter")
+        # 0.5.23 adds a forward_overlap label (full/partial/none); readers sum over it.
+        extra = ',forward_overlap="full"' if parse_version(cfg.version)[:3] >= (0, 5, 23) else ""
         for i, st in enumerate(STAGES[:5]):
-            lines.append(f'sglang:scheduler_stage_seconds_total{{{lab},category="{st}"}} {snap[i]}')
+            lines.append(f'sglang:scheduler_stage_seconds_total{{{lab},category="{st}"{extra}}} {snap[i]}')
         lines.append("# HELP sglang:scheduler_idle_seconds_total Scheduler idle wall time.")
         lines.append("# TYPE sglang:scheduler_idle_seconds_total counter")
         lines.append(f"sglang:scheduler_idle_seconds_total{{{lab}}} {snap[5]}")
@@ -627,6 +1053,7 @@ class StandinServer:
         self.cfg = cfg
         self.ctx = mp.get_context("spawn")
         self.acct = self.ctx.Array("d", cfg.tp * RANK_SLOTS, lock=False)
+        self.ring = self.ctx.Array("d", cfg.tp * RING_SIZE * RING_FIELDS, lock=False)
         self.stats = self.ctx.Array("d", STATS_SLOTS, lock=False)
         self.procs: list = [None] * cfg.tp
         self.snaps: deque = deque(maxlen=12000)  # 10 minutes at 50 ms
@@ -636,7 +1063,7 @@ class StandinServer:
         self.failed: str | None = None
 
     def spawn(self, rank: int) -> None:
-        p = self.ctx.Process(target=run_scheduler_process, args=(self.cfg, rank, self.acct, self.stats),
+        p = self.ctx.Process(target=run_scheduler_process, args=(self.cfg, rank, self.acct, self.stats, self.ring),
                              name=f"scheduler-{rank}", daemon=True)
         p.start()
         self.procs[rank] = p
@@ -667,6 +1094,26 @@ class StandinServer:
         dt = last[0] - first[0]
         return (last[2] - first[2]) / dt if dt > 0 else 0.0
 
+    def accounting(self, start: float | None, end: float | None, durations: bool = False) -> dict:
+        """Per rank: the iterations wholly inside [start, end] from the ring (exact: stage seconds, mean,
+        quantiles, batch kinds), or, where the ring no longer reaches back to `start`, the 50 ms snapshots
+        (stage seconds, iterations, mean only; "source": "snapshots")."""
+        with self.lock:
+            snaps = list(self.snaps)
+        fallback = None
+        ranks = []
+        for r in range(self.cfg.tp):
+            count = int(self.acct[r * RANK_SLOTS + N_STAGES + 3])
+            rows, complete = ring_rows(self.ring, r, count, start, end)
+            if complete:
+                ranks.append(summarize_rows(rows, r, durations))
+            else:
+                if fallback is None:
+                    fallback = window_accounting(snaps, self.cfg.tp, start, end)
+                ranks.append(fallback[r] if fallback else {"tp_rank": r, "source": "snapshots", "iterations": 0})
+        return {"now": time.time(), "version": self.cfg.version, "loop": self.cfg.loop,
+                "shape": loop_shape(self.cfg.version).to_json(), "ranks": ranks}
+
     def handler(self):
         server = self
 
@@ -696,13 +1143,12 @@ class StandinServer:
                 elif url.path == "/standin/accounting":
                     start = float(q["start"][0]) if "start" in q else None
                     end = float(q["end"][0]) if "end" in q else None
-                    with server.lock:
-                        snaps = list(server.snaps)
-                    body = {"now": time.time(), "ranks": window_accounting(snaps, server.cfg.tp, start, end)}
+                    body = server.accounting(start, end, q.get("durations", ["0"])[0] in ("1", "true"))
                     self._send(200, json.dumps(body))
                 elif url.path in ("/standin/info", "/get_server_info"):
                     cfg = asdict(server.cfg)
                     self._send(200, json.dumps({"config": cfg, "pids": server.pids(),
+                                                "shape": loop_shape(server.cfg.version).to_json(),
                                                 "restarts": server.restarts, "version": server.cfg.version}))
                 else:
                     self._send(404, json.dumps({"error": "not found"}))

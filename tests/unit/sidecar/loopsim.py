@@ -95,6 +95,10 @@ class Shape:
     idle_burst: int = 40  # idle-only iterations per idle stretch (mean)
     jitter: float = 0.1
     loop: str = "event_loop_overlap"
+    # Every stage one constant stack (its own frame, as the stand-in's inline spins look to py-spy; real
+    # SGLang shows leaf calls). Then two calls of one stage whose in-between stages went unsampled merge
+    # into one segment, with no change of stack inside to find the hidden boundary by.
+    single_stack: bool = False
 
     def scaled(self, **factors: float) -> Shape:
         """The same shape with some times multiplied: scaled(decode_ms=1.1)."""
@@ -110,6 +114,11 @@ SHAPES: dict[str, Shape] = {
     "v0_5_17": Shape("v0_5_17", version="0.5.17", prefill_every=5, reorder_every=4),
     "v0_5_23": Shape("v0_5_23", version="0.5.23", prefill_every=5, reorder_every=4),
     "idle_heavy": Shape("idle_heavy", idle_share=0.5, prefill_every=6),
+    # The stand-in's golden shapes (bench/standin, tests/golden/sidecar): one stack per stage.
+    "standin_v0_5_17": Shape("standin_v0_5_17", version="0.5.17", recv_ms=0.75, input_ms=2.5, schedule_ms=0.8,
+                             result_ms=2.5, prefill_every=2, prefill_ms=12.0, single_stack=True),
+    "standin_v0_5_23": Shape("standin_v0_5_23", version="0.5.23", recv_ms=0.9, input_ms=1.7, schedule_ms=1.0,
+                             result_ms=2.5, prefill_every=3, single_stack=True),
     "idle_heavy_v0_5_23": Shape("idle_heavy_v0_5_23", idle_share=0.6, version="0.5.23", loop="event_loop_normal"),
 }
 
@@ -167,6 +176,9 @@ class _Builder:
         for k in range(len(wrappers)):
             self.put((*base, *wrappers[: k + 1]), 10.0)  # the decorators' own code
         base = (*base, *wrappers)
+        if self.shape.single_stack:
+            self.put((*base, frame), us)
+            return
         for leaf, share in _PIECES[kind or name]:
             self.put((*base, frame, *leaf), us * share)
 

@@ -1,9 +1,12 @@
-"""Issue 7 acceptance with real py-spy on the real stand-in, at the sidecar's default rate and window.
+"""Acceptance with real py-spy on the version-shaped stand-in, at the sidecar's default rate and window.
 
-- stage shares within 3 percentage points of the stand-in's own accounting (every window);
-- loop-iteration mean within 15% of the true mean for iterations >= 20 ms (median over windows: one
-  window on a CPU-starved CI host can lose py-spy samples for tens of ms, see docs/sidecar.md);
-- cache off shows a clearly larger process_input_requests share than cache on.
+On the 0.5.10 and 0.5.23 loop shapes (bench/standin: no decorators vs ingest_requests + two `wrapper`
+frames; image prefills of 60 ms between 12 ms decodes; and, with SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP,
+the previous result processed before run_batch), against the stand-in's own accounting of the same window:
+- stage shares within 3 percentage points (every window);
+- loop-iteration mean within 5% and p95 within 10% (median over the windows: one window on a CPU-starved
+  CI host can lose py-spy samples for tens of ms, see docs/sidecar.md);
+- cache off shows a clearly larger process_input_requests share than cache on, on both shapes.
 """
 
 from __future__ import annotations
@@ -42,36 +45,58 @@ def run_windows(s, n: int, metrics_url: str | None = None):
     return out, store
 
 
-def test_stage_shares_and_loop_time_match_truth(standin):
-    # ~25 ms iterations, run_batch-dominated, with multimodal input on the cached CUDA IPC path.
-    s = standin("--standin-version", "0.5.20", "--mm-feature-transport", "cuda_ipc", "--standin-batch-ms", "18",
-                "--standin-request-rate", "15")
+IMAGES = ["--standin-batch-ms", "12", "--standin-prefill-ms", "60", "--standin-request-rate", "15",
+          "--standin-threads", "2"]
+CONSECUTIVE = {"SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP": "1"}
+MEAN_TOL, P95_TOL, SHARE_TOL = 0.05, 0.10, 0.03
+
+
+@pytest.mark.parametrize(("version", "extra", "env"), [
+    ("0.5.10", [], {"SGLANG_USE_CUDA_IPC_TRANSPORT": "1", "SGLANG_USE_IPC_POOL_HANDLE_CACHE": "1"}),
+    ("0.5.23", ["--mm-feature-transport", "cuda_ipc"], {}),
+    ("0.5.23", ["--mm-feature-transport", "cuda_ipc"], CONSECUTIVE),
+], ids=["0.5.10", "0.5.23", "0.5.23-consecutive-prefill"])
+def test_stage_shares_and_loop_time_match_truth(standin, version, extra, env):
+    s = standin("--standin-version", version, *extra, *IMAGES, env=env, warmup_s=2.5)
+    assert s.info["cache"] is True
     windows, _ = run_windows(s, 3, f"http://127.0.0.1:{s.port}/metrics")
-    errs = []
+    mean_errs, p95_errs, lines = [], [], []
     for w, truth in windows:
-        assert truth["loop_mean_seconds"] >= 0.020
-        diffs = {k: abs(w.stage_shares[k] - truth["stage_shares"][k]) for k in truth["stage_shares"]}
-        assert max(diffs.values()) <= 0.03, (diffs, w.stage_shares, truth["stage_shares"])
-        errs.append(w.loop_mean_seconds / truth["loop_mean_seconds"] - 1)
-        # The SGLang cross-check saw the same window (stand-in serves scheduler_stage_seconds_total).
-        assert w.sglang_stage_shares is not None
-    assert abs(statistics.median(errs)) <= 0.15, errs
-    print("loop mean relative errors", [f"{e:+.3f}" for e in errs])
+        assert truth["source"] == "iterations" and truth["batches"]["prefill"] > 5 and truth["batches"]["decode"] > 5
+        if "SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP" in env:
+            assert truth["overlap_disabled_iterations"] > 0
+        diffs = {k: w.stage_shares[k] - truth["stage_shares"][k] for k in truth["stage_shares"]}
+        mean_errs.append(w.loop_mean_seconds / truth["loop_mean_seconds"] - 1)
+        p95_errs.append(w.loop_p95_seconds / truth["loop_p95_seconds"] - 1)
+        lines.append(f"mean {w.loop_mean_seconds * 1e3:.1f}/{truth['loop_mean_seconds'] * 1e3:.1f} ms "
+                     f"p95 {w.loop_p95_seconds * 1e3:.1f}/{truth['loop_p95_seconds'] * 1e3:.1f} ms "
+                     f"iterations {w.iterations}/{truth['iterations']} worst share "
+                     f"{max(diffs.values(), key=abs):+.3f} ({max(diffs, key=lambda k: abs(diffs[k]))})")
+        assert max(abs(d) for d in diffs.values()) <= SHARE_TOL, (diffs, w.stage_shares, truth["stage_shares"])
+        if tuple(map(int, version.split("."))) >= (0, 5, 20):  # the SGLang cross-check saw the same window (scheduler_stage_seconds_total)
+            assert w.sglang_stage_shares is not None
+    print(version, env, "estimate/truth:", *lines, sep="\n  ")
+    assert abs(statistics.median(mean_errs)) <= MEAN_TOL, lines
+    assert abs(statistics.median(p95_errs)) <= P95_TOL, lines
 
 
-def test_cache_off_shows_larger_input_share(standin):
+@pytest.mark.parametrize(("version", "extra", "env_on", "env_off"), [
+    ("0.5.10", [], {"SGLANG_USE_CUDA_IPC_TRANSPORT": "1", "SGLANG_USE_IPC_POOL_HANDLE_CACHE": "1"},
+     {"SGLANG_USE_CUDA_IPC_TRANSPORT": "1", "SGLANG_USE_IPC_POOL_HANDLE_CACHE": "0"}),
+    ("0.5.23", ["--mm-feature-transport", "cuda_ipc"], {}, {"SGLANG_USE_IPC_POOL_HANDLE_CACHE": "0"}),
+], ids=["0.5.10", "0.5.23"])
+def test_cache_off_shows_larger_input_share(standin, version, extra, env_on, env_off):
     shares = {}
-    for name, cache in (("off", "0"), ("on", "1")):
-        env = {"SGLANG_USE_CUDA_IPC_TRANSPORT": "1", "SGLANG_USE_IPC_POOL_HANDLE_CACHE": cache}
-        s = standin("--standin-version", "0.5.10", env=env)
-        assert s.info["cache"] is (cache == "1")
+    for name, env in (("off", env_off), ("on", env_on)):
+        s = standin("--standin-version", version, *extra, "--standin-threads", "2", env=env)
+        assert s.info["cache"] is (name == "on")
         windows, _ = run_windows(s, 2)
         shares[name] = statistics.mean(w.stage_shares["process_input_requests"] for w, _ in windows)
         truth = statistics.mean(t["stage_shares"]["process_input_requests"] for _, t in windows)
-        assert abs(shares[name] - truth) <= 0.03
+        assert abs(shares[name] - truth) <= SHARE_TOL, (name, shares[name], truth)
         s.stop()
     assert shares["off"] > shares["on"] + 0.08, shares
-    print("process_input_requests share", shares)
+    print(version, "process_input_requests share", shares)
 
 
 def test_console_script_end_to_end(standin):
