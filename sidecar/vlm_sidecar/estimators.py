@@ -382,7 +382,9 @@ def summarize(trace: ParsedTrace, *, window_id: int, tp_rank: int, pid: int | No
     shares = stage_shares(segs)
     incl, self_ = function_shares(segs)
     chosen = select_functions(incl, self_, watch, top_n)
-    loop = estimate_loop(segs, rate_hz=_effective_rate(segs, samples))
+    # py-spy counts one sample per thread per round: the scheduler thread's rate is the count over the threads.
+    per_thread = samples // max(1, len(trace.threads)) if samples else samples
+    loop = estimate_loop(segs, rate_hz=_effective_rate(segs, per_thread))
     top = max(self_, key=lambda k: self_[k]) if self_ else None
     summary = WindowSummary(
         id=window_id, tp_rank=tp_rank, pid=pid, start=start, end=end,

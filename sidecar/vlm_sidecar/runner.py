@@ -53,10 +53,15 @@ def judge(outcome: SampleOutcome, trace: ParsedTrace | None) -> tuple[str, list[
 
 
 def effective_rate(trace: ParsedTrace, samples: int | None) -> float:
-    """Samples per second over the span py-spy actually covered."""
+    """Sampling rounds per second over the span py-spy actually covered.
+
+    py-spy's "Samples" counts one stack per thread per round (with --idle every thread is in every round),
+    so it is divided by the threads in the trace: a scheduler with 60 Python threads otherwise reads 60x.
+    """
     spans = [segs[-1].end_us - segs[0].start_us for segs in trace.threads.values() if segs]
     span_s = max(spans, default=0.0) / 1e6
-    return samples / span_s if samples and span_s > 0 else 0.0
+    threads = max(1, len(trace.threads))
+    return samples / threads / span_s if samples and span_s > 0 else 0.0
 
 
 class Runner:

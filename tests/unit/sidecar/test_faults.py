@@ -193,3 +193,16 @@ def test_sampler_targets_gone_pid(pyspy):
     p.wait()
     out = PySpySampler(pyspy, 100, 1).record(p.pid)
     assert out.error_kind == "target_gone" and out.output is None
+
+
+def test_effective_rate_counts_rounds_not_thread_stacks():
+    """py-spy's "Samples" is one stack per thread per round (checked with py-spy 0.4 on an 11-thread process:
+    2189 samples in 2 s at 100 Hz): the rate is per round, whatever the thread count."""
+    from vlm_sidecar.model import ParsedTrace, Segment
+    from vlm_sidecar.runner import effective_rate
+
+    seg = [Segment(0.0, 2e6, ("main (x.py)",))]
+    one = ParsedTrace(threads={1: seg})
+    many = ParsedTrace(threads={i: seg for i in range(11)})
+    assert effective_rate(one, 200) == 100.0
+    assert effective_rate(many, 2200) == 100.0
