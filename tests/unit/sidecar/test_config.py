@@ -52,7 +52,7 @@ def test_rejects(argv):
     ([], {"VLM_TOP_N": "-2"}, "--top-n (VLM_TOP_N): must be >= 0 (got -2)"),
     ([], {"VLM_WINDOW_HISTORY": "0"}, "--history (VLM_WINDOW_HISTORY): must be >= 1 (got 0)"),
     (["--interval", "soon"], {}, "--interval (VLM_PROFILE_INTERVAL): not a duration: 'soon'"),
-    (["--duration", "40s"], {}, "--duration (VLM_PROFILE_DURATION): window duration 40s is longer than --interval 30s"),
+    (["--duration", "40s"], {}, "--duration (VLM_PROFILE_DURATION): window duration 40s is longer than --interval 15s"),
     (["--rate", "0"], {}, "--rate (VLM_PROFILE_RATE): 0 Hz outside 1..10000"),
     ([], {"VLM_DISCOVERY_ROOT_PID": "me"}, "--discovery-root-pid (VLM_DISCOVERY_ROOT_PID): not a valid integer"),
     (["--bogus"], {}, "unrecognized arguments: --bogus"),
