@@ -3,7 +3,7 @@
 #
 # Why a script and not a package: no registry ships kube-apiserver, so we build
 # it from the Go module proxy through a wrapper module that pins every staging
-# module (see ../shared/REFERENCE.md). Binaries live outside the repo, keyed by
+# module (docs/testbed.md). Binaries live outside the repo, keyed by
 # version, so a second run is a no-op and nothing built is ever committed.
 #
 # Usage: hack/build-binaries.sh [--print-dir]

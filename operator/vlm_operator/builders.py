@@ -39,7 +39,7 @@ LABEL_ROLE = f"{PREFIX}/role"
 ANNOTATION_IPC = f"{PREFIX}/ipc-cache"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-# Startup budget: large VLMs can take 10+ minutes to load (REFERENCE.md); 20 minutes.
+# Startup budget: large VLMs can take 10+ minutes to load their weights; 20 minutes.
 STARTUP_PERIOD_S = 10
 STARTUP_FAILURES = 120
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# The scheduler stages DESIGN.md names, in the order SGLang's event loop runs them.
+# The scheduler stages the sidecar reports, in the order SGLang's event loop runs them.
 LOOP_STAGES = (
     "recv_requests",
     "process_input_requests",

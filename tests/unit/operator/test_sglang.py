@@ -1,6 +1,6 @@
 """The SGLang version table: version parsing, image tags, and the IPC-cache plan per row and mode.
 
-The expectations here are written out by hand from REFERENCE.md and the wheels
+The expectations here are written out by hand from the released wheels
 (tests/compat/test_sglang_wheels.py re-reads the wheels); the golden file
 pins the exact messages. Regenerate it with
 UPDATE_GOLDEN=1 pytest tests/unit/operator/test_sglang.py.
