@@ -24,7 +24,6 @@ import ast
 import functools
 import itertools
 import re
-import subprocess
 import zipfile
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -37,6 +36,8 @@ from vlm_sidecar.config import DEFAULT_PATTERN
 from vlm_sidecar.discovery import ProcInfo, title_matches, tp_rank
 from vlm_sidecar.model import LOOP_STAGES
 from vlm_sidecar.sglang_names import REQUEST_METRICS
+
+from tests.compat.wheels import fetch_wheels
 
 pytestmark = pytest.mark.slow
 
@@ -144,20 +145,7 @@ def _sidecar_names() -> dict[str, frozenset[str]]:
 
 @pytest.fixture(scope="module")
 def wheel_paths() -> dict[str, Path]:
-    try:
-        proc = subprocess.run(
-            ["bash", str(FETCH), *VERSIONS], capture_output=True, text=True, timeout=900, check=False
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"downloading the SGLang wheels {', '.join(VERSIONS)} took more than 15 minutes")
-    if proc.returncode != 0:
-        pytest.fail(
-            f"could not download the SGLang wheels {', '.join(VERSIONS)} with {FETCH.relative_to(ROOT)} "
-            f"(PyPI must be reachable, or the wheels cached in ~/.cache/vlm-operator/wheels):\n{proc.stderr}"
-        )
-    paths = [Path(p) for p in proc.stdout.split()]
-    assert len(paths) == len(VERSIONS), proc.stdout
-    return dict(zip(VERSIONS, paths, strict=True))
+    return fetch_wheels(VERSIONS)
 
 
 _WHEELS: dict[str, Wheel] = {}

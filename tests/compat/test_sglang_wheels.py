@@ -38,6 +38,8 @@ from vlm_operator.sglang import (
     plan_ipc_cache,
 )
 
+from tests.compat.wheels import fetch_wheels
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,20 +55,7 @@ CACHE_MODULES = (
 
 @pytest.fixture(scope="module")
 def wheel_paths() -> dict[str, Path]:
-    try:
-        proc = subprocess.run(
-            ["bash", str(FETCH), *VERSIONS], capture_output=True, text=True, timeout=900, check=False
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"downloading the SGLang wheels {', '.join(VERSIONS)} took more than 15 minutes")
-    if proc.returncode != 0:
-        pytest.fail(
-            f"could not download the SGLang wheels {', '.join(VERSIONS)} with {FETCH.relative_to(ROOT)} "
-            f"(PyPI must be reachable, or the wheels cached in ~/.cache/vlm-operator/wheels):\n{proc.stderr}"
-        )
-    paths = [Path(p) for p in proc.stdout.split()]
-    assert len(paths) == len(VERSIONS), proc.stdout
-    return dict(zip(VERSIONS, paths, strict=True))
+    return fetch_wheels(VERSIONS)
 
 
 @pytest.fixture(scope="module", params=VERSIONS)
