@@ -7,7 +7,11 @@
 
 kwok's fake H100 pods run nothing, so a background agent maps each pod to a
 local SGLang scheduler stand-in (bench/standin) plus the real profiler sidecar
-running py-spy; everything listens on 127.0.0.1.
+running py-spy. The agent runs inside the testbed's network namespace (docs/testbed.md): each
+stand-in and sidecar listens on its pod's IP, the operator reads the sidecars by pod IP and
+Prometheus scrapes pod IPs, as in a cluster. A bridge relays Prometheus, Alertmanager and the
+operator's /metrics to 127.0.0.1 outside the namespace; pod IPs are reached with
+`hack/testbed exec -- curl http://<pod IP>:9400/...`.
 """
 
 from __future__ import annotations
@@ -51,11 +55,12 @@ def testbed(*args: str) -> str:
     return out.stdout
 
 
+def testbed_env() -> dict[str, str]:
+    return json.loads(testbed("env", "--json"))
+
+
 def kubeconfig() -> str:
-    for line in testbed("env").splitlines():
-        if "KUBECONFIG=" in line:
-            return line.split("KUBECONFIG=", 1)[1].strip().strip("'\"")
-    raise SystemExit("hack/testbed env printed no KUBECONFIG")
+    return testbed_env()["KUBECONFIG"]
 
 
 def kubectl(*args: str, check: bool = True) -> str:
@@ -69,25 +74,40 @@ def kubectl(*args: str, check: bool = True) -> str:
 
 def agent() -> None:
     """Long-lived: operator + pod mapper + Prometheus + Alertmanager, until SIGTERM."""
+    info = testbed_env()
+    ns = info.get("VLM_TESTBED_NETNS", "0")
+    if ns == "0":
+        raise SystemExit("the demo needs the testbed's pod network: run as root without VLM_TESTBED_NETNS=0 "
+                         "(docs/testbed.md)")
     from kubernetes import config
 
     from bench.standin.monitoring import Monitoring
     from bench.standin.podmap import PodMapper
     from tests.operator_proc import OperatorProcess, free_port
 
-    os.environ["KUBECONFIG"] = kubeconfig()
+    # Ports free out here for the bridge (the namespace is empty but for the testbed's own ports); the
+    # bridge binds them here, then relays into the namespace, where Prometheus & co. listen on the same.
+    prom_port, am_port, op_port = free_port(), free_port(), free_port()
+    fwd = [f"127.0.0.1:{p}=127.0.0.1:{p}" for p in (prom_port, am_port, op_port)]
+    bridge = subprocess.Popen([sys.executable, str(REPO / "hack" / "testbed_lib" / "bridge.py"), f"--run-dir={RUN}",
+                               f"--netns={ns}", *fwd], stdout=open(RUN / "bridge.log", "ab"),  # noqa: SIM115
+                              stderr=subprocess.STDOUT)
+    sys.path.insert(0, str(REPO / "hack"))
+    from testbed_lib import netns
+
+    netns.enter(ns)  # this thread, and every thread and process started from here on
+    os.environ["KUBECONFIG"] = info["KUBECONFIG"]
     api = config.new_client_from_config(config_file=os.environ["KUBECONFIG"])
     pm = PodMapper(api, NAMESPACE, RUN / "pods").start()
-    op_port = free_port()
-    mon = Monitoring(RUN / "monitoring", pm.targets_file, operator_metrics=f"127.0.0.1:{op_port}").start()
+    mon = Monitoring(RUN / "monitoring", pm.targets_file, operator_metrics=f"127.0.0.1:{op_port}",
+                     prom_port=prom_port, am_port=am_port).start()
     op = OperatorProcess(Path(os.environ["KUBECONFIG"]), NAMESPACE, RUN / "operator.log",
-                         {"VLM_PROMETHEUS_URL": mon.prometheus_url, "VLM_METRICS_PORT": str(op_port),
-                          "VLM_SIDECAR_ENDPOINTS": str(pm.endpoints_file)}).start()
+                         {"VLM_PROMETHEUS_URL": mon.prometheus_url, "VLM_METRICS_PORT": str(op_port)}).start()
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     STATE.write_text(json.dumps({"pid": os.getpid(), "prometheus": mon.prometheus_url,
                                  "alertmanager": mon.alertmanager_url, "operator_metrics": op_port,
-                                 "endpoints": str(pm.endpoints_file)}))
+                                 "pods": str(pm.pods_file), "netns": ns}))
     try:
         while not stop:
             if op.proc.poll() is not None:
@@ -97,6 +117,8 @@ def agent() -> None:
         op.stop()
         pm.stop()
         mon.stop()
+        bridge.terminate()
+        bridge.wait(10)
         STATE.unlink(missing_ok=True)
 
 
@@ -180,10 +202,15 @@ def up() -> None:
               "the good canary's verdict")
     say(f"verdict: {st['rollout']['phase']} ({st['rollout'].get('reason')})")
     print(kubectl("get", "vlms", "-n", NAMESPACE, "-o", "wide"))
-    endpoints = json.loads(Path(state["endpoints"]).read_text())
-    for pod, addr in endpoints.items():
-        say(f"flamegraph of {pod}: http://{addr}/profile/latest.svg   (diff: /profile/diff.svg, data: /windows.json)")
-    say(f"Prometheus: {state['prometheus']}   Alertmanager: {state['alertmanager']}")
+    pods = json.loads(kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/managed-by=vlm-operator",
+                              "-o", "json"))["items"]
+    for pod in pods:
+        name, ip = pod["metadata"]["name"], pod.get("status", {}).get("podIP")
+        if ip and not pod["metadata"].get("deletionTimestamp"):
+            say(f"flamegraph of {name}: hack/testbed exec -- curl -so {name}.svg http://{ip}:9400/profile/latest.svg"
+                "   (diff: /profile/diff.svg, data: /windows.json)")
+    say(f"Prometheus: {state['prometheus']}   Alertmanager: {state['alertmanager']}   (relayed out of network "
+        f"namespace {state['netns']})")
     say(f"operator metrics: http://127.0.0.1:{state['operator_metrics']}/metrics   logs: {RUN}")
     say("stop everything with: make demo-down")
 

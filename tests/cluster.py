@@ -4,10 +4,18 @@
 a testbed that cannot start fails the test with the component's log tail, it never skips. A
 testbed a pytest session started is stopped when the last session using it ends, unless
 VLM_TESTBED_KEEP=1; start it by hand (``hack/testbed up``) to keep it between runs.
+
+The testbed runs in its own network namespace (docs/testbed.md), where pod IPs are real addresses.
+Once `cluster` is set up, pytest's main thread is in that namespace for the rest of the session, so
+the test's clients (the kubernetes client, kubectl, the operator, Prometheus, the pod mapper's
+stand-ins and sidecars: everything started from then on) take the same network path: the API server
+at 127.0.0.1, pods at their pod IPs. Tests that do not use `cluster` run back in the namespace the
+session started in (`_home_network` below), so a unit test never sees the testbed's network.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -25,6 +33,11 @@ from kubernetes.client.rest import ApiException
 
 REPO = Path(__file__).resolve().parents[1]
 TESTBED = REPO / "hack" / "testbed"
+if str(REPO / "hack") not in sys.path:
+    sys.path.insert(0, str(REPO / "hack"))
+
+from testbed_lib import netns  # noqa: E402 - the testbed's own helpers, standard library only
+
 UP_TIMEOUT_S = float(os.environ.get("VLM_TESTBED_UP_TIMEOUT", "240"))
 
 T = TypeVar("T")
@@ -39,6 +52,13 @@ class Cluster:
     run_dir: Path
     api_url: str
     started_here: bool
+    netns: str = ""  # the testbed's network namespace ("" without one: then no pod network)
+    pod_cidr: str = ""
+
+    @property
+    def pod_network(self) -> bool:
+        """Whether pod IPs are reachable addresses (the stand-ins and sidecars can listen on them)."""
+        return bool(self.netns)
 
     def kubectl(self, *args: str, check: bool = True, stdin: str | None = None, timeout: float = 60) -> str:
         """Run the cached kubectl as admin; stdout, or AssertionError with stderr when check fails."""
@@ -102,6 +122,53 @@ def _register(session_file: Path) -> None:
     session_file.touch()
 
 
+class _Network:
+    """Where pytest's main thread is: `inside` the testbed namespace it entered, `home` an fd of the one
+    it came from (a namespace is per thread; threads and processes started later inherit it)."""
+
+    inside = ""
+    home: int | None = None
+
+    @classmethod
+    def enter(cls, name: str) -> None:
+        if not name or cls.inside == name:
+            return
+        home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            netns.enter(name)
+        except netns.NetnsError:
+            os.close(home)
+            raise
+        cls.home, cls.inside = home, name
+
+    @classmethod
+    def leave(cls) -> None:
+        if cls.home is not None:
+            netns.setns_path(f"/proc/self/fd/{cls.home}")
+            os.close(cls.home)
+        cls.inside, cls.home = "", None
+
+
+@contextlib.contextmanager
+def home_network() -> Iterator[None]:
+    """Run a block (and what it starts) in the namespace the session started in, outside the testbed's."""
+    if not _Network.inside:
+        yield
+        return
+    with netns.entered(f"/proc/self/fd/{_Network.home}"):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _home_network(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test without `cluster` runs in the session's own namespace, even after a cluster test moved it."""
+    if _Network.inside and "cluster" not in request.fixturenames:
+        with home_network():
+            yield
+    else:
+        yield
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     """The local control plane, reused when already healthy, else started (and later stopped).
@@ -134,13 +201,22 @@ def cluster() -> Iterator[Cluster]:
         _register(me)  # a `down` racing with us may have removed the run dir
         if started_here:
             (run_dir / "started-by-pytest").touch()
+    ns = "" if info.get("VLM_TESTBED_NETNS", "0") == "0" else info["VLM_TESTBED_NETNS"]
+    try:
+        _Network.enter(ns)
+    except netns.NetnsError as e:
+        me.unlink(missing_ok=True)
+        pytest.fail(f"cannot enter the testbed's network namespace {ns}: {e}", pytrace=False)
     yield Cluster(
         kubeconfig=Path(info["KUBECONFIG"]),
         bin_dir=Path(info["VLM_TESTBED_BIN"]),
         run_dir=run_dir,
         api_url=info["VLM_TESTBED_API"],
         started_here=started_here,
+        netns=ns,
+        pod_cidr=info.get("VLM_TESTBED_POD_CIDR", ""),
     )
+    _Network.leave()  # before `down`, which removes the namespace
     me.unlink(missing_ok=True)
     last_out = not _live_sessions(run_dir)
     if last_out and (run_dir / "started-by-pytest").exists() and os.environ.get("VLM_TESTBED_KEEP") != "1":

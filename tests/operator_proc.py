@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
@@ -16,6 +17,12 @@ from pathlib import Path
 from kubernetes import client
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "hack") not in sys.path:
+    sys.path.insert(0, str(REPO / "hack"))
+
+from testbed_lib import netns  # noqa: E402
+from testbed_lib.layout import POD_CIDR  # noqa: E402
+
 CRD = REPO / "crds" / "serving.vlmops.dev_vlmservices.yaml"
 GROUP, VERSION, PLURAL = "serving.vlmops.dev", "v1alpha1", "vlmservices"
 
@@ -24,6 +31,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def pod_network_here() -> bool:
+    """Whether this thread is where pod IPs are addresses (inside the testbed's network namespace)."""
+    return netns.bindable(str(ipaddress.ip_network(POD_CIDR)[-2]))
 
 
 def install_crd(kubectl) -> None:
@@ -42,20 +54,22 @@ class OperatorProcess:
 
     def start(self) -> OperatorProcess:
         self.metrics_port = int(self.env_extra.get("VLM_METRICS_PORT") or free_port())
-        endpoints = self.log_path.with_suffix(".endpoints.json")
-        if not endpoints.exists():
-            endpoints.write_text("{}")
         env = {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
             "VLM_METRICS_ADDR": "127.0.0.1",
             "VLM_RESYNC_SECONDS": "2",
-            # kwok pods have fake IPs: never scrape them, only the endpoints this file names.
-            "VLM_SIDECAR_ENDPOINTS": str(endpoints),
             "PYTHONUNBUFFERED": "1",
-            **self.env_extra,
-            "VLM_METRICS_PORT": str(self.metrics_port),
         }
+        env.pop("VLM_SIDECAR_ENDPOINTS", None)
+        if not pod_network_here():
+            # A testbed without its network namespace (VLM_TESTBED_NETNS=0): pod IPs are kwok's made-up
+            # addresses on the host's network, never to be dialled; an empty override file scrapes none.
+            endpoints = self.log_path.with_suffix(".endpoints.json")
+            endpoints.write_text("{}")
+            env["VLM_SIDECAR_ENDPOINTS"] = str(endpoints)
+        # Inside the namespace the operator reads every sidecar at <pod IP>:9400, as in a cluster.
+        env.update({**self.env_extra, "VLM_METRICS_PORT": str(self.metrics_port)})
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vlm_operator", "--namespace", self.namespace,

@@ -1,9 +1,10 @@
 """Real Prometheus and Alertmanager (Debian packages) on loopback, for the e2e tests and the demo.
 
-Prometheus scrapes the sidecars and stand-ins through file-based service
-discovery (`targets.json`, written by podmap) with `honor_labels` so each
-series keeps the pod's labels, scrapes the operator's /metrics, evaluates
-alerts/vlm-operator.rules.yaml and sends alerts to Alertmanager.
+Run inside the testbed's network namespace (docs/testbed.md), as the e2e tier and the demo's agent do:
+there Prometheus scrapes the sidecars and stand-ins at their pod IPs (<pod IP>:9400 and :30000) through
+file-based service discovery (`targets.json`, written by podmap) with `honor_labels` so each series keeps
+the pod's labels, scrapes the operator's /metrics, evaluates alerts/vlm-operator.rules.yaml and sends
+alerts to Alertmanager. Prometheus and Alertmanager themselves listen on the namespace's 127.0.0.1.
 """
 
 from __future__ import annotations

@@ -5,16 +5,23 @@ containers, so for every Running pod of a VLMService this starts
 `sglang_standin.py` with the args and env the operator put in the pod's
 `sglang` container (so the IPC-cache flags decide its speed) and `vlm-sidecar`
 with the pod's profiler env and Downward-API labels, pinned to that stand-in
-with VLM_DISCOVERY_ROOT_PID. It writes:
+with VLM_DISCOVERY_ROOT_PID.
 
-- `endpoints.json`: pod -> 127.0.0.1:sidecar-port (the operator's VLM_SIDECAR_ENDPOINTS);
-- `targets.json`: Prometheus file_sd targets for the sidecars and stand-ins, labelled like the pods.
+Both listen on the pod's own IP and the pod's own ports (SGLang's `--port`, 30000; the sidecar's
+VLM_SIDECAR_PORT, 9400), so the operator, Prometheus and the API server's pod proxy reach them exactly
+as in a cluster. That needs the testbed's network namespace (docs/testbed.md), where every pod IP is an
+address of `lo`: run the mapper inside it (pytest's `cluster` fixture and the demo's agent are). One
+difference from a pod remains: the pods share one loopback, so the sidecar reads SGLang's metrics at
+<pod IP>:30000 instead of the pod's 127.0.0.1:30000. It writes:
 
-Everything listens on 127.0.0.1 only.
+- `targets.json`: Prometheus file_sd targets <pod IP>:9400 (sidecar) and <pod IP>:30000 (SGLang),
+  labelled like the pods;
+- `pods.json`: pod -> {ip, sidecar, sglang} (for people: where to point curl).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -38,10 +45,23 @@ LABEL_REVISION = "serving.vlmops.dev/revision"
 LABEL_ROLE = "serving.vlmops.dev/role"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+DEFAULT_SGLANG_PORT = 30000
+DEFAULT_SIDECAR_PORT = 9400
+
+
+def bindable(ip: str) -> bool:
+    """Whether `ip` is an address here: a pod IP is, inside the testbed's network namespace."""
+    family = socket.AF_INET6 if ipaddress.ip_address(ip).version == 6 else socket.AF_INET
+    with socket.socket(family) as s:
+        try:
+            s.bind((ip, 0))
+        except OSError:
+            return False
+    return True
+
+
+def _flag(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args[:-1] else None
 
 
 def _version_from_image(image: str) -> str | None:
@@ -63,6 +83,7 @@ class Mapped:
     pod: str
     revision: str
     role: str
+    ip: str
     standin: subprocess.Popen
     sidecar: subprocess.Popen
     standin_port: int
@@ -80,10 +101,11 @@ class PodMapper:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _refused: set[str] = field(default_factory=set)  # pods whose IP is not an address here (said once)
 
     @property
-    def endpoints_file(self) -> Path:
-        return self.workdir / "endpoints.json"
+    def pods_file(self) -> Path:
+        return self.workdir / "pods.json"
 
     @property
     def targets_file(self) -> Path:
@@ -124,7 +146,14 @@ class PodMapper:
                 if name not in running or m.standin.poll() is not None:
                     self._kill(self.mapped.pop(name))
             for name, pod in running.items():
-                if name not in self.mapped:
+                if name not in self.mapped and pod.status.pod_ip:
+                    if not bindable(pod.status.pod_ip):
+                        if name not in self._refused:
+                            self._refused.add(name)
+                            print(f"[podmap] {name}: pod IP {pod.status.pod_ip} is no address here; run inside "
+                                  "the testbed's network namespace (hack/testbed exec, docs/testbed.md)",
+                                  file=sys.stderr)
+                        continue
                     self.mapped[name] = self._launch(pod)
             self._write()
 
@@ -135,9 +164,12 @@ class PodMapper:
         labels = pod.metadata.labels or {}
         sg = self._container(pod, "sglang")
         prof = self._container(pod, "profiler")
-        sp, cp = free_port(), free_port()
-        args = _replace_flag(list(sg.args or []), "--port", str(sp))
-        args = _replace_flag(args, "--host", "127.0.0.1")
+        ip = pod.status.pod_ip
+        penv = {e.name: e.value for e in ((prof.env if prof else None) or []) if e.value is not None}
+        sp = int(_flag(list(sg.args or []), "--port") or DEFAULT_SGLANG_PORT)
+        cp = int(penv.get("VLM_SIDECAR_PORT") or DEFAULT_SIDECAR_PORT)
+        # The pod's own address instead of 0.0.0.0: every pod's stand-in listens on port 30000.
+        args = _replace_flag(list(sg.args or []), "--host", ip)
         version = _version_from_image(sg.image)
         if version:
             args += ["--standin-version", version]
@@ -149,12 +181,12 @@ class PodMapper:
             start_new_session=True,
         )
         senv = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "VLM_"))}
-        senv.update({e.name: e.value for e in ((prof.env if prof else None) or []) if e.value is not None})
+        senv.update(penv)
         senv.update(
             {
                 "VLM_SIDECAR_PORT": str(cp),
-                "VLM_SIDECAR_HOST": "127.0.0.1",
-                "VLM_SGLANG_METRICS_URL": f"http://127.0.0.1:{sp}/metrics",
+                "VLM_SIDECAR_HOST": ip,
+                "VLM_SGLANG_METRICS_URL": f"http://{ip}:{sp}/metrics",
                 "VLM_DISCOVERY_ROOT_PID": str(standin.pid),
                 "POD_NAME": pod.metadata.name,
                 "POD_NAMESPACE": pod.metadata.namespace,
@@ -166,9 +198,11 @@ class PodMapper:
         cmd = [sidecar_bin] if sidecar_bin else [sys.executable, "-m", "vlm_sidecar"]
         slog = open(self.workdir / f"{pod.metadata.name}.sidecar.log", "ab")  # noqa: SIM115
         sidecar = subprocess.Popen(cmd, env=senv, stdout=slog, stderr=subprocess.STDOUT, start_new_session=True)
-        print(f"[podmap] {pod.metadata.name}: stand-in :{sp} (pid {standin.pid}), sidecar :{cp}", file=sys.stderr)
+        print(f"[podmap] {pod.metadata.name}: stand-in {ip}:{sp} (pid {standin.pid}), sidecar {ip}:{cp}",
+              file=sys.stderr)
         return Mapped(
             pod=pod.metadata.name,
+            ip=ip,
             revision=labels.get(LABEL_REVISION, ""),
             role=labels.get(LABEL_ROLE, ""),
             standin=standin,
@@ -200,15 +234,16 @@ class PodMapper:
                 p.wait(5)
 
     def _write(self) -> None:
-        endpoints = {m.pod: f"127.0.0.1:{m.sidecar_port}" for m in self.mapped.values()}
+        pods = {m.pod: {"ip": m.ip, "sidecar": f"{m.ip}:{m.sidecar_port}", "sglang": f"{m.ip}:{m.standin_port}"}
+                for m in self.mapped.values()}
         targets = [
-            {"targets": [f"127.0.0.1:{m.sidecar_port}"], "labels": {**m.labels, "job_kind": "sidecar"}}
+            {"targets": [f"{m.ip}:{m.sidecar_port}"], "labels": {**m.labels, "job_kind": "sidecar"}}
             for m in self.mapped.values()
         ] + [
-            {"targets": [f"127.0.0.1:{m.standin_port}"], "labels": {**m.labels, "job_kind": "sglang"}}
+            {"targets": [f"{m.ip}:{m.standin_port}"], "labels": {**m.labels, "job_kind": "sglang"}}
             for m in self.mapped.values()
         ]
-        for path, data in ((self.endpoints_file, endpoints), (self.targets_file, targets)):
+        for path, data in ((self.pods_file, pods), (self.targets_file, targets)):
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(data, indent=1))
             tmp.replace(path)

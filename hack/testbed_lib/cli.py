@@ -1,4 +1,4 @@
-"""`hack/testbed up|down|status|env`: bring the local control plane up, report on it, tear it down."""
+"""`hack/testbed up|down|status|env|exec`: bring the local control plane up, report on it, tear it down."""
 
 from __future__ import annotations
 
@@ -6,15 +6,16 @@ import argparse
 import contextlib
 import fcntl
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
 
-from . import components, procs
+from . import components, netns, procs
 from .health import api_get, probe
-from .layout import HACK_DIR, Layout, layout_from_env
+from .layout import HACK_DIR, POD_CIDR, Layout, layout_from_env
 from .pki import ensure_pki, read_tokens
 
 NODES_FILE = HACK_DIR / "kwok-nodes.yaml"
@@ -34,7 +35,7 @@ def _wait(what: str, check, deadline: float, component: str, layout: Layout) -> 
     """Poll check() -> (ok, detail) until ok, the component's process dies, or the deadline."""
     detail = ""
     while True:
-        if component in components.ORDER and procs.running_pid(layout, component) is None:
+        if component in components.names(layout) and procs.running_pid(layout, component) is None:
             raise TestbedError(component, f"process exited while waiting for {what}")
         ok, detail = check()
         if ok:
@@ -44,10 +45,25 @@ def _wait(what: str, check, deadline: float, component: str, layout: Layout) -> 
         time.sleep(0.2)
 
 
+def _where(layout: Layout, name: str) -> str | None:
+    """The network namespace a component runs in: the testbed's, or (the bridge) outside it."""
+    if name == components.BRIDGE:
+        return netns.outside(layout.netns)
+    return layout.netns or None
+
+
 def _ensure_running(layout: Layout, name: str) -> str:
-    if procs.running_pid(layout, name) is not None:
+    pid = procs.running_pid(layout, name)
+    if pid is not None:
+        # A component left by a testbed run with another VLM_TESTBED_NETNS listens where nobody looks.
+        if layout.netns and name != components.BRIDGE and netns.pid_inode(pid) != netns.inode(layout.netns):
+            raise TestbedError(
+                name,
+                f"pid {pid} runs outside network namespace {layout.netns} (started with another "
+                "VLM_TESTBED_NETNS?); run `hack/testbed down --keep` first",
+            )
         return "reused"
-    procs.start(layout, name, components.build_argv(name, layout))
+    procs.start(layout, name, components.build_argv(name, layout), ns=_where(layout, name))
     return "started"
 
 
@@ -69,12 +85,13 @@ def _node_state(layout: Layout) -> dict[str, str]:
 
 
 def kubectl(layout: Layout, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(layout.binary("kubectl")), f"--kubeconfig={layout.kubeconfig}", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    with netns.entered(layout.netns or None):
+        return subprocess.run(
+            [str(layout.binary("kubectl")), f"--kubeconfig={layout.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
 
 def up(layout: Layout, timeout: float) -> float:
@@ -89,13 +106,20 @@ def up(layout: Layout, timeout: float) -> float:
             f"{layout.cache}; run hack/build-binaries.sh first",
         )
     layout.run_dir.mkdir(parents=True, exist_ok=True)
+    if layout.netns:
+        try:
+            how = netns.ensure(layout.netns, POD_CIDR)
+        except netns.NetnsError as e:
+            raise TestbedError("netns", str(e)) from None
+        _say(f"network namespace {layout.netns}: {how}, pod CIDR {POD_CIDR} local on lo")
     ensure_pki(layout)
     components.write_kubeconfigs(layout, read_tokens(layout))
 
     def took() -> str:
         return f"{time.monotonic() - t0:.1f}s"
 
-    for name in ("etcd", "kube-apiserver"):
+    first = ["etcd", "kube-apiserver"] + ([components.BRIDGE] if layout.netns else [])
+    for name in first:
         how = _ensure_running(layout, name)
         _wait_healthy(layout, name, deadline)
         _say(f"{name}: {how}, healthy at {took()}")
@@ -131,9 +155,19 @@ def up(layout: Layout, timeout: float) -> float:
 
 
 def down(layout: Layout, keep: bool) -> None:
-    for name in reversed(components.ORDER):
+    for name in reversed(components.names(layout)):
         if procs.stop(layout, name):
             _say(f"{name}: stopped")
+    if layout.netns and netns.exists(layout.netns):
+        # Processes the testbed did not start (stand-ins, a pytest session) keep an unnamed namespace
+        # alive until they exit; name them rather than signal them.
+        left = [p for p in netns.pids_inside(layout.netns) if p != os.getpid()]
+        try:
+            netns.delete(layout.netns)
+        except netns.NetnsError as e:
+            raise TestbedError("netns", str(e)) from None
+        _say(f"network namespace {layout.netns}: removed"
+             + (f" (pids {left} still in it; it goes when they exit)" if left else ""))
     if keep or not layout.run_dir.exists():
         return
     # Refuse to rm -rf a directory that does not look like a testbed (VLM_TESTBED_DIR typo).
@@ -146,7 +180,11 @@ def down(layout: Layout, keep: bool) -> None:
 
 def status(layout: Layout) -> bool:
     healthy = True
-    for name in components.ORDER:
+    if layout.netns:
+        ok = netns.exists(layout.netns)
+        healthy &= ok
+        print(f"{'netns':24} {'ok' if ok else 'DOWN':5} {layout.netns} (pod CIDR {POD_CIDR} local on lo)")
+    for name in components.names(layout):
         pid = procs.running_pid(layout, name)
         ok, detail = probe(layout, components.build_probe(name, layout)) if pid else (False, "not running")
         healthy &= ok
@@ -164,7 +202,25 @@ def env_info(layout: Layout) -> dict[str, str]:
         "VLM_TESTBED_DIR": str(layout.run_dir),
         "VLM_TESTBED_BIN": str(layout.bin_dir),
         "VLM_TESTBED_API": layout.api_url,
+        # The namespace everything runs in ("0": none); `hack/testbed exec -- CMD` runs CMD there.
+        "VLM_TESTBED_NETNS": layout.netns or "0",
+        "VLM_TESTBED_POD_CIDR": POD_CIDR if layout.netns else "",
     }
+
+
+def exec_in(layout: Layout, argv: list[str]) -> int:
+    """Replace this process with argv, inside the testbed's namespace (pod IPs, Prometheus, the API)."""
+    if not argv:
+        raise TestbedError("exec", "nothing to run: hack/testbed exec -- CMD [ARGS...]")
+    if layout.netns:
+        try:
+            netns.enter(layout.netns)
+        except netns.NetnsError as e:
+            raise TestbedError("netns", str(e)) from None
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as e:
+        raise TestbedError("exec", f"{argv[0]}: {e.strerror}") from None
 
 
 @contextlib.contextmanager
@@ -192,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="health of each component; exit 1 unless all are healthy")
     p_env = sub.add_parser("env", help="print `export KUBECONFIG=...` lines (or --json)")
     p_env.add_argument("--json", action="store_true")
+    p_exec = sub.add_parser("exec", help="run a command inside the testbed's network namespace")
+    p_exec.add_argument("argv", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `hack/testbed status | head` exits quietly
     layout = layout_from_env()
@@ -213,9 +271,11 @@ def main(argv: list[str] | None = None) -> int:
                 if args.json
                 else "\n".join(f"export {k}={v}" for k, v in info.items())
             )
+        elif args.cmd == "exec":
+            return exec_in(layout, args.argv[1:] if args.argv[:1] == ["--"] else args.argv)
     except TestbedError as e:
         _say(f"FAILED {e}")
-        if e.component in components.ORDER:
+        if e.component in components.names(layout):
             log = procs.log_file(layout, e.component)
             print(f"--- last lines of {log} ---\n{procs.log_tail(layout, e.component)}", file=sys.stderr)
         return 1

@@ -7,6 +7,7 @@ scheduler, kwok), which may start together once the apiserver answers /readyz.
 from __future__ import annotations
 
 import base64
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,14 @@ from .layout import POD_CIDR, SERVICE_CIDR, Layout
 
 ORDER = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
 API_CLIENTS = ORDER[2:]
+# With a network namespace: relays the API server's port from the caller's namespace into it.
+BRIDGE = "apiserver-bridge"
+BRIDGE_SCRIPT = Path(__file__).resolve().parent / "bridge.py"
+
+
+def names(layout: Layout) -> list[str]:
+    """Every process the testbed runs, in start order."""
+    return [*ORDER, BRIDGE] if layout.netns else list(ORDER)
 
 KWOK_STAGES = ["node-initialize", "node-heartbeat-with-lease", "pod-ready", "pod-complete", "pod-delete"]
 FAKE_NODE_SELECTOR = "kwok.x-k8s.io/node=fake"
@@ -26,14 +35,21 @@ class Probe:
     url: str
     expect: str  # a substring of a healthy body
     auth: bool = False
+    inside: bool = True  # probed in the testbed's namespace; False: from outside (the bridge)
 
 
 def build_argv(name: str, layout: Layout) -> list[str]:
     """The full command line of one component."""
+    if name == BRIDGE:
+        api = f"127.0.0.1:{layout.port('kube-apiserver')}"
+        return [sys.executable, str(BRIDGE_SCRIPT), f"--run-dir={layout.run_dir}", f"--netns={layout.netns}",
+                f"{api}={api}"]
     return [str(layout.binary(name)), *_ARGS[name](layout), *layout.extra_args.get(name, ())]
 
 
 def build_probe(name: str, layout: Layout) -> Probe:
+    if name == BRIDGE:
+        return Probe(f"{layout.api_url}/readyz", "ok", auth=True, inside=False)
     port = layout.port(name)
     if name == "etcd":
         return Probe(f"http://127.0.0.1:{port}/health", '"health":"true"')

@@ -8,6 +8,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from . import netns
 from .components import Probe
 from .layout import Layout
 from .pki import read_tokens
@@ -26,22 +27,25 @@ def _context(layout: Layout, url: str) -> ssl.SSLContext | None:
     return ctx
 
 
-def _get(layout: Layout, url: str, auth: bool, timeout: float) -> tuple[int, str]:
+def _get(layout: Layout, url: str, auth: bool, timeout: float, inside: bool = True) -> tuple[int, str]:
+    """GET in the testbed's namespace (inside) or outside it (the API-server bridge's side)."""
     req = urllib.request.Request(url)
     if auth:
         req.add_header("Authorization", f"Bearer {read_tokens(layout)['admin']}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout, context=_context(layout, url)) as resp:
-            return resp.status, resp.read().decode(errors="replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")
+    where = (layout.netns or None) if inside else netns.outside(layout.netns)
+    with netns.entered(where):
+        try:
+            with urllib.request.urlopen(req, timeout=timeout, context=_context(layout, url)) as resp:
+                return resp.status, resp.read().decode(errors="replace")
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
 
 
 def probe(layout: Layout, p: Probe, timeout: float = 2.0) -> tuple[bool, str]:
     """(healthy, short detail). Connection errors count as unhealthy, never raise."""
     try:
-        code, body = _get(layout, p.url, p.auth, timeout)
-    except (OSError, urllib.error.URLError) as e:
+        code, body = _get(layout, p.url, p.auth, timeout, p.inside)
+    except (OSError, urllib.error.URLError, netns.NetnsError) as e:
         return False, f"{p.url}: {getattr(e, 'reason', e)}"
     ok = code == 200 and p.expect in body
     return ok, f"{p.url}: HTTP {code} {body.strip()[:120]!r}" if not ok else f"{p.url}: ok"
@@ -51,7 +55,7 @@ def api_get(layout: Layout, path: str, timeout: float = 5.0) -> tuple[int, Any]:
     """GET an API path as admin; (status, parsed JSON or None)."""
     try:
         code, body = _get(layout, layout.api_url + path, True, timeout)
-    except (OSError, urllib.error.URLError):
+    except (OSError, urllib.error.URLError, netns.NetnsError):
         return 0, None
     try:
         return code, json.loads(body)

@@ -6,6 +6,7 @@ that argument builders stay pure functions of it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 from dataclasses import dataclass, field
@@ -27,7 +28,11 @@ PORT_SUFFIXES = {
 
 SERVICE_CIDR = "10.96.0.0/24"
 SERVICE_IP = "10.96.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
+# kwok's --cidr: with no spec.podCIDR on the nodes, kwok hands every pod the next free address of this
+# one pool (from 10.244.0.1; a deleted pod's address goes back to the pool). Inside the testbed's network
+# namespace the whole range is routed to lo as local, so every pod IP is bindable there.
 POD_CIDR = "10.244.0.0/16"
+NETNS_OFF = {"0", "off", "false", "no"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,8 @@ class Layout:
     cache: Path
     run_dir: Path
     port_base: int
+    # The network namespace everything runs in ("" = none: the caller's namespace, no pod network).
+    netns: str = ""
     # Extra flags per component, appended last so they override ours (pflag: last one wins).
     extra_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -79,8 +86,14 @@ class Layout:
         return f"https://127.0.0.1:{self.port('kube-apiserver')}"
 
 
+def default_netns(run_dir: Path) -> str:
+    """One namespace per run dir, so two testbeds never share one: vlmtb-<10 hex of the run dir's hash>."""
+    return "vlmtb-" + hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]
+
+
 def layout_from_env(env: dict[str, str] | None = None) -> Layout:
-    """Build the layout from VLM_CACHE, VLM_TESTBED_DIR, VLM_TESTBED_PORT_BASE and
+    """Build the layout from VLM_CACHE, VLM_TESTBED_DIR, VLM_TESTBED_PORT_BASE, VLM_TESTBED_NETNS (unset
+    or 1: a namespace named after the run dir; 0/off: none; anything else: that name) and
     VLM_TESTBED_ARGS_<COMPONENT> (e.g. VLM_TESTBED_ARGS_KUBE_APISERVER="--feature-gates=X=true")."""
     env = dict(os.environ) if env is None else env
     cache = Path(env.get("VLM_CACHE") or Path.home() / ".cache" / "vlm-operator")
@@ -91,4 +104,10 @@ def layout_from_env(env: dict[str, str] | None = None) -> Layout:
         value = env.get("VLM_TESTBED_ARGS_" + name.upper().replace("-", "_"))
         if value:
             extra[name] = tuple(shlex.split(value))
-    return Layout(cache=cache.resolve(), run_dir=run_dir.resolve(), port_base=base, extra_args=extra)
+    run_dir = run_dir.resolve()
+    ns = (env.get("VLM_TESTBED_NETNS") or "1").strip()
+    if ns.lower() in NETNS_OFF:
+        ns = ""
+    elif ns.lower() in {"1", "on", "true", "yes"}:
+        ns = default_netns(run_dir)
+    return Layout(cache=cache.resolve(), run_dir=run_dir, port_base=base, netns=ns, extra_args=extra)

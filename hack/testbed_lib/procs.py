@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from . import netns
 from .layout import Layout
 
 
@@ -37,22 +38,27 @@ def running_pid(layout: Layout, name: str) -> int | None:
     return pid if str(layout.run_dir).encode() in cmdline else None
 
 
-def start(layout: Layout, name: str, argv: list[str]) -> int:
-    """Launch a component detached from this process, logging to logs/<name>.log."""
+def start(layout: Layout, name: str, argv: list[str], ns: str | None = None) -> int:
+    """Launch a component detached from this process, logging to logs/<name>.log.
+
+    ns: the network namespace to start it in (a testbed namespace name or a path); None: the caller's.
+    """
     layout.logs.mkdir(parents=True, exist_ok=True)
     layout.pids.mkdir(parents=True, exist_ok=True)
     with open(log_file(layout, name), "ab") as log:
         log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {' '.join(argv)}\n".encode())
         log.flush()
         # A new session so the component outlives `hack/testbed up` and ignores its ^C.
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=layout.run_dir,
-        )
+        # Entered here, not in a preexec_fn: the child inherits the thread's namespace at fork.
+        with netns.entered(ns):
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=layout.run_dir,
+            )
     pid_file(layout, name).write_text(f"{proc.pid}\n")
     # Popen can return while the kernel still shows the pre-exec cmdline; wait until the pid
     # reads as ours so the next liveness check does not mistake that window for an exit.

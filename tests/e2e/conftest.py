@@ -1,5 +1,9 @@
 """E2E tier: the testbed plus real Prometheus and Alertmanager, real sidecars running real py-spy
-against scheduler stand-ins whose speed follows the flags the operator put in each pod."""
+against scheduler stand-ins whose speed follows the flags the operator put in each pod.
+
+The network path is a cluster's: inside the testbed's network namespace (tests/cluster.py moves the
+session there) every stand-in and sidecar listens on its pod's IP and ports, the operator reads the
+sidecars at <pod IP>:9400 and Prometheus scrapes pod IPs. No endpoint override is involved."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import pytest
 
 from bench.standin.monitoring import Monitoring
 from bench.standin.podmap import PodMapper
-from tests.operator_proc import OperatorProcess, install_crd
+from tests.operator_proc import OperatorProcess, install_crd, pod_network_here
 
 _HERE = Path(__file__).resolve().parent
 
@@ -25,8 +29,20 @@ def crd(cluster):
     install_crd(cluster.kubectl)
 
 
+@pytest.fixture(scope="session")
+def pod_network(cluster):
+    """The e2e tier needs pod IPs that are real addresses: the testbed's network namespace."""
+    if not cluster.pod_network:
+        pytest.fail("the e2e tier needs the testbed's pod network; this testbed runs without its network "
+                    "namespace (VLM_TESTBED_NETNS=0). Run as root with VLM_TESTBED_NETNS unset (docs/testbed.md).",
+                    pytrace=False)
+    if not pod_network_here():
+        pytest.fail(f"pod IPs are not addresses of this process's namespace (expected {cluster.netns})",
+                    pytrace=False)
+
+
 @pytest.fixture
-def podmap(kube, namespace, tmp_path):
+def podmap(kube, namespace, tmp_path, pod_network):
     m = PodMapper(kube, namespace, tmp_path / "pods").start()
     yield m
     m.stop()
@@ -49,8 +65,7 @@ def make_operator(cluster, crd, namespace, tmp_path, podmap):
     started: list[OperatorProcess] = []
 
     def start(**env: str) -> OperatorProcess:
-        op = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log",
-                             {"VLM_SIDECAR_ENDPOINTS": str(podmap.endpoints_file), **env})
+        op = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log", dict(env))
         op.start()
         started.append(op)
         return op

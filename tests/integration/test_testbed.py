@@ -2,18 +2,28 @@
 
 Each test exercises a component that a fake API server would not have: the controller-manager
 (Deployments, garbage collection, namespace deletion), the scheduler (GPU capacity), kwok (pods
-Running and Ready on fake H100 nodes), RBAC with service-account tokens, and CEL validation.
+Running and Ready on fake H100 nodes), RBAC with service-account tokens, and CEL validation; and the
+pod network of the testbed's network namespace (pod IPs that are real addresses, reached directly
+and through the API server's pod proxy, with nothing but lo in the namespace).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import json
+import os
+import socket
+import subprocess
+import threading
 import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.cluster import Cluster, wait_for
+from tests.cluster import TESTBED, Cluster, home_network, netns, wait_for
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 FAKE_NODES = {"gpu-node-0", "gpu-node-1"}
@@ -314,3 +324,69 @@ def test_kubectl_helper_talks_to_the_testbed(cluster: Cluster, kubectl):
     nodes = kubectl("get", "nodes", "-l", f"nvidia.com/gpu.product={H100}", "-o", "name").split()
     assert sorted(nodes) == sorted(f"node/{n}" for n in FAKE_NODES)
     assert kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}") == "admin"
+
+
+def _needs_pod_network(cluster: Cluster) -> None:
+    if not cluster.pod_network:
+        pytest.skip("testbed without its network namespace (VLM_TESTBED_NETNS=0): no pod network")
+
+
+def test_pod_ip_is_an_address_reached_directly_and_through_the_api_server_proxy(cluster, kube, namespace):
+    """The path a cluster takes: kwok's pod IP from the testbed's CIDR, a server listening on it, and the
+    API server's pod proxy dialling that IP (what `kubectl vlm profile` uses)."""
+    _needs_pod_network(cluster)
+    core = client.CoreV1Api(kube)
+    spec = _gpu_pod_spec(1)
+    spec["containers"][0]["ports"] = [{"containerPort": 9400, "name": "profiler"}]
+    core.create_namespaced_pod(namespace, {"metadata": {"name": "web"}, "spec": spec})
+    pod = wait_for(lambda: (p := core.read_namespaced_pod("web", namespace)).status.pod_ip and p, 60, "a pod IP")
+    ip = pod.status.pod_ip
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network(cluster.pod_cidr), ip
+
+    class Hello(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"path": self.path, "peer": self.client_address[0]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = ThreadingHTTPServer((ip, 9400), Hello)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with urllib.request.urlopen(f"http://{ip}:9400/direct", timeout=5) as r:
+            assert json.loads(r.read())["path"] == "/direct"
+        out = cluster.kubectl("get", "--raw", f"/api/v1/namespaces/{namespace}/pods/web:9400/proxy/windows.json")
+        assert json.loads(out)["path"] == "/windows.json", out
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    # Nothing listens there now: refused at once, as a pod whose sidecar is down.
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((ip, 9400), timeout=5).close()
+
+
+def test_everything_runs_in_the_namespace_with_only_lo_and_the_api_is_bridged_out(cluster):
+    _needs_pod_network(cluster)
+    ino = netns.inode(cluster.netns)
+    assert ino is not None and netns.inside(cluster.netns)  # pytest's main thread, put there by `cluster`
+    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"):
+        pid = int((cluster.run_dir / "pids" / f"{name}.pid").read_text())
+        assert netns.pid_inode(pid) == ino, name
+    # Only lo: no veth, no route out; the pod CIDR is local on lo.
+    assert [n for _, n in socket.if_nameindex()] == ["lo"]
+    routes = subprocess.run(["ip", "route", "show", "table", "local"], capture_output=True, text=True).stdout
+    assert f"local {cluster.pod_cidr} dev lo" in routes, routes
+    with pytest.raises(OSError):
+        socket.create_connection(("192.0.2.1", 80), timeout=2).close()  # TEST-NET-1: unreachable, no route
+    # From the namespace the session started in, kubectl reaches the API server through the bridge.
+    with home_network():
+        assert not netns.inside(cluster.netns)
+        assert cluster.kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}") == "admin"
+        env = {**os.environ, "VLM_TESTBED_DIR": str(cluster.run_dir)}
+        status = subprocess.run([str(TESTBED), "status"], capture_output=True, text=True, env=env, timeout=60)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"netns                    ok    {cluster.netns}" in status.stdout
