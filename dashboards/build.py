@@ -102,18 +102,18 @@ def panels() -> list[dict]:
 
     out.append(_row(9, "Where the scheduler spends its time", 23))
     out.append(_panel(10, "Loop stage shares", "timeseries", (0, 24, 12, 9), [
-        _target(f"avg by (revision, stage) (vlm_scheduler_stage_share{{{SEL}}})", "{{revision}} {{stage}}")],
+        _target(f"avg by (revision, stage) (vlm_scheduler_stage_share_ratio{{{SEL}}})", "{{revision}} {{stage}}")],
         unit="percentunit", stack=False,
         description="recv_requests, process_input_requests, get_next_batch_to_run, run_batch, "
                     "process_batch_result, idle, other; last profiling window."))
     out.append(_panel(11, "Watched and hot functions (inclusive share)", "timeseries", (12, 24, 12, 9), [
-        _target(f'avg by (revision, function) (vlm_scheduler_function_share{{{SEL},kind="inclusive"}})',
+        _target(f'avg by (revision, function) (vlm_scheduler_function_share_ratio{{{SEL},kind="inclusive"}})',
                 "{{revision}} {{function}}")],
         unit="percentunit",
         description="Share of scheduler samples with the function on the stack (watch list plus top N). "
                     "hash_feature or reconstruct_on_target_device growing means per-image work in the scheduler."))
     out.append(_panel(12, "Top self-time functions", "table", (0, 33, 24, 7), [
-        _target(f'topk(15, avg by (revision, function) (vlm_scheduler_function_share{{{SEL},kind="self"}}))',
+        _target(f'topk(15, avg by (revision, function) (vlm_scheduler_function_share_ratio{{{SEL},kind="self"}}))',
                 instant=True, fmt="table")],
         unit="percentunit",
         extra={"transformations": [{"id": "organize", "options": {"excludeByName": {"Time": True}}}]}))

@@ -13,6 +13,7 @@ K8S_VERSION="${K8S_VERSION:-v1.34.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.6}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v3.21.4}"
+PROM_OPERATOR_VERSION="${PROM_OPERATOR_VERSION:-v0.85.0}"
 CACHE="${VLM_CACHE:-$HOME/.cache/vlm-operator}"
 BIN="$CACHE/bin"
 
@@ -122,10 +123,55 @@ kwok_stages() {  # kwok's stage configs ship in its module, not in the binary
   ln -sfn "$out" "$CACHE/kwok-stages"
 }
 
+build_prometheus_operator() {
+  # Its go.mod replaces its own submodules (pkg/apis/monitoring, pkg/client) with local paths, which
+  # `go install pkg@version` refuses; a wrapper module requiring all three at one version builds cmd/operator.
+  # The CRDs ship in the module (example/prometheus-operator-crd), copied next to the binary for the tests.
+  local ver="$PROM_OPERATOR_VERSION" mod=github.com/prometheus-operator/prometheus-operator
+  local crds="$CACHE/prometheus-operator-crds-$ver"
+  if ! have prometheus-operator "$ver"; then
+    local dir="$CACHE/src/prometheus-operator-$ver"
+    mkdir -p "$dir"
+    log "building prometheus-operator $ver"
+    (
+      cd "$dir"
+      go mod download -json "$mod@$ver" >/dev/null
+      local pdir; pdir="$(go env GOMODCACHE)/$mod@$ver"
+      {
+        echo "module vlmops.dev/prometheus-operator-build"
+        echo
+        grep -E '^go [0-9]' "$pdir/go.mod"
+        echo
+        echo "require ("
+        echo "	$mod $ver"
+        echo "	$mod/pkg/apis/monitoring $ver"
+        echo "	$mod/pkg/client $ver"
+        echo ")"
+      } >go.mod
+      printf '//go:build tools\n\npackage tools\n\nimport _ "%s/cmd/operator"\n' "$mod" >tools.go
+      go mod tidy -e >/dev/null 2>&1 || true
+      local ld="-s -w -X github.com/prometheus/common/version.Version=${ver#v}"
+      ld+=" -X github.com/prometheus/common/version.Revision=$ver -X github.com/prometheus/common/version.Branch=$ver"
+      go build -trimpath -ldflags "$ld" -o "$BIN/prometheus-operator-$ver.tmp" "$mod/cmd/operator"
+      mv "$BIN/prometheus-operator-$ver.tmp" "$BIN/prometheus-operator-$ver"
+    )
+  fi
+  link prometheus-operator "$ver"
+  if [[ ! -d "$crds" ]]; then
+    go mod download -json "$mod@$ver" >/dev/null
+    mkdir -p "$crds.tmp"
+    cp "$(go env GOMODCACHE)/$mod@$ver/example/prometheus-operator-crd"/*.yaml "$crds.tmp/"
+    chmod -R u+w "$crds.tmp"
+    mv "$crds.tmp" "$crds"
+  fi
+  ln -sfn "$crds" "$CACHE/prometheus-operator-crds"
+}
+
 start=$(date +%s)
 build_etcd
 build_goinstall kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
 kwok_stages
 build_goinstall helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
 build_k8s
+build_prometheus_operator
 log "binaries ready in $BIN ($(( $(date +%s) - start ))s)"

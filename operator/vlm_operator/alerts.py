@@ -1,6 +1,13 @@
 """Alerting rules, one source for both shapes: a PrometheusRule per VLMService (when the Prometheus
 Operator CRDs exist) and a plain rules file for any Prometheus (`alerts/vlm-operator.rules.yaml`).
 
+The file has two groups: `vlm-operator` (the per-VLMService alerts, the ones the operator's PrometheusRules
+carry scoped to their service) and `vlm-operator-self` (the operator itself: down, reconcile errors; these
+belong once per cluster, so no per-service PrometheusRule carries them; the chart ships them with its
+ServiceMonitor). The self alerts select the operator's scrape job by `job="vlm-operator"` (OPERATOR_JOB):
+the chart's ServiceMonitor takes the job name from the Service's app.kubernetes.io/name label; a plain
+Prometheus scraping the operator must name its job so.
+
     python -m vlm_operator.alerts           # write the plain rules file
     python -m vlm_operator.alerts --check   # fail when it is stale
 
@@ -11,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +28,9 @@ RULES_FILE = Path("alerts") / "vlm-operator.rules.yaml"
 OUTPUTS = (RULES_FILE, Path("charts") / "vlm-operator" / "files" / "vlm-operator.rules.yaml")
 RUNBOOK = "https://github.com/vlmops/vlm-operator/blob/main/docs/alerts.md#"
 WATCHED = "process_input_requests|hash_feature|reconstruct_on_target_device"
+OPERATOR_JOB = "vlm-operator"
+GROUP = "vlm-operator"
+SELF_GROUP = "vlm-operator-self"
 
 
 def _sel(extra: str, scope: str) -> str:
@@ -27,21 +38,50 @@ def _sel(extra: str, scope: str) -> str:
     return "{" + ",".join(parts) + "}" if parts else ""
 
 
+def _alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict[str, Any]:
+    return {
+        "alert": name,
+        "expr": expr,
+        "for": for_,
+        "labels": {"severity": severity, "component": "vlm-operator"},
+        "annotations": {
+            "summary": summary,
+            "description": description,
+            "runbook_url": RUNBOOK + name.lower(),
+        },
+    }
+
+
+def self_rules(job: str = OPERATOR_JOB) -> list[dict[str, Any]]:
+    """Alerts on the operator itself (once per cluster, not per VLMService)."""
+    up = f'up{{job="{job}"}}'
+    count = f'vlm_operator_reconcile_duration_seconds_count{{job="{job}"'
+    return [
+        _alert(
+            "VLMOperatorDown",
+            f"absent({up} == 1)",
+            "5m",
+            "critical",
+            "No vlm-operator is up: VLMServices are not reconciled and canary rollouts are not gated",
+            f"Prometheus has had no successful scrape of job {job} for 5 minutes (the operator pod is down, "
+            "not ready, or its ServiceMonitor selects nothing). Running pods keep serving; rollouts in "
+            "progress stay where they are.",
+        ),
+        _alert(
+            "VLMOperatorReconcileErrors",
+            f'sum by (job) (rate({count},result="error"}}[10m])) / sum by (job) (rate({count}}}[10m])) > 0.1',
+            "15m",
+            "warning",
+            "{{ $value | humanizePercentage }} of vlm-operator reconciles fail",
+            "More than 10% of the operator's reconciles raised for 15 minutes; vlm_operator_errors_total{reason} "
+            "and the operator's log name the cause (API errors by HTTP status, invalid specs).",
+        ),
+    ]
+
+
 def rules(scope: str = "") -> list[dict[str, Any]]:
     """Alert rules; `scope` is a label matcher list (e.g. namespace="a",vlmservice="b") or empty."""
-
-    def alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict[str, Any]:
-        return {
-            "alert": name,
-            "expr": expr,
-            "for": for_,
-            "labels": {"severity": severity, "component": "vlm-operator"},
-            "annotations": {
-                "summary": summary,
-                "description": description,
-                "runbook_url": RUNBOOK + name.lower(),
-            },
-        }
+    alert = _alert
 
     loop_sel = _sel('signal="loop_latency"', scope)
     fn_sel = _sel(f'kind="inclusive",function=~"{WATCHED}"', scope)
@@ -57,7 +97,7 @@ def rules(scope: str = "") -> list[dict[str, Any]]:
         ),
         alert(
             "VLMSchedulerHotFunctionShareHigh",
-            f"max by (namespace, vlmservice, pod, function) (vlm_scheduler_function_share{fn_sel}) > 0.25",
+            f"max by (namespace, vlmservice, pod, function) (vlm_scheduler_function_share_ratio{fn_sel}) > 0.25",
             "10m",
             "warning",
             "{{ $labels.function }} takes {{ $value | humanizePercentage }} of the scheduler on {{ $labels.pod }}",
@@ -96,16 +136,25 @@ def rules(scope: str = "") -> list[dict[str, Any]]:
     ]
 
 
-def rules_group(scope: str = "", name: str = "vlm-operator") -> dict[str, Any]:
+def rules_group(scope: str = "", name: str = GROUP) -> dict[str, Any]:
     return {"groups": [{"name": name, "rules": rules(scope)}]}
 
 
-def build_prometheus_rule(name: str, namespace: str, owner_ref: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+def rules_file() -> dict[str, Any]:
+    """The plain rules file: the unscoped per-service group and the operator's own."""
+    return {"groups": [{"name": GROUP, "rules": rules()}, {"name": SELF_GROUP, "rules": self_rules()}]}
+
+
+def build_prometheus_rule(name: str, namespace: str, owner_ref: dict[str, Any], labels: dict[str, str],
+                          extra_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The per-VLMService PrometheusRule; `extra_labels` (VLM_MONITORING_LABELS, e.g. `release: ...` for a
+    kube-prometheus-stack ruleSelector) go under the operator's own `labels`."""
     scope = f'namespace="{namespace}",vlmservice="{name}"'
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels, "ownerReferences": [owner_ref]},
+        "metadata": {"name": name, "namespace": namespace, "labels": {**dict(extra_labels or {}), **labels},
+                     "ownerReferences": [owner_ref]},
         "spec": rules_group(scope, name=f"vlm-operator-{name}"),
     }
 
@@ -114,7 +163,7 @@ def render() -> str:
     import yaml
 
     header = "# Generated by `python -m vlm_operator.alerts`. Runbooks: docs/alerts.md\n"
-    return header + yaml.safe_dump(rules_group(), sort_keys=False, width=200)
+    return header + yaml.safe_dump(rules_file(), sort_keys=False, width=200)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -49,7 +49,9 @@ def is_subset(desired: Any, observed: Any) -> bool:
             and len(desired) == len(observed)
             and all(is_subset(d, o) for d, o in zip(desired, observed, strict=True))
         )
-    if isinstance(desired, int | float) and isinstance(observed, int | float) and not isinstance(desired, bool):
+    if isinstance(desired, bool) or isinstance(observed, bool):
+        return desired is observed  # True is not 1
+    if isinstance(desired, int | float) and isinstance(observed, int | float):
         return desired == observed
     return desired == observed or (isinstance(desired, str) and str(observed) == desired and observed is not None)
 
@@ -64,6 +66,32 @@ def classify(e: ApiException, what: str) -> Exception:
     if status in (409, 429) or status >= 500 or status == 0:
         return TemporaryError(f"{what}: {status} {message}", reason=f"Http{status}", delay=5 if status == 409 else 15)
     return PermanentError(f"{what}: {status} {message}", reason=f"Http{status}")
+
+
+def status_patch(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that turns status `current` into `new` (keys no longer set are nulled); None when
+    they are equal, so a resync that changes nothing writes nothing."""
+    patch: dict[str, Any] = dict(new)
+    for k in current:
+        if k not in new:
+            patch[k] = None
+    if all(current.get(k) == v for k, v in patch.items()):
+        return None
+    return patch
+
+
+class KubeAPI(Protocol):
+    """What the reconcile needs of the API server: `Kube` in the operator, a fake in unit tests."""
+
+    def apply(self, obj: Mapping[str, Any], observed: Mapping[str, Any] | None) -> bool: ...
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool: ...
+
+    def patch_status(self, namespace: str, name: str, current: Mapping[str, Any], new: Mapping[str, Any]) -> bool: ...
+
+    def clear_annotation(self, namespace: str, name: str, key: str) -> None: ...
+
+    def free_gpus(self, product: str, resource: str = "nvidia.com/gpu") -> int: ...
 
 
 class Kube:
@@ -133,11 +161,8 @@ class Kube:
 
     def patch_status(self, namespace: str, name: str, current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
         """Merge-patch the status subresource; keys we no longer set are nulled. No-op when equal."""
-        patch: dict[str, Any] = dict(new)
-        for k in current:
-            if k not in new:
-                patch[k] = None
-        if all(current.get(k) == v for k, v in patch.items()):
+        patch = status_patch(current, new)
+        if patch is None:
             return False
         try:
             self._call(

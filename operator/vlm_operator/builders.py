@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -338,19 +339,28 @@ def build_service(owner: Owner) -> dict[str, Any]:
     }
 
 
-def build_pod_monitor(owner: Owner) -> dict[str, Any]:
-    """Prometheus Operator PodMonitor for SGLang and the sidecar (only when its CRD exists)."""
+def monitoring_metadata(owner: Owner, extra_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Metadata of the PodMonitor and PrometheusRule: owned, with the user's extra labels (the operator setting
+    VLM_MONITORING_LABELS, e.g. `release: kube-prometheus-stack` for that chart's selectors) under ours."""
+    meta = owned_metadata(owner)
+    meta["labels"] = {**dict(extra_labels or {}), **meta["labels"]}
+    return meta
+
+
+def build_pod_monitor(owner: Owner, extra_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Prometheus Operator PodMonitor for SGLang and the sidecar (only when its CRD exists).
+
+    honorLabels: the sidecar labels its series with the VLMService's namespace, vlmservice, pod and revision
+    itself; without it the target's labels would win a clash and move the series' own to `exported_*`."""
+    endpoint = {"path": "/metrics", "interval": "15s", "honorLabels": True}
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": owned_metadata(owner),
+        "metadata": monitoring_metadata(owner, extra_labels),
         "spec": {
             "selector": {"matchLabels": {LABEL_SERVICE: owner.name}},
             "podTargetLabels": [LABEL_SERVICE, LABEL_REVISION, LABEL_ROLE],
-            "podMetricsEndpoints": [
-                {"port": "http", "path": "/metrics", "interval": "15s"},
-                {"port": "profiler", "path": "/metrics", "interval": "15s"},
-            ],
+            "podMetricsEndpoints": [{"port": "http", **endpoint}, {"port": "profiler", **endpoint}],
         },
     }
 

@@ -69,3 +69,18 @@ def transitions(before: Sequence[dict], after: Sequence[dict]) -> list[dict]:
         if old is None or old.get("status") != c["status"] or old.get("reason") != c["reason"]:
             out.append(c)
     return out
+
+
+def events_for(transitions: Sequence[dict]) -> list[tuple[str, str, str]]:
+    """Ready and Degraded flips become Events (type, reason, message): Warnings for trouble, Normal for
+    recovery. Replicas still starting and an invalid spec (reported by its own condition) are not news."""
+    out = []
+    for c in transitions:
+        text = f"{c['type']}={c['status']}: {c['message']}"
+        if c["type"] == READY and c["status"] == "True":
+            out.append(("Normal", c["reason"], text))
+        elif (c["type"] == READY and c["status"] == "False" and c["reason"] != "ReplicasNotReady") or (
+            c["type"] == DEGRADED and c["status"] == "True" and c["reason"] != "InvalidSpec"
+        ):
+            out.append(("Warning", c["reason"], text))
+    return out

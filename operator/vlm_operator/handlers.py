@@ -88,10 +88,14 @@ def reconcile_vlmservice(
 
 
 @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True)
-def forget_vlmservice(name: str, namespace: str, uid: str, **_: Any) -> None:
-    """Owned objects go with the owner (garbage collection); only our metric series need removing."""
+def forget_vlmservice(name: str, namespace: str, uid: str, memo: kopf.Memo, **_: Any) -> None:
+    """Owned objects go with the owner (garbage collection); only our metric series and the in-memory
+    profiler bookkeeping need removing (the sidecar cache drops pods nobody asks about by itself)."""
     metrics.forget(namespace, name)
     _locks.pop(uid, None)
+    rt = getattr(memo, "rt", None)
+    if rt is not None:
+        rt.forget(uid)
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)

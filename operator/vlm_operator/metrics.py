@@ -3,21 +3,32 @@
     vlm_operator_reconcile_duration_seconds{result}   histogram
     vlm_operator_errors_total{reason}                 counter
     vlm_operator_api_writes_total{verb}               counter (every write request we send)
+    vlm_operator_rollouts_total{result}               counter: promoted, rolled_back, aborted
     vlm_operator_managed_services                     gauge
     vlm_operator_rollout_phase{namespace,vlmservice,phase}  1 for the current phase
-    vlm_operator_rollouts_total{result}               counter: promoted, rolled_back, aborted
     vlm_operator_signal_delta{namespace,vlmservice,signal}  last relative delta canary vs baseline
     vlm_operator_ipc_cache_active{namespace,vlmservice}     1/0
     vlm_operator_canary_rollback_info{namespace,vlmservice,revision,signal,function}  1 while rolled back
 
-Series of a deleted VLMService are removed by `forget`.
+Counters and the histogram are process-wide prometheus_client metrics. Everything per VLMService is state:
+`STATE` keeps the last known facts of each service, and `StateCollector` (registered once) turns them into
+metric families at scrape time, so a deleted service's series go with `forget` (one dict entry), with no
+series clean-up through prometheus_client's internals. `SIGNAL_DELTA`, `IPC_ACTIVE` and `MANAGED` keep the
+`labels(...).set(v)` / `set(v)` shape of the gauges they replace and write into `STATE`.
+
+`namespace` on these series is the VLMService's namespace: scrape the operator with honorLabels (the chart's
+ServiceMonitor does), or the target's namespace label wins and this one moves to exported_namespace.
 """
 
 from __future__ import annotations
 
-import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 RECONCILE = Histogram(
     "vlm_operator_reconcile_duration_seconds",
@@ -27,48 +38,149 @@ RECONCILE = Histogram(
 )
 ERRORS = Counter("vlm_operator_errors_total", "Errors by reason.", ["reason"])
 API_WRITES = Counter("vlm_operator_api_writes_total", "Write requests sent to the API server.", ["verb"])
-MANAGED = Gauge("vlm_operator_managed_services", "VLMServices this operator manages.")
-ROLLOUT_PHASE = Gauge(
-    "vlm_operator_rollout_phase", "1 for the rollout's current phase.", ["namespace", "vlmservice", "phase"]
-)
 ROLLOUTS = Counter("vlm_operator_rollouts_total", "Finished canary rollouts by result.", ["result"])
-SIGNAL_DELTA = Gauge(
-    "vlm_operator_signal_delta",
-    "Last relative change of a signal, canary vs baseline.",
-    ["namespace", "vlmservice", "signal"],
-)
-IPC_ACTIVE = Gauge(
-    "vlm_operator_ipc_cache_active", "1 when the pods run with the CUDA IPC pool-handle cache.", ["namespace", "vlmservice"]
-)
-ROLLBACK_INFO = Gauge(
-    "vlm_operator_canary_rollback_info",
-    "1 while a VLMService holds a rolled-back canary: the revision, the signal and the function that grew most.",
-    ["namespace", "vlmservice", "revision", "signal", "function"],
-)
 PHASES = ("Idle", "Progressing", "Analysing", "Paused", "Promoted", "RolledBack", "Inconclusive", "Aborted")
+_SVC = ["namespace", "vlmservice"]
+
+
+@dataclass
+class ServiceFacts:
+    """What the metrics say about one VLMService; None: not known (no series)."""
+
+    phase: str | None = None
+    signal_delta: dict[str, float] = field(default_factory=dict)
+    ipc_cache_active: float | None = None
+    rollback: tuple[str, str, str] | None = None  # revision, signal, function
+
+
+class State:
+    """The per-service facts, written by the reconcile loop and read at scrape time (thread-safe: the
+    HTTP server's thread reads while kopf's writes)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._services: dict[tuple[str, str], ServiceFacts] = {}
+        self.managed = 0.0
+
+    def update(self, namespace: str, name: str, **facts: object) -> None:
+        with self._lock:
+            f = self._services.setdefault((namespace, name), ServiceFacts())
+            for k, v in facts.items():
+                setattr(f, k, v)
+
+    def set_signal_delta(self, namespace: str, name: str, signal: str, value: float) -> None:
+        with self._lock:
+            self._services.setdefault((namespace, name), ServiceFacts()).signal_delta[signal] = float(value)
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._services.pop((namespace, name), None)
+
+    def snapshot(self) -> tuple[float, dict[tuple[str, str], ServiceFacts]]:
+        with self._lock:
+            return self.managed, {
+                k: ServiceFacts(f.phase, dict(f.signal_delta), f.ipc_cache_active, f.rollback)
+                for k, f in self._services.items()
+            }
+
+
+def families(managed: float, services: dict[tuple[str, str], ServiceFacts]) -> list[Metric]:
+    """The per-service metric families of one scrape. Pure."""
+    m = GaugeMetricFamily("vlm_operator_managed_services", "VLMServices this operator manages.", value=managed)
+    phase = GaugeMetricFamily("vlm_operator_rollout_phase", "1 for the rollout's current phase.",
+                              labels=[*_SVC, "phase"])
+    delta = GaugeMetricFamily("vlm_operator_signal_delta", "Last relative change of a signal, canary vs baseline.",
+                              labels=[*_SVC, "signal"])
+    ipc = GaugeMetricFamily("vlm_operator_ipc_cache_active",
+                            "1 when the pods run with the CUDA IPC pool-handle cache.", labels=_SVC)
+    info = GaugeMetricFamily(
+        "vlm_operator_canary_rollback_info",
+        "1 while a VLMService holds a rolled-back canary: the revision, the signal and the function that grew most.",
+        labels=[*_SVC, "revision", "signal", "function"],
+    )
+    for (ns, name), f in sorted(services.items()):
+        if f.phase is not None:
+            for p in PHASES:
+                phase.add_metric([ns, name, p], 1.0 if p == f.phase else 0.0)
+        for signal, v in sorted(f.signal_delta.items()):
+            delta.add_metric([ns, name, signal], v)
+        if f.ipc_cache_active is not None:
+            ipc.add_metric([ns, name], f.ipc_cache_active)
+        if f.rollback is not None:
+            info.add_metric([ns, name, *f.rollback], 1.0)
+    return [m, phase, delta, ipc, info]
+
+
+class StateCollector(Collector):
+    """prometheus_client custom collector over a `State`: every value computed at scrape time."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(*self.state.snapshot())
+
+    def describe(self) -> Iterator[Metric]:  # names only: registering must not read the state
+        yield from families(0.0, {})
+
+
+class _ServiceGauge:
+    """`GAUGE.labels(namespace, name[, signal]).set(v)`, writing into STATE (the reconcile loop's API)."""
+
+    def __init__(self, state: State, kind: str) -> None:
+        self._state, self._kind = state, kind
+
+    def labels(self, namespace: str, name: str, *rest: str) -> _Setter:
+        return _Setter(self._state, self._kind, namespace, name, rest)
+
+
+@dataclass(frozen=True)
+class _Setter:
+    state: State
+    kind: str
+    namespace: str
+    name: str
+    rest: tuple[str, ...]
+
+    def set(self, value: float) -> None:
+        if self.kind == "signal_delta":
+            self.state.set_signal_delta(self.namespace, self.name, self.rest[0], value)
+        else:
+            self.state.update(self.namespace, self.name, **{self.kind: float(value)})
+
+
+class _Managed:
+    def __init__(self, state: State) -> None:
+        self._state = state
+
+    def set(self, value: float) -> None:
+        self._state.managed = float(value)
+
+
+STATE = State()
+COLLECTOR = StateCollector(STATE)
+SIGNAL_DELTA = _ServiceGauge(STATE, "signal_delta")
+IPC_ACTIVE = _ServiceGauge(STATE, "ipc_cache_active")
+MANAGED = _Managed(STATE)
+
+
+def register(registry: CollectorRegistry = REGISTRY) -> None:
+    """Register the state collector (done once at import for the default registry)."""
+    registry.register(COLLECTOR)
+
+
+register()
 
 
 def set_phase(namespace: str, name: str, phase: str) -> None:
-    for p in PHASES:
-        ROLLOUT_PHASE.labels(namespace, name, p).set(1.0 if p == phase else 0.0)
-
-
-def _drop(gauge: Gauge, namespace: str, name: str) -> None:
-    for labels in list(gauge._metrics):  # prometheus_client has no public prefix removal
-        if labels[:2] == (namespace, name):
-            gauge.remove(*labels)
+    STATE.update(namespace, name, phase=phase)
 
 
 def set_rollback(namespace: str, name: str, revision: str | None, signal: str | None, function: str | None) -> None:
     """One series while rolled back; none otherwise."""
-    _drop(ROLLBACK_INFO, namespace, name)
-    if revision:
-        ROLLBACK_INFO.labels(namespace, name, revision, signal or "unknown", function or "unknown").set(1)
+    STATE.update(namespace, name,
+                 rollback=(revision, signal or "unknown", function or "unknown") if revision else None)
 
 
 def forget(namespace: str, name: str) -> None:
-    for p in PHASES:
-        with contextlib.suppress(KeyError):
-            ROLLOUT_PHASE.remove(namespace, name, p)
-    for g in (SIGNAL_DELTA, IPC_ACTIVE, ROLLBACK_INFO):
-        _drop(g, namespace, name)
+    STATE.forget(namespace, name)

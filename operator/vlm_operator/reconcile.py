@@ -2,18 +2,19 @@
 
 Gather: the spec, the status (all rollout state lives there), the owned
 objects (from kopf indexes, no API reads), free GPUs when a canary starts,
-and profiler windows when an analysis is due. Decide: `builders`, `rollout`,
-`gate`, `status` (pure). Act: `apply` writes only what differs, then one
-status patch and Events for what changed.
+and profiler windows when an analysis or the profiler summary is due (sidecar
+reads are bounded and cached per pod window: `signals.SidecarReader`). Decide:
+`builders`, `rollout`, `gate`, `status` (pure). Act: `apply` writes only what
+differs, then at most one status patch and Events for what changed.
 """
 
 from __future__ import annotations
 
 import logging
-import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,22 +23,44 @@ from pydantic import ValidationError
 from . import alerts, api, builders, gate, metrics, rollout, signals
 from . import conditions as C
 from . import status as S
-from .apply import Kube
+from .apply import KubeAPI
 from .errors import InvalidSpec
 from .settings import Settings
 from .units import parse_duration
 
 log = logging.getLogger("vlm_operator.reconcile")
 Emit = Callable[[str, str, str], None]  # (type, reason, message)
-WRAPPER_SHARE = 0.9
-LOOP_ROOTS = ("event_loop", "run_scheduler_process", "<module>", "main", "run_event_loop")
+PROFILER_SPAN_WINDOWS = 4  # status.profiler summarises the windows of the last 4 telemetry intervals
 
 
 @dataclass
 class Runtime:
-    kube: Kube
+    kube: KubeAPI
     settings: Settings
     monitoring: bool = False  # monitoring.coreos.com CRDs present (checked at start-up)
+    sidecars: signals.SidecarReader | None = None  # built from the settings when not given
+    # uid -> when status.profiler was last recomputed (in memory: at most one read per interval per service)
+    profiler_reads: dict[str, float] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.sidecars is None:
+            self.sidecars = signals.SidecarReader(
+                timeout_s=self.settings.sidecar_timeout_seconds, workers=self.settings.sidecar_workers
+            )
+
+    def profiler_due(self, uid: str, interval: float, now: float) -> bool:
+        """True (and remembered) when the service's profiler summary may be recomputed now."""
+        with self._lock:
+            last = self.profiler_reads.get(uid)
+            if last is not None and 0 <= now - last < interval:
+                return False
+            self.profiler_reads[uid] = now
+            return True
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            self.profiler_reads.pop(uid, None)
 
 
 @dataclass(frozen=True)
@@ -49,14 +72,6 @@ class Target:
     spec: Mapping[str, Any]
     status: Mapping[str, Any]
     annotations: Mapping[str, str]
-
-
-def _validation_message(e: ValidationError) -> str:
-    parts = []
-    for err in e.errors()[:5]:
-        loc = ".".join(str(x) for x in err.get("loc", ()))
-        parts.append(f"spec.{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
-    return "; ".join(parts)
 
 
 def _read_windows(
@@ -71,7 +86,7 @@ def _read_windows(
         step = max(1.0, parse_duration(spec.telemetry.interval) / 3)
         return signals.from_prometheus(url, t.namespace, t.name, revisions, since=since, now=now, step=step)
     pods = [(p.name, p.revision, p.ip) for p in observed.pods if p.ready and p.revision in revisions]
-    return signals.from_sidecars(pods, since)
+    return signals.from_sidecars(pods, since, interval=parse_duration(spec.telemetry.interval), now=now, reader=rt.sidecars)
 
 
 def _analyse(
@@ -96,42 +111,24 @@ def _analyse(
     return gate.decide(stable, can, policy, started_at=started, now=now, step_duration_s=step_s)
 
 
-def _profiler_summary(windows: Sequence[gate.Window]) -> dict[str, Any] | None:
-    ws = [w for w in windows if w.loop_mean_seconds and not w.stale]
-    if not ws:
-        return None
-    latest = max(ws, key=lambda w: w.end)
-    shares: dict[str, list[float]] = {}
-    for w in ws:
-        for fn, v in w.function_shares.items():
-            if not fn.startswith(LOOP_ROOTS):
-                shares.setdefault(fn, []).append(v)
-    # Wrappers around (almost) the whole loop are not news; the hottest function below them is.
-    means = {f: statistics.fmean(v) for f, v in shares.items() if statistics.fmean(v) < WRAPPER_SHARE}
-    top = max(means, key=means.__getitem__) if means else None
-    p95s = [w.loop_p95_seconds for w in ws if w.loop_p95_seconds]
-    return {
-        "lastSampleTime": datetime.fromtimestamp(latest.end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "loopP50": f"{statistics.median(w.loop_mean_seconds for w in ws) * 1000:.1f}ms",
-        "loopP95": f"{statistics.median(p95s) * 1000:.1f}ms" if p95s else None,
-        "topFunction": top,
-    }
-
-
 def _profiler(
     rt: Runtime, t: Target, spec: api.VLMServiceSpec, observed: S.Observed, stable_rev: str | None, now: float
-) -> dict[str, Any] | None:
-    """Refresh status.profiler at most once per sampling interval (one read of the sidecars or Prometheus)."""
-    current = t.status.get("profiler")
+) -> api.ProfilerStatus | None:
+    """status.profiler: recomputed at most once per telemetry interval per service (one read of the sidecars,
+    cached per window, or of Prometheus), and changed only when what a user sees changed."""
+    current = S.parse_status({"profiler": t.status.get("profiler")}).profiler if t.status.get("profiler") else None
+    if not spec.telemetry.enabled or not stable_rev:
+        return current
     interval = parse_duration(spec.telemetry.interval)
-    last = rollout.parse_time((current or {}).get("lastSampleTime"))
-    if not spec.telemetry.enabled or not stable_rev or now - last < 2 * interval:
+    if not rt.profiler_due(t.uid, interval, now):
         return current
     try:
-        windows = _read_windows(rt, t, spec, observed, [stable_rev], now - 4 * interval, now)
+        windows = _read_windows(rt, t, spec, observed, [stable_rev], now - PROFILER_SPAN_WINDOWS * interval, now)
     except signals.SignalsUnavailable:
         return current
-    return _profiler_summary(windows) or current
+    return S.profiler_status(
+        current, windows, tolerance=rt.settings.profiler_tolerance, refresh_s=rt.settings.profiler_refresh_seconds
+    )
 
 
 def reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, *, now: float | None = None) -> None:
@@ -146,25 +143,34 @@ def reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, *, now: 
         metrics.RECONCILE.labels(result=result).observe(time.monotonic() - started)
 
 
-def _events_for(transitions: Sequence[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    """Ready and Degraded flips become Events: Warnings for trouble, Normal for recovery."""
-    out = []
-    for c in transitions:
-        text = f"{c['type']}={c['status']}: {c['message']}"
-        if c["type"] == "Ready" and c["status"] == "True":
-            out.append(("Normal", c["reason"], text))
-        elif (c["type"] == "Ready" and c["status"] == "False" and c["reason"] != "ReplicasNotReady") or (
-            c["type"] == "Degraded" and c["status"] == "True" and c["reason"] != "InvalidSpec"
-        ):
-            out.append(("Warning", c["reason"], text))
-    return out
-
-
-def _write_status(rt: Runtime, t: Target, new: dict[str, Any], emit: Emit) -> None:
+def _write_status(rt: Runtime, t: Target, new: api.VLMServiceStatus, emit: Emit) -> bool:
+    """One status patch (none when nothing changed); Events for the conditions that flipped."""
+    body = S.status_body(new)
     before = t.status.get("conditions") or []
-    if rt.kube.patch_status(t.namespace, t.name, t.status, new):
-        for ev in _events_for(C.transitions(before, new["conditions"])):
-            emit(*ev)
+    if not rt.kube.patch_status(t.namespace, t.name, t.status, body):
+        return False
+    for ev in C.events_for(C.transitions(before, body["conditions"])):
+        emit(*ev)
+    return True
+
+
+def _record_metrics(t: Target, plan: rollout.Plan, desired: builders.Desired, decision: gate.Decision | None) -> None:
+    if decision is not None:
+        for s in decision.signals:
+            if s.delta is not None:
+                metrics.SIGNAL_DELTA.labels(t.namespace, t.name, s.name).set(s.delta)
+    for ev in plan.events:
+        if ev.reason in ("CanaryPromoted", "CanaryRolledBack", "CanaryAborted"):
+            metrics.ROLLOUTS.labels(result=ev.reason.removeprefix("Canary").lower()).inc()
+    if plan.rollout:
+        metrics.set_phase(t.namespace, t.name, plan.rollout.phase)
+    metrics.IPC_ACTIVE.labels(t.namespace, t.name).set(1.0 if desired.plan.active else 0.0)
+    r = plan.rollout
+    if r and r.phase == "RolledBack":
+        failed = next((s.name for s in r.signals if s.verdict == "fail"), r.reason)
+        metrics.set_rollback(t.namespace, t.name, r.revision, failed, r.regressed_function)
+    else:
+        metrics.set_rollback(t.namespace, t.name, None, None, None)
 
 
 def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: float) -> None:
@@ -176,11 +182,13 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
         if spec.rollout is not None:
             gate.GatePolicy.from_spec(spec)  # an analysis the gate cannot run is an invalid spec, found here
     except (ValidationError, InvalidSpec) as e:
-        msg = _validation_message(e) if isinstance(e, ValidationError) else str(e)
+        msg = S.invalid_spec_message(e) if isinstance(e, ValidationError) else str(e)
         metrics.ERRORS.labels(reason="InvalidSpec").inc()
-        h = S.Health(want=int(t.spec.get("replicas", 1) or 0), ready=observed.ready_replicas(builders.ROLE_STABLE), invalid=msg)
-        keep = {k: v for k, v in t.status.items() if k in ("stableRevision", "canaryRevision", "rollout", "profiler", "selector", "sglang")}
-        _write_status(rt, t, S.build_status(t.status, h, generation=t.generation, now=now_dt, extra=keep), emit)
+        want = t.spec.get("replicas", 1)
+        h = S.Health(want=want if isinstance(want, int) and want >= 0 else 1,
+                     ready=observed.ready_replicas(builders.ROLE_STABLE), invalid=msg)
+        new = S.build_status(t.status, h, generation=t.generation, now=now_dt, **S.carried(t.status))
+        _write_status(rt, t, new, emit)
         return
 
     prev = api.RolloutStatus.model_validate(t.status["rollout"]) if t.status.get("rollout") else None
@@ -197,9 +205,6 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
     decision = None
     if stable_rev and rollout.analysis_due(spec, prev, observed, desired.revision, now):
         decision = _analyse(rt, t, spec, observed, prev, stable_rev, now)  # type: ignore[arg-type]
-        for s in decision.signals:
-            if s.delta is not None:
-                metrics.SIGNAL_DELTA.labels(t.namespace, t.name, s.name).set(s.delta)
 
     plan = rollout.plan(owner, spec, desired, observed, prev, now=now, free_gpus=free, decision=decision, action=action)
 
@@ -224,50 +229,42 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
                 else:
                     rt.kube.delete(api_version, kind, t.namespace, t.name)
         if rt.monitoring and t.status.get("observedGeneration") != t.generation:
-            rt.kube.apply(builders.build_pod_monitor(owner), None)
+            extra = rt.settings.monitoring_labels
+            rt.kube.apply(builders.build_pod_monitor(owner, extra), None)
             rt.kube.apply(
-                alerts.build_prometheus_rule(t.name, t.namespace, owner.reference(), builders.common_labels(owner)), None
+                alerts.build_prometheus_rule(
+                    t.name, t.namespace, owner.reference(), builders.common_labels(owner), extra_labels=extra
+                ),
+                None,
             )
     if action:
         rt.kube.clear_annotation(t.namespace, t.name, rollout.ANNOTATION_ACTION)
 
     for ev in plan.events:
         emit(ev.type, ev.reason, ev.message)
-        if ev.reason in ("CanaryPromoted", "CanaryRolledBack", "CanaryAborted"):
-            metrics.ROLLOUTS.labels(result=ev.reason.removeprefix("Canary").lower()).inc()
-    if plan.rollout:
-        metrics.set_phase(t.namespace, t.name, plan.rollout.phase)
-    metrics.IPC_ACTIVE.labels(t.namespace, t.name).set(1.0 if desired.plan.active else 0.0)
-    r = plan.rollout
-    if r and r.phase == "RolledBack":
-        failed = next((s.name for s in r.signals if s.verdict == "fail"), r.reason)
-        metrics.set_rollback(t.namespace, t.name, r.revision, failed, r.regressed_function)
-    else:
-        metrics.set_rollback(t.namespace, t.name, None, None, None)
+    _record_metrics(t, plan, desired, decision)
 
-    ready = sum(1 for p in observed.pods if p.ready)
-    unsched = observed.unschedulable()
-    h = S.Health(
+    h = S.running_health(
+        observed,
         want=plan.want_ready,
-        ready=ready,
-        unschedulable=f"pod {unsched.name}: {unsched.unschedulable}" if unsched else None,
-        rolling=S.rolling(observed),
-        rollout_phase=plan.rollout.phase if plan.rollout else None,
-        rollout_message=plan.rollout.message if plan.rollout else None,
+        rollout=plan.rollout,
         ipc_active=desired.plan.active,
         ipc_reason=desired.plan.reason,
         ipc_message=desired.plan.message,
     )
-    extra: dict[str, Any] = {
-        "selector": builders.selector(owner),
-        "stableRevision": plan.stable_revision,
-        "canaryRevision": plan.canary_revision,
-        "rollout": plan.rollout.model_dump(by_alias=True, exclude_none=True) if plan.rollout else None,
-        "profiler": _profiler(rt, t, spec, observed, stable_rev, now),
-        "sglang": S.sglang_status(desired.image, desired.version),
-    }
     if t.status.get("observedGeneration") != t.generation:
         for w in desired.plan.warnings:
             emit("Warning", "IPCCacheWarning", w)
-    new = S.build_status(t.status, h, generation=t.generation, now=now_dt, extra={k: v for k, v in extra.items() if v is not None})
+    new = S.build_status(
+        t.status,
+        h,
+        generation=t.generation,
+        now=now_dt,
+        selector=builders.selector(owner),
+        stable_revision=plan.stable_revision,
+        canary_revision=plan.canary_revision,
+        rollout=plan.rollout,
+        profiler=_profiler(rt, t, spec, observed, stable_rev, now),
+        sglang=S.sglang_status(desired.image, desired.version),
+    )
     _write_status(rt, t, new, emit)

@@ -12,6 +12,11 @@
 | VLM_FIELD_MANAGER           | vlm-operator                     | server-side apply field manager           |
 | VLM_NETWORK_POLICY          | true                             | telemetry.networkPolicy Auto: create one  |
 | VLM_PROFILER_PEERS          | DEFAULT_PROFILER_PEERS (JSON)    | NetworkPolicy peers admitted to port 9400 |
+| VLM_SIDECAR_TIMEOUT_SECONDS | 1                                | timeout of one sidecar /windows.json read |
+| VLM_SIDECAR_WORKERS         | 8                                | concurrent sidecar reads (shared pool)    |
+| VLM_PROFILER_TOLERANCE      | 0.05                             | status.profiler: relative loop change shown |
+| VLM_PROFILER_REFRESH_SECONDS | 1800                            | status.profiler rewritten at least this often |
+| VLM_MONITORING_LABELS       | {} (JSON object)                 | extra labels on PodMonitor/PrometheusRule |
 
 Read by pydantic-settings: each field of `Settings` is the variable `VLM_<FIELD>` (empty counts as unset).
 `Settings.from_env()` raises `SettingsError` with one line per bad variable, naming it
@@ -52,6 +57,13 @@ DEFAULT_PROFILER_PEERS: tuple[dict, ...] = (
     {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
 )
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# Kubernetes label keys ([prefix/]name) and values.
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
+_LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
+# The operator's own labels on the objects it creates: extra monitoring labels may not replace them.
+_RESERVED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
+                    "app.kubernetes.io/managed-by")
 
 
 class SettingsError(ValueError):
@@ -72,6 +84,17 @@ class Settings(BaseSettings):
     network_policy: bool = Field(True, description="telemetry.networkPolicy Auto creates a NetworkPolicy")
     profiler_peers: Annotated[tuple[dict, ...], NoDecode] = Field(
         DEFAULT_PROFILER_PEERS, description="NetworkPolicyPeer objects admitted to the sidecar's port (JSON list)")
+    sidecar_timeout_seconds: float = Field(
+        1.0, gt=0, le=30, description="timeout of one sidecar /windows.json read (a dead pod costs it once per window)")
+    sidecar_workers: int = Field(8, ge=1, le=128, description="sidecar reads in flight at once, over all services")
+    profiler_tolerance: float = Field(
+        0.05, ge=0, lt=1, description="status.profiler loopP50/loopP95 are rewritten when they move by more than this")
+    profiler_refresh_seconds: float = Field(
+        1800.0, gt=0, description="status.profiler is rewritten at least this often while windows arrive")
+    monitoring_labels: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="extra labels on the PodMonitor and PrometheusRule the operator creates (JSON object), e.g. "
+                    '{"release": "kube-prometheus-stack"} for the Prometheus Operator\'s selectors')
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
@@ -107,6 +130,25 @@ class Settings(BaseSettings):
         if not isinstance(v, list | tuple) or not all(isinstance(p, dict) and p for p in v):
             raise ValueError("must be a JSON list of NetworkPolicyPeer objects")
         return tuple(v)
+
+    @field_validator("monitoring_labels", mode="before")
+    @classmethod
+    def _monitoring_labels(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except ValueError as e:
+                raise ValueError(f"not JSON ({e})") from None
+        if not isinstance(v, Mapping) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
+            raise ValueError('must be a JSON object of label names to string values, e.g. {"release": "prom"}')
+        bad = [k for k in v if not _LABEL_KEY.match(k) or len(k.rpartition("/")[2]) > 63]
+        bad += [f"{k}={x}" for k, x in v.items() if not _LABEL_VALUE.match(x)]
+        if bad:
+            raise ValueError(f"not a valid label: {', '.join(map(repr, bad))}")
+        reserved = [k for k in v if k in _RESERVED_LABELS or k.startswith(f"{PREFIX}/")]
+        if reserved:
+            raise ValueError(f"reserved for the operator's own labels: {', '.join(map(repr, reserved))}")
+        return dict(v)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

@@ -4,9 +4,15 @@ Both sources return `gate.Window`s; a source that cannot be reached raises
 `SignalsUnavailable`, which the reconcile turns into an Inconclusive analysis
 (never a promotion).
 
-Sidecar source: GET http://<pod IP>:9400/windows.json for every ready pod.
-`VLM_SIDECAR_ENDPOINTS` (a JSON file: pod name -> host:port) overrides pod IPs;
-the e2e harness uses it because kwok pods have no real network.
+Sidecar source: GET http://<pod IP>:9400/windows.json for every ready pod, through a
+`SidecarReader`: a short timeout (`VLM_SIDECAR_TIMEOUT_SECONDS`), all pods of a call at once on a
+small shared thread pool (`VLM_SIDECAR_WORKERS`), and a per-pod cache that is read again only when
+the pod's next window is due, so a live sidecar is read about once per telemetry window and a dead
+one costs one timeout per window (then less: it backs off), never one per reconcile. A pod that did
+not answer is unavailable until its next read, never "no regression".
+`VLM_SIDECAR_ENDPOINTS` (a JSON file: pod name -> host:port) overrides pod IPs; only a testbed run
+without its network namespace (VLM_TESTBED_NETNS=0) uses it, so kwok's pod IPs are never dialled on
+the host's network. The e2e tier and the demo read sidecars by pod IP.
 
 Prometheus source: one window per sidecar window, from the sidecar's per-window
 gauges, identified by the window's end time (`from_prometheus` says how).
@@ -16,67 +22,300 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import threading
+import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from http.client import HTTPException
 from typing import Any
 
 from .gate import Window
 
 log = logging.getLogger("vlm_operator.signals")
 SIDECAR_PORT = 9400
-TIMEOUT_S = 5.0
+TIMEOUT_S = 5.0  # default of _get_json (the Prometheus reads); sidecar reads use SidecarReader.timeout_s
+SIDECAR_TIMEOUT_S = 1.0  # VLM_SIDECAR_TIMEOUT_SECONDS' default: a sidecar on the pod network answers in ms
+SIDECAR_WORKERS = 8  # VLM_SIDECAR_WORKERS' default
+KEEP_WINDOWS = 4  # a cached pod keeps at least its windows of the last 4 intervals (the profiler summary's span)
+MAX_BACKOFF_WINDOWS = 8  # a pod that keeps failing is tried at most every 8 telemetry intervals
+PRUNE_AFTER_S = 600.0  # cache entries of pods nobody asked about for this long are dropped
+_READ_ERRORS = (OSError, ValueError, HTTPException)  # a sidecar that cannot be read (refused, timed out, garbled)
 
 
 class SignalsUnavailable(Exception):
     """No data could be read (Prometheus down, no sidecar answering)."""
 
 
-def _get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=TIMEOUT_S) as r:
+def _get_json(url: str, timeout: float = TIMEOUT_S) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
         return json.loads(r.read())
+
+
+_overrides_cache: dict[str, Any] = {}
 
 
 def _endpoint_overrides() -> Mapping[str, str] | None:
     """pod -> host:port from VLM_SIDECAR_ENDPOINTS; None when unset (then pod IPs are used).
 
-    When the variable is set, only the pods it names are scraped, never a pod IP: in the kwok testbed
-    pod IPs are fake addresses that must not be dialled.
+    When the variable is set, only the pods it names are scraped, never a pod IP: in a testbed without
+    its network namespace, kwok's pod IPs are not bindable addresses and must not be dialled. The file is parsed again only when it changes.
     """
     path = os.environ.get("VLM_SIDECAR_ENDPOINTS")
     if path is None:
         return None
     try:
+        st = os.stat(path)
+        stamp = (path, st.st_mtime_ns, st.st_size)
+        if _overrides_cache.get("stamp") == stamp:
+            return _overrides_cache["data"]
         with open(path) as f:
             data = json.load(f)
-        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+        out = {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+        _overrides_cache.update(stamp=stamp, data=out)
+        return out
     except (OSError, ValueError):
         return {}
 
 
-def from_sidecars(pods: Iterable[tuple[str, str, str | None]], since: float) -> list[Window]:
-    """pods: (name, revision, ip). Windows that ended after `since`, deduplicated by the gate."""
-    overrides = _endpoint_overrides()
-    out: list[Window] = []
-    reached = 0
-    for name, revision, ip in pods:
-        addr = overrides.get(name) if overrides is not None else (f"{ip}:{SIDECAR_PORT}" if ip else None)
-        if not addr:
-            continue
-        try:
-            data = _get_json(f"http://{addr}/windows.json")
-        except (OSError, ValueError) as e:
-            log.info("sidecar of pod %s not readable: %s", name, e)
-            continue
-        reached += 1
-        for entry in data if isinstance(data, list) else []:
-            w = Window.from_sidecar(revision, name, entry)
-            if w.end >= since:
-                out.append(w)
-    if reached == 0:
-        raise SignalsUnavailable("no profiler sidecar answered")
-    return out
+@dataclass
+class _PodEntry:
+    """What the reader knows about one pod's sidecar (all times unix seconds)."""
+
+    addr: str
+    revision: str
+    ok: bool = False
+    windows: tuple[Window, ...] = ()
+    kept_since: float = math.inf  # every window that ended at or after this is in `windows`
+    error: str = ""
+    failures: int = 0  # consecutive failed reads
+    next_read: float = 0.0  # not read again before this (the next window is not due / backing off)
+    used: float = 0.0
+    inflight: bool = False  # a background retry is under way
+
+
+class SidecarReader:
+    """Reads `/windows.json` of many pods: bounded time, concurrent, cached per pod until its next window.
+
+    A read that answers is kept until the pod's next window is due (its newest window's end plus one
+    telemetry interval, between a quarter and one interval from now), then read again. A read that
+    fails or times out marks the pod unavailable until its next expected window, backing off (1, 2, 4
+    ... up to MAX_BACKOFF_WINDOWS intervals) while it keeps failing; the pod is reported unavailable
+    meanwhile, its old windows dropped. Retries of a failed pod run in the background (the caller is
+    told "unavailable" at once and the answer is there for the next read), so a dead sidecar blocks a
+    reconcile at most once, on its first read. Thread-safe: reconciles of different services share one
+    reader.
+    """
+
+    def __init__(
+        self,
+        timeout_s: float = SIDECAR_TIMEOUT_S,
+        workers: int = SIDECAR_WORKERS,
+        fetch: Callable[[str, float], Any] | None = None,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.workers = max(1, workers)
+        self._fetch = fetch
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._entries: dict[str, _PodEntry] = {}
+        self._background: set[Future] = set()
+        self._pruned_at = 0.0
+        self.reads = 0  # GETs sent (answered or not), for tests and benches
+        self.failures = 0
+
+    def _get(self, url: str) -> Any:
+        fetch = self._fetch or _get_json
+        return fetch(url, self.timeout_s)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="vlm-sidecar-read")
+            return self._pool
+
+    def forget(self, pods: Iterable[str]) -> None:
+        with self._lock:
+            for p in pods:
+                self._entries.pop(p, None)
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Wait for the background retries in flight (tests and benches)."""
+        with self._lock:
+            pending = list(self._background)
+        if pending:
+            wait_futures(pending, timeout=timeout)
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def read(
+        self, pods: Iterable[tuple[str, str, str | None]], since: float, *, interval: float, now: float | None = None
+    ) -> list[Window]:
+        """pods: (name, revision, ip). Windows that ended after `since`; SignalsUnavailable when no pod
+        answered, or no pod of some revision did (its pods are named)."""
+        now = time.time() if now is None else now
+        interval = max(1.0, interval)
+        overrides = _endpoint_overrides()
+        wanted: list[tuple[str, str, str]] = []
+        for name, revision, ip in pods:
+            addr = overrides.get(name) if overrides is not None else (f"{ip}:{SIDECAR_PORT}" if ip else None)
+            if addr:
+                wanted.append((name, revision, addr))
+        todo: list[tuple[str, str, str]] = []
+        retry: list[tuple[str, str, str]] = []
+        with self._lock:
+            for name, revision, addr in wanted:
+                e = self._entries.get(name)
+                if e is None or e.addr != addr or e.revision != revision:
+                    todo.append((name, revision, addr))
+                elif not e.ok:
+                    if now >= e.next_read and not e.inflight:  # backing off until then, however far back `since` is
+                        e.inflight = True
+                        retry.append((name, revision, addr))
+                elif now >= e.next_read or since < e.kept_since:
+                    todo.append((name, revision, addr))
+        if todo:
+            self._read_now(todo, since, interval, now)
+        for name, revision, addr in retry:
+            self._retry(name, revision, addr, since, interval, now)
+        out: list[Window] = []
+        answered: dict[str, int] = {}
+        down: dict[str, list[str]] = {}
+        with self._lock:
+            for name, revision, _ in wanted:
+                e = self._entries.get(name)
+                if e is None:
+                    continue
+                e.used = now
+                if e.ok:
+                    answered[revision] = answered.get(revision, 0) + 1
+                    out.extend(w for w in e.windows if w.end >= since)
+                else:
+                    down.setdefault(revision, []).append(f"{name} ({e.error})")
+            self._prune(now)
+        silent = {rev: names for rev, names in down.items() if not answered.get(rev)}
+        if not answered or silent:
+            names = [n for ns in (silent or down).values() for n in ns]
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            what = "no profiler sidecar answered" if not answered else "no profiler sidecar of revision " + ", ".join(sorted(silent)) + " answered"
+            raise SignalsUnavailable(f"{what}: {shown}" if shown else what)
+        return out
+
+    def _retry(self, name: str, revision: str, addr: str, since: float, interval: float, now: float) -> None:
+        """Read a failed pod again without waiting for it; the answer lands in the cache."""
+        fut = self._executor().submit(self._get, f"http://{addr}/windows.json")
+        with self._lock:
+            self._background.add(fut)
+
+        def done(f: Future) -> None:
+            exc = f.exception() if not f.cancelled() else TimeoutError("cancelled")
+            if exc is not None and not isinstance(exc, _READ_ERRORS):
+                log.error("reading the sidecar of pod %s failed unexpectedly", name, exc_info=exc)
+            res = exc if exc is not None else f.result()
+            with self._lock:
+                self._background.discard(f)
+                self._store(name, revision, addr, res, since, interval, now)
+
+        fut.add_done_callback(done)
+
+    def _read_now(self, todo: Sequence[tuple[str, str, str]], since: float, interval: float, now: float) -> None:
+        urls = {name: f"http://{addr}/windows.json" for name, _, addr in todo}
+        results: dict[str, Any] = {}
+        if len(todo) == 1:
+            name = todo[0][0]
+            try:
+                results[name] = self._get(urls[name])
+            except _READ_ERRORS as e:
+                results[name] = e
+        else:
+            pool = self._executor()
+            futures: dict[str, Future] = {name: pool.submit(self._get, urls[name]) for name, _, _ in todo}
+            # The urlopen timeout bounds each socket operation; this bounds the whole call (queueing included).
+            limit = self.timeout_s * (2 * math.ceil(len(todo) / self.workers) + 1)
+            done, _ = wait_futures(list(futures.values()), timeout=limit)
+            for name, f in futures.items():
+                if f not in done:
+                    f.cancel()
+                    results[name] = TimeoutError(f"no answer within {limit:.1f}s")
+                    continue
+                exc = f.exception()
+                if exc is not None and not isinstance(exc, _READ_ERRORS):
+                    raise exc
+                results[name] = exc if exc is not None else f.result()
+        with self._lock:
+            for name, revision, addr in todo:
+                self._store(name, revision, addr, results[name], since, interval, now)
+
+    def _store(self, name: str, revision: str, addr: str, res: Any, since: float, interval: float, now: float) -> None:
+        """Caller holds the lock. One read's outcome (the answer, or the exception) into the cache."""
+        self.reads += 1
+        old = self._entries.get(name)
+        failures = old.failures if old is not None and old.addr == addr else 0
+        if isinstance(res, BaseException):
+            failures += 1
+            self.failures += 1
+            log.info("sidecar of pod %s not readable (%d in a row): %s", name, failures, res)
+            backoff = interval * min(2 ** (failures - 1), MAX_BACKOFF_WINDOWS)
+            self._entries[name] = _PodEntry(addr, revision, ok=False, error=_short(res), failures=failures,
+                                            next_read=now + backoff, used=now)
+            return
+        keep = min(since, now - KEEP_WINDOWS * interval)
+        windows = tuple(
+            w for w in (Window.from_sidecar(revision, name, d) for d in (res if isinstance(res, list) else []))
+            if w.end >= keep
+        )
+        newest = max((w.end for w in windows), default=now - interval)
+        # The next window ends about one interval after the newest; a little slack for the sidecar to
+        # publish it. Clamped so a skewed or stopped sidecar clock neither floods nor freezes us.
+        wait = min(max(newest + interval + min(1.0, interval / 10) - now, interval / 4), interval)
+        self._entries[name] = _PodEntry(addr, revision, ok=True, windows=windows, kept_since=keep,
+                                        next_read=now + wait, used=now)
+
+    def _prune(self, now: float) -> None:
+        """Caller holds the lock. Drops pods nobody asked about for PRUNE_AFTER_S (gone pods), once a minute."""
+        if now - self._pruned_at < 60.0:
+            return
+        self._pruned_at = now
+        for name in [n for n, e in self._entries.items() if now - e.used > PRUNE_AFTER_S]:
+            del self._entries[name]
+
+
+def _short(e: BaseException) -> str:
+    text = str(getattr(e, "reason", None) or e) or type(e).__name__
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+_default_reader: SidecarReader | None = None
+
+
+def from_sidecars(
+    pods: Iterable[tuple[str, str, str | None]],
+    since: float,
+    *,
+    interval: float = 15.0,
+    now: float | None = None,
+    reader: SidecarReader | None = None,
+) -> list[Window]:
+    """pods: (name, revision, ip). Windows that ended after `since`, deduplicated by the gate.
+
+    `interval`: the telemetry interval (when the next window of a pod is due). `reader`: the operator's
+    (its settings' timeout and pool); a module-wide default one otherwise.
+    """
+    global _default_reader
+    if reader is None:
+        if _default_reader is None:
+            _default_reader = SidecarReader()
+        reader = _default_reader
+    return reader.read(pods, since, interval=interval, now=now)
 
 
 def _query_range(base: str, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
@@ -157,10 +396,10 @@ def from_prometheus(
     for metric, field in _WINDOW_GAUGES.items():
         for sr in series(metric):
             assign(sr, lambda d, v, f=field: d.__setitem__(f, v))
-    for sr in series("vlm_scheduler_stage_share", by=f"{_KEY}, stage"):
+    for sr in series("vlm_scheduler_stage_share_ratio", by=f"{_KEY}, stage"):
         st = sr["metric"].get("stage", "")
         assign(sr, lambda d, v, st=st: d["stage_shares"].__setitem__(st, v))
-    for sr in series("vlm_scheduler_function_share", ',kind="inclusive"', by=f"{_KEY}, function"):
+    for sr in series("vlm_scheduler_function_share_ratio", ',kind="inclusive"', by=f"{_KEY}, function"):
         fn = sr["metric"].get("function", "")
         assign(sr, lambda d, v, fn=fn: d["function_shares"].__setitem__(fn, v))
     out = []

@@ -1,19 +1,28 @@
 """Pure: observed objects -> the VLMService status (conditions, replicas, profiler summary).
 
 `Observed` is what the operator knows about the cluster (from kopf indexes or
-a list call); `build_status` is deterministic given it and `now`.
+a list call); `build_status` is deterministic given it and `now`, and returns the
+typed `api.VLMServiceStatus` (validated); `status_body` is what is written.
+`profiler_status` decides whether new profiler windows change what a user sees.
 """
 
 from __future__ import annotations
 
+import logging
+import re
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
+
+from pydantic import BaseModel, ValidationError
 
 from . import api
 from . import conditions as C
 from .builders import LABEL_REVISION, LABEL_ROLE, ROLE_CANARY, ROLE_STABLE
+
+log = logging.getLogger("vlm_operator.status")
 
 
 @dataclass(frozen=True)
@@ -135,30 +144,249 @@ def summary_phase(h: Health) -> str:
     return "Pending"
 
 
+def _condition(c: Mapping[str, Any]) -> api.Condition | None:
+    """A merged condition as the model; one the model refuses (written by someone else) is dropped."""
+    body = dict(c)
+    if len(body.get("message") or "") > MAX_MESSAGE:
+        body["message"] = body["message"][: MAX_MESSAGE - 3] + "..."
+    try:
+        return api.Condition.model_validate(body)
+    except ValidationError as e:
+        log.warning("dropping condition %s from status: %s", body.get("type"), e.errors()[:1])
+        return None
+
+
+MAX_MESSAGE = 32768  # api.Condition.message's max_length
+
+
 def build_status(
     current: Mapping[str, Any],
     h: Health,
     *,
     generation: int | None,
     now: datetime,
-    extra: Mapping[str, Any],
-) -> dict[str, Any]:
-    """The full status object (as written through the status subresource)."""
-    new_conditions = C.merge(current.get("conditions") or [], health_conditions(h), generation=generation, now=now)
-    out: dict[str, Any] = {
-        "observedGeneration": generation,
-        "phase": summary_phase(h),
-        "conditions": new_conditions,
-        "replicas": h.want,
-        "readyReplicas": h.ready,
-    }
-    out.update(extra)
-    return out
+    selector: str | None = None,
+    stable_revision: str | None = None,
+    canary_revision: str | None = None,
+    rollout: api.RolloutStatus | None = None,
+    profiler: api.ProfilerStatus | None = None,
+    sglang: api.SGLangStatus | None = None,
+) -> api.VLMServiceStatus:
+    """The full status (as written through the status subresource), validated by the model."""
+    merged = C.merge(current.get("conditions") or [], health_conditions(h), generation=generation, now=now)
+    conditions = [c for c in (_condition(m) for m in merged) if c is not None]
+    return api.VLMServiceStatus(
+        observed_generation=generation,
+        phase=summary_phase(h),
+        conditions=conditions,
+        replicas=h.want,
+        ready_replicas=h.ready,
+        selector=selector,
+        stable_revision=stable_revision,
+        canary_revision=canary_revision,
+        rollout=rollout,
+        profiler=profiler,
+        sglang=sglang,
+    )
 
 
-def sglang_status(image: str, version: str | None) -> dict[str, Any]:
+def status_body(st: api.VLMServiceStatus) -> dict[str, Any]:
+    """The status as the API server stores it (camelCase, unset fields left out, so the patch nulls them)."""
+    return st.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def _lenient(model: type[BaseModel], value: Any, what: str) -> Any:
+    if value is None:
+        return None
+    try:
+        return model.model_validate(value)
+    except ValidationError as e:
+        log.warning("ignoring status.%s the model refuses: %s", what, e.errors()[:1])
+        return None
+
+
+CARRIED = ("selector", "stable_revision", "canary_revision", "rollout", "profiler", "sglang")
+
+
+def parse_status(current: Mapping[str, Any]) -> api.VLMServiceStatus:
+    """The status read from the API server as the model; a field the model refuses is left out
+    (someone edited it by hand), never an exception that would stall the reconcile."""
+    try:
+        return api.VLMServiceStatus.model_validate(dict(current))
+    except ValidationError:
+        pass
+    out: dict[str, Any] = {}
+    for name, f in api.VLMServiceStatus.model_fields.items():
+        key = f.alias or name
+        if key not in current:
+            continue
+        try:
+            api.VLMServiceStatus.model_validate({key: current[key]})
+            out[key] = current[key]
+        except ValidationError as e:
+            log.warning("ignoring status.%s the model refuses: %s", key, e.errors()[:1])
+    return api.VLMServiceStatus.model_validate(out)
+
+
+def carried(current: Mapping[str, Any]) -> dict[str, Any]:
+    """What an invalid spec keeps of the last good status (revisions, rollout, profiler, ...):
+    keywords of `build_status`."""
+    st = parse_status(current)
+    return {k: getattr(st, k) for k in CARRIED}
+
+
+def invalid_spec_message(e: ValidationError) -> str:
+    """The first five errors of an invalid spec, each with its field path (`spec.model.path: ...`)."""
+    parts = []
+    for err in e.errors()[:5]:
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        parts.append(f"spec.{loc}: {err.get('msg')}" if loc else str(err.get("msg")))
+    return "; ".join(parts)
+
+
+def running_health(
+    observed: Observed,
+    *,
+    want: int,
+    rollout: api.RolloutStatus | None,
+    ipc_active: bool | None,
+    ipc_reason: str = "Unknown",
+    ipc_message: str = "",
+) -> Health:
+    """The health of a service with a valid spec: ready pods of every role against what the plan wants."""
+    unsched = observed.unschedulable()
+    return Health(
+        want=want,
+        ready=sum(1 for p in observed.pods if p.ready),
+        unschedulable=f"pod {unsched.name}: {unsched.unschedulable}" if unsched else None,
+        rolling=rolling(observed),
+        rollout_phase=rollout.phase if rollout else None,
+        rollout_message=rollout.message if rollout else None,
+        ipc_active=ipc_active,
+        ipc_reason=ipc_reason,
+        ipc_message=ipc_message,
+    )
+
+
+def sglang_status(image: str, version: str | None) -> api.SGLangStatus:
     """status.sglang: the image the pods run (the spec's or the operator's default) and its version."""
-    return api.SGLangStatus(image=image, version=version).model_dump(by_alias=True, exclude_none=True)
+    return api.SGLangStatus(image=image, version=version)
+
+
+# ---------------------------------------------------------------- profiler summary
+
+WRAPPER_SHARE = 0.9  # functions around (almost) the whole loop are not news; the hottest one below them is
+LOOP_ROOTS = ("event_loop", "run_scheduler_process", "<module>", "main", "run_event_loop")
+TOP_MARGIN = 0.02  # share (of loop time) by which another function must beat the shown topFunction
+PROFILER_TOLERANCE = 0.05
+PROFILER_REFRESH_S = 1800.0
+
+
+@dataclass(frozen=True)
+class ProfilerSummary:
+    """The exact numbers behind status.profiler (the status shows them rounded)."""
+
+    last_end: float  # unix seconds: end of the newest window
+    loop_p50_s: float  # median over windows of the loop mean
+    loop_p95_s: float | None  # median over windows of the loop p95
+    top_function: str | None
+    shares: Mapping[str, float]  # mean inclusive share per function below the loop wrappers
+
+    def to_status(self) -> api.ProfilerStatus:
+        return api.ProfilerStatus(
+            last_sample_time=datetime.fromtimestamp(self.last_end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            loop_p50=_ms(self.loop_p50_s),
+            loop_p95=_ms(self.loop_p95_s) if self.loop_p95_s else None,
+            top_function=self.top_function,
+        )
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f}ms"
+
+
+_MS = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*ms\s*$")
+
+
+def _parse_ms(text: str | None) -> float | None:
+    m = _MS.match(text or "")
+    return float(m.group(1)) / 1000 if m else None
+
+
+def profiler_summary(windows: Sequence[Any]) -> ProfilerSummary | None:
+    """Loop latency and the hottest function below the loop wrappers over usable (non-stale) windows."""
+    ws = [w for w in windows if w.loop_mean_seconds and not w.stale]
+    if not ws:
+        return None
+    shares: dict[str, list[float]] = {}
+    for w in ws:
+        for fn, v in w.function_shares.items():
+            if not fn.startswith(LOOP_ROOTS):
+                shares.setdefault(fn, []).append(v)
+    means = {f: statistics.fmean(v) for f, v in shares.items()}
+    means = {f: m for f, m in means.items() if m < WRAPPER_SHARE}
+    top = max(sorted(means), key=means.__getitem__) if means else None  # sorted: ties break the same way
+    p95s = [w.loop_p95_seconds for w in ws if w.loop_p95_seconds]
+    return ProfilerSummary(
+        last_end=max(w.end for w in ws),
+        loop_p50_s=statistics.median(w.loop_mean_seconds for w in ws),
+        loop_p95_s=statistics.median(p95s) if p95s else None,
+        top_function=top,
+        shares=means,
+    )
+
+
+def _moved(shown: str | None, value: float | None, tolerance: float) -> bool:
+    if value is None:
+        return shown is not None
+    old = _parse_ms(shown)
+    if old is None:
+        return True
+    if _ms(value) == shown:
+        return False
+    return old == 0 or abs(value - old) / old > tolerance
+
+
+def profiler_status(
+    current: api.ProfilerStatus | None,
+    windows: Sequence[Any],
+    *,
+    tolerance: float = PROFILER_TOLERANCE,
+    refresh_s: float = PROFILER_REFRESH_S,
+) -> api.ProfilerStatus | None:
+    """status.profiler after new windows: the current one unless what a user sees changed.
+
+    A new summary replaces the shown one when loopP50 or loopP95 moved by more than `tolerance`
+    (relative), when another function leads the shown topFunction by more than TOP_MARGIN of the loop
+    (so two close functions do not flap), or when the shown lastSampleTime is `refresh_s` older than the
+    newest window (the profiler is still alive). No usable window: the current one is kept.
+    """
+    s = profiler_summary(windows)
+    if s is None:
+        return current
+    fresh = s.to_status()
+    if current is None:
+        return fresh
+    shown_at = _parse_time(current.last_sample_time)
+    if shown_at is None or s.last_end - shown_at >= refresh_s or s.last_end < shown_at:
+        return fresh
+    if _moved(current.loop_p50, s.loop_p50_s, tolerance) or _moved(current.loop_p95, s.loop_p95_s, tolerance):
+        return fresh
+    if current.top_function != s.top_function:
+        if s.top_function is None or current.top_function not in s.shares:
+            return fresh
+        if s.shares[s.top_function] - s.shares[current.top_function] > TOP_MARGIN:
+            return fresh
+    return current
+
+
+def _parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def rolling(observed: Observed, role: str = ROLE_STABLE) -> bool:
@@ -172,4 +400,21 @@ def rolling(observed: Observed, role: str = ROLE_STABLE) -> bool:
     )
 
 
-__all__ = ["ROLE_CANARY", "ROLE_STABLE", "Health", "Observed", "PodInfo", "build_status", "rolling", "sglang_status"]
+__all__ = [
+    "ROLE_CANARY",
+    "ROLE_STABLE",
+    "Health",
+    "Observed",
+    "PodInfo",
+    "ProfilerSummary",
+    "build_status",
+    "carried",
+    "invalid_spec_message",
+    "parse_status",
+    "profiler_status",
+    "profiler_summary",
+    "rolling",
+    "running_health",
+    "sglang_status",
+    "status_body",
+]

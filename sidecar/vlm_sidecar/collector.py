@@ -3,8 +3,8 @@
 `ProfileStore` is written by the runner and read by the collector and the HTTP server (thread-safe).
 `build_families` is pure: store snapshot + labels + now -> metric families. The text it yields looks like
 
-    vlm_scheduler_stage_share{namespace="ml",vlmservice="qwen",pod="qwen-abc",revision="7d9",tp_rank="0",stage="run_batch"} 0.71
-    vlm_scheduler_function_share{...,tp_rank="0",function="hash_feature",kind="inclusive"} 0.042
+    vlm_scheduler_stage_share_ratio{namespace="ml",vlmservice="qwen",pod="qwen-abc",revision="7d9",tp_rank="0",stage="run_batch"} 0.71
+    vlm_scheduler_function_share_ratio{...,tp_rank="0",function="hash_feature",kind="inclusive"} 0.042
     vlm_profiler_windows_total{...,tp_rank="0",result="ok"} 12.0
     vlm_profiler_stale{...,tp_rank="0"} 0.0
 
@@ -141,9 +141,9 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
     hist = HistogramMetricFamily("vlm_scheduler_loop_seconds",
                                  "Estimated scheduler loop iteration time (from py-spy stage transitions).",
                                  labels=names)
-    stage = GaugeMetricFamily("vlm_scheduler_stage_share", "Share of scheduler time per loop stage, last window.",
+    stage = GaugeMetricFamily("vlm_scheduler_stage_share_ratio", "Share of scheduler time per loop stage, last window.",
                               labels=[*names, "stage"])
-    func = GaugeMetricFamily("vlm_scheduler_function_share",
+    func = GaugeMetricFamily("vlm_scheduler_function_share_ratio",
                              "Share of scheduler time in a function (inclusive or self), last window.",
                              labels=[*names, "function", "kind"])
     windows = CounterMetricFamily("vlm_profiler_windows", "Profiling windows by result.",
@@ -155,10 +155,10 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
     rate = GaugeMetricFamily("vlm_profiler_effective_rate_hz", "Samples per second py-spy achieved, last window.",
                              labels=names)
     stale = GaugeMetricFamily("vlm_profiler_stale", "1 when the exported profile is not current.", labels=names)
-    agree = GaugeMetricFamily("vlm_profiler_sglang_stage_share_abs_diff",
+    agree = GaugeMetricFamily("vlm_profiler_sglang_stage_share_abs_diff_ratio",
                               "|sidecar - SGLang scheduler_stage_seconds_total| stage share, last window.",
                               labels=[*names, "stage"])
-    agree_max = GaugeMetricFamily("vlm_profiler_sglang_agreement_max_abs_diff",
+    agree_max = GaugeMetricFamily("vlm_profiler_sglang_agreement_max_abs_diff_ratio",
                                   "Largest stage-share difference between the sidecar and SGLang's own counters.",
                                   labels=names)
     # One value per window, all from the last usable window (the one vlm_profiler_last_window_timestamp_seconds

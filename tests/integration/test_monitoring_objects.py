@@ -56,6 +56,8 @@ def test_podmonitor_and_prometheusrule_follow_the_service(cluster, kube, namespa
         pm = wait_for(lambda: get("podmonitors"), 30, "PodMonitor", ignore=(client.ApiException,))
         assert pm["spec"]["selector"]["matchLabels"] == {"serving.vlmops.dev/vlmservice": name}
         assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} == {"http", "profiler"}
+        # The sidecar's own namespace/vlmservice/pod/revision labels win over the target's (issue 13).
+        assert all(e["honorLabels"] is True for e in pm["spec"]["podMetricsEndpoints"])
         pr = get("prometheusrules")
         rules = pr["spec"]["groups"][0]["rules"]
         assert {r["alert"] for r in rules} >= {"VLMCanaryRolledBack", "VLMIPCCacheInactive"}

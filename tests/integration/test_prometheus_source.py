@@ -58,9 +58,9 @@ def _openmetrics(scrape_every: float, *, phase: float) -> str:
             put("vlm_scheduler_window_iterations", 250)
             put("vlm_sglang_window_ttft_seconds", v["ttft"])
             put("vlm_profiler_stale", 0)
-            put("vlm_scheduler_stage_share", v["share"], ',stage="run_batch"')
-            put("vlm_scheduler_stage_share", 1 - v["share"], ',stage="idle"')
-            put("vlm_scheduler_function_share", 0.1, ',function="hash_feature",kind="inclusive"')
+            put("vlm_scheduler_stage_share_ratio", v["share"], ',stage="run_batch"')
+            put("vlm_scheduler_stage_share_ratio", 1 - v["share"], ',stage="idle"')
+            put("vlm_scheduler_function_share_ratio", 0.1, ',function="hash_feature",kind="inclusive"')
         t += scrape_every
     lines = []
     for name, samples in fams.items():

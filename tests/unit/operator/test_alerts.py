@@ -25,10 +25,10 @@ def test_promtool_accepts_the_rules(tmp_path):
     path.write_text(alerts.render())
     scoped = tmp_path / "scoped.yaml"
     scoped.write_text(yaml.safe_dump(alerts.build_prometheus_rule("svc", "ns", {}, {})["spec"]))
-    for p in (path, scoped):
+    for p, n in ((path, 7), (scoped, 5)):
         out = subprocess.run([promtool, "check", "rules", str(p)], capture_output=True, text=True)
         assert out.returncode == 0, out.stdout + out.stderr
-        assert "SUCCESS: 5 rules found" in out.stdout
+        assert f"SUCCESS: {n} rules found" in out.stdout
 
 
 def test_each_alert_has_summary_description_and_a_runbook_paragraph():
@@ -41,7 +41,8 @@ def test_each_alert_has_summary_description_and_a_runbook_paragraph():
         "VLMProfilerStale",
         "VLMCanaryRolledBack",
     }
-    for r in alerts.rules():
+    assert {r["alert"] for r in alerts.self_rules()} == {"VLMOperatorDown", "VLMOperatorReconcileErrors"}
+    for r in alerts.rules() + alerts.self_rules():
         assert r["annotations"]["summary"] and r["annotations"]["description"]
         assert f"## {r['alert']}" in doc
 
@@ -50,3 +51,18 @@ def test_scoped_rules_select_one_service():
     rule = alerts.build_prometheus_rule("svc", "ns", {"kind": "VLMService"}, {})
     for r in rule["spec"]["groups"][0]["rules"]:
         assert 'vlmservice="svc"' in r["expr"] and 'namespace="ns"' in r["expr"]
+
+
+def test_operator_alerts_are_in_the_file_once_and_in_no_service_rule():
+    groups = alerts.rules_file()["groups"]
+    assert [g["name"] for g in groups] == [alerts.GROUP, alerts.SELF_GROUP]
+    scoped = alerts.build_prometheus_rule("svc", "ns", {}, {})["spec"]["groups"]
+    assert not {r["alert"] for g in scoped for r in g["rules"]} & {r["alert"] for r in alerts.self_rules()}
+    assert all('job="vlm-operator"' in r["expr"] for r in alerts.self_rules())
+
+
+def test_extra_labels_go_under_the_operators_own():
+    own = {"app.kubernetes.io/managed-by": "vlm-operator"}
+    rule = alerts.build_prometheus_rule("svc", "ns", {}, own, extra_labels={"release": "kps",
+                                                                           "app.kubernetes.io/managed-by": "x"})
+    assert rule["metadata"]["labels"] == {"release": "kps", "app.kubernetes.io/managed-by": "vlm-operator"}

@@ -154,7 +154,7 @@ def test_chart_alert_rules_are_the_generated_ones():
     assert (CHART / "files" / "vlm-operator.rules.yaml").read_text() == alerts.render(), (
         "cp alerts/vlm-operator.rules.yaml charts/vlm-operator/files/ after python -m vlm_operator.alerts")
     rule = by_kind(docs(template(GOLDEN / "monitoring.values.yaml")), "PrometheusRule")
-    assert len(rule) == 1 and rule[0]["spec"] == alerts.rules_group()
+    assert len(rule) == 1 and rule[0]["spec"] == alerts.rules_file()
 
 
 def test_dashboard_configmap_carries_the_dashboard():

@@ -2,7 +2,7 @@
 and every metric its panels query is one that something we run exports.
 
 Exported names come from the real collectors, not a list kept by hand: the operator's prometheus_client
-metrics, the sidecar's `build_families`, and for SGLang the names the SGLang stand-in (which mirrors
+metrics and state collector, the sidecar's `build_families`, and for SGLang the names the SGLang stand-in (which mirrors
 SGLang's /metrics for the e2e tier) emits.
 """
 
@@ -47,7 +47,7 @@ def exported_names() -> set[str]:
 
     names: set[str] = set()
     for obj in vars(om).values():
-        if isinstance(obj, MetricWrapperBase):
+        if isinstance(obj, MetricWrapperBase | om.StateCollector):
             for fam in obj.describe():
                 names |= _expose(fam.name, fam.type)
     labels = {"namespace": "n", "vlmservice": "v", "pod": "p", "revision": "r"}
@@ -121,7 +121,7 @@ def test_every_queried_metric_is_exported():
 
 
 @pytest.mark.parametrize("needed", [
-    "vlm_scheduler_loop_seconds_bucket", "vlm_scheduler_stage_share", "vlm_scheduler_function_share",
+    "vlm_scheduler_loop_seconds_bucket", "vlm_scheduler_stage_share_ratio", "vlm_scheduler_function_share_ratio",
     "sglang:time_to_first_token_seconds_bucket", "sglang:inter_token_latency_seconds_bucket",
     "vlm_operator_rollout_phase", "vlm_operator_rollouts_total", "vlm_operator_signal_delta",
 ])

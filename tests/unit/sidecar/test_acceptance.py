@@ -120,7 +120,7 @@ def test_console_script_end_to_end(standin):
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
         assert 'vlm_profiler_stale{namespace="ml",pod="qwen-abc",revision="r1",tp_rank="1",vlmservice="qwen"} 0.0' \
             in text
-        assert "vlm_scheduler_stage_share{" in text
+        assert "vlm_scheduler_stage_share_ratio{" in text
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(30)

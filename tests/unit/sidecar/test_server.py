@@ -61,16 +61,16 @@ def test_metrics_names_labels_and_values(server):
     store, url = server
     windows = fill(store)
     fams = {f.name: f for f in text_string_to_metric_families(get(url + "/metrics")[2].decode())}
-    for name in ("vlm_scheduler_loop_seconds", "vlm_scheduler_stage_share", "vlm_scheduler_function_share",
+    for name in ("vlm_scheduler_loop_seconds", "vlm_scheduler_stage_share_ratio", "vlm_scheduler_function_share_ratio",
                  "vlm_profiler_windows", "vlm_profiler_samples", "vlm_profiler_last_window_timestamp_seconds",
                  "vlm_profiler_errors", "vlm_profiler_effective_rate_hz", "vlm_profiler_stale",
-                 "vlm_profiler_sglang_stage_share_abs_diff", "vlm_profiler_sglang_agreement_max_abs_diff"):
+                 "vlm_profiler_sglang_stage_share_abs_diff_ratio", "vlm_profiler_sglang_agreement_max_abs_diff_ratio"):
         assert name in fams, name
-    stage = {s.labels["stage"]: s.value for s in fams["vlm_scheduler_stage_share"].samples}
+    stage = {s.labels["stage"]: s.value for s in fams["vlm_scheduler_stage_share_ratio"].samples}
     assert stage == pytest.approx(windows[-1].stage_shares)
-    s0 = fams["vlm_scheduler_stage_share"].samples[0]
+    s0 = fams["vlm_scheduler_stage_share_ratio"].samples[0]
     assert {k: s0.labels[k] for k in LABELS} == LABELS and s0.labels["tp_rank"] == "0"
-    kinds = {(s.labels["function"], s.labels["kind"]) for s in fams["vlm_scheduler_function_share"].samples}
+    kinds = {(s.labels["function"], s.labels["kind"]) for s in fams["vlm_scheduler_function_share_ratio"].samples}
     assert ("hash_feature", "inclusive") in kinds and ("hash_feature", "self") in kinds
     hist = {s.name: s.value for s in fams["vlm_scheduler_loop_seconds"].samples if "le" not in s.labels}
     assert hist["vlm_scheduler_loop_seconds_count"] == sum(w.iterations for w in windows)

@@ -1,0 +1,361 @@
+"""The real Prometheus Operator (hack/build-binaries.sh builds it from the Go module proxy) on the testbed.
+
+Its CRDs (from its module, example/prometheus-operator-crd) are installed, it runs outside the cluster with
+the admin kubeconfig, and a `Prometheus` object selects monitors and rules the way kube-prometheus-stack
+does by default (`release: <release>` on ServiceMonitors, PodMonitors and PrometheusRules, any namespace).
+The objects are the ones the project ships: the chart's ServiceMonitor and PrometheusRule (helm template)
+and the PodMonitor and PrometheusRule the operator builds for a VLMService, labelled through the
+`monitoring.extraLabels` value / VLM_MONITORING_LABELS. The assertions are on what the Prometheus Operator
+generates: the scrape configuration (the secret `prometheus-<name>`, prometheus.yaml.gz) and the rule files
+(ConfigMap `prometheus-<name>-rulefiles-0`).
+
+Debian's Prometheus (the one hack/install-system-deps.sh installs) is built without kubernetes_sd, so the
+generated configuration is checked and run with one change: each `kubernetes_sd_configs` becomes a
+`file_sd_configs` whose file lists what kubernetes_sd would discover (`_discover` below, from the API
+server's Pods and Endpoints, with the same __meta_kubernetes_* labels). Everything else (relabelings,
+honor_labels, the rule files) is the generated text, with the config-reloader's $(SHARD) and $(POD_NAME)
+substituted as it does.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import gzip
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from prometheus_client import CollectorRegistry, generate_latest
+from vlm_operator import alerts, builders, metrics
+from vlm_operator.settings import Settings
+
+from tests.cluster import wait_for
+from tests.integration.test_operator import EXAMPLES, create
+from tests.operator_proc import free_port, install_crd
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("VLM_CACHE", Path.home() / ".cache" / "vlm-operator"))
+CRDS = CACHE / "prometheus-operator-crds"
+RELEASE = "kube-prometheus-stack"  # the release label kube-prometheus-stack's default selectors ask for
+CHART_RELEASE = "vlm"
+MON = ("monitoring.coreos.com", "v1")
+
+
+def _need(path: Path, what: str) -> Path:
+    if not path.exists():
+        pytest.fail(f"{what} missing at {path}: run hack/build-binaries.sh", pytrace=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def prometheus_operator(cluster, tmp_path_factory):
+    binary = _need(cluster.bin_dir / "prometheus-operator", "the Prometheus Operator binary")
+    _need(CRDS, "the Prometheus Operator CRDs")
+    install_crd(cluster.kubectl)
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS.resolve()), timeout=120)
+    for plural in ("prometheuses", "servicemonitors", "podmonitors", "prometheusrules"):
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{plural}.monitoring.coreos.com")
+    log = tmp_path_factory.mktemp("prometheus-operator") / "prometheus-operator.log"
+    # Outside a cluster it reads KUBECONFIG (the admin's bearer token and CA); --apiserver with --ca-file
+    # alone would send no credentials.
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [str(binary), f"--web.listen-address=127.0.0.1:{free_port()}", "--log-level=info"],
+            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: proc.poll() is not None or "successfully synced all caches" in log.read_text(), 60,
+                 "the Prometheus Operator's informers")
+        assert proc.poll() is None, f"prometheus-operator exited: {log.read_text()[-3000:]}"
+        yield proc, log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _helm(cluster, namespace: str, *sets: str) -> list[dict]:
+    helm = _need(cluster.bin_dir / "helm", "helm")
+    out = subprocess.run(
+        [str(helm), "template", CHART_RELEASE, str(REPO / "charts" / "vlm-operator"), "--namespace", namespace,
+         "--kube-version", "1.34.4", "-s", "templates/servicemonitor.yaml", "-s", "templates/service.yaml",
+         "-s", "templates/prometheusrule.yaml", *[a for s in sets for a in ("--set", s)]],
+        capture_output=True, text=True, check=True, timeout=60,
+        env={**os.environ, "HELM_CACHE_HOME": "/tmp/vlm-helm-cache", "HELM_CONFIG_HOME": "/tmp/vlm-helm-config",
+             "HELM_DATA_HOME": "/tmp/vlm-helm-data"})
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _apply(cluster, namespace: str, objs: list[dict]) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                            "items": objs}))
+
+
+def _prometheus_version() -> str:
+    out = subprocess.run(["prometheus", "--version"], capture_output=True, text=True, check=True).stdout
+    return "v" + re.search(r"version (\d+\.\d+\.\d+)", out).group(1)
+
+
+@pytest.fixture
+def generated(cluster, kube, namespace, prometheus_operator, tmp_path):
+    """The shipped objects in `namespace`, a kube-prometheus-stack-like Prometheus selecting them, and what
+    the Prometheus Operator generated for it: (scrape config dict, {rule file name: text}, objects)."""
+    for tool in ("prometheus", "promtool"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} not found: run hack/install-system-deps.sh (Debian package prometheus)")
+    chart = _helm(cluster, namespace, "metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.interval=5s",
+                  "metrics.serviceMonitor.scrapeTimeout=5s",  # the Prometheus Operator skips timeout > interval
+
+                  f"monitoring.extraLabels.release={RELEASE}")
+    vlms = create(kube, namespace, copy.deepcopy(EXAMPLES["qwen2.5-vl-3b"]))  # no operator: only an owner
+    name = vlms["metadata"]["name"]
+    owner = builders.Owner(name, namespace, vlms["metadata"]["uid"])
+    settings = Settings(monitoring_labels={"release": RELEASE})
+    pm = builders.build_pod_monitor(owner, settings.monitoring_labels)
+    pr = alerts.build_prometheus_rule(name, namespace, owner.reference(), builders.common_labels(owner),
+                                      extra_labels=settings.monitoring_labels)
+    # Without the extra labels (what the operator wrote before VLM_MONITORING_LABELS): not selected.
+    other = builders.Owner("unlabelled", namespace, vlms["metadata"]["uid"])
+    decoys = [builders.build_pod_monitor(other),
+              alerts.build_prometheus_rule("unlabelled", namespace, owner.reference(), builders.common_labels(other))]
+    selector = {"matchLabels": {"release": RELEASE}}
+    # kube-prometheus-stack looks in every namespace ({}); here only this test's, as other tests' may linger.
+    here = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    prom = {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",
+        "metadata": {"name": "kps", "namespace": namespace},
+        "spec": {"replicas": 1, "version": _prometheus_version(),
+                 "serviceMonitorSelector": selector, "podMonitorSelector": selector, "ruleSelector": selector,
+                 "serviceMonitorNamespaceSelector": here, "podMonitorNamespaceSelector": here,
+                 "ruleNamespaceSelector": here, "evaluationInterval": "5s"},
+    }
+    _apply(cluster, namespace, [*chart, pm, pr, *decoys, prom])
+    core = client.CoreV1Api(kube)
+    rules_cm = "prometheus-kps-rulefiles-0"
+
+    def ready():
+        secret = core.read_namespaced_secret("prometheus-kps", namespace)
+        cfg = yaml.safe_load(gzip.decompress(base64.b64decode(secret.data["prometheus.yaml.gz"])))
+        jobs = {j["job_name"] for j in cfg.get("scrape_configs") or []}
+        rules = core.read_namespaced_config_map(rules_cm, namespace).data or {}
+        return (cfg, rules) if len(jobs) >= 3 and len(rules) >= 2 else None
+
+    cfg, rules = wait_for(ready, 60, "the generated scrape config and rule files", interval=1,
+                          ignore=(client.ApiException, KeyError, TypeError))
+    return cfg, rules, {"vlms": name, "chart": chart, "podmonitor": pm, "rule": pr}
+
+
+def _runnable(cfg: dict, rules: dict[str, str], tmp: Path, targets: dict[str, list[dict]] | None = None) -> Path:
+    """The generated config as Debian's Prometheus can load it (see the module docstring)."""
+    rules_dir = tmp / "rules"
+    rules_dir.mkdir(exist_ok=True)
+    for fname, text in rules.items():
+        (rules_dir / fname).write_text(text)
+    cfg = copy.deepcopy(cfg)
+    cfg["rule_files"] = [str(rules_dir / "*.yaml")]
+    for job in cfg["scrape_configs"]:
+        assert len(job.pop("kubernetes_sd_configs")) == 1, job["job_name"]
+        sd = tmp / (re.sub(r"[^A-Za-z0-9]+", "_", job["job_name"]) + ".json")
+        sd.write_text(json.dumps((targets or {}).get(job["job_name"], [])))
+        job["file_sd_configs"] = [{"files": [str(sd)], "refresh_interval": "1s"}]
+    text = yaml.safe_dump(cfg, sort_keys=False).replace("$(SHARD)", "0").replace("$(POD_NAME)", "kps-0")
+    path = tmp / "prometheus.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_generated_config_honours_labels_and_selects_by_release(generated, namespace, tmp_path):
+    cfg, rules, objs = generated
+    jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
+    sm_job = f"serviceMonitor/{namespace}/{CHART_RELEASE}-vlm-operator/0"
+    pm_jobs = {f"podMonitor/{namespace}/{objs['vlms']}/{i}" for i in (0, 1)}  # SGLang's port and the sidecar's
+    assert set(jobs) == {sm_job, *pm_jobs}, sorted(jobs)  # the unlabelled PodMonitor is not selected
+    for job in jobs.values():
+        assert job["honor_labels"] is True, job["job_name"]
+    # jobLabel app.kubernetes.io/name: the job is "vlm-operator" whatever the release is called.
+    relabel = jobs[sm_job]["relabel_configs"]
+    assert any(r.get("source_labels") == ["__meta_kubernetes_service_label_app_kubernetes_io_name"]
+               and r.get("target_label") == "job" for r in relabel), relabel
+    for j in pm_jobs:
+        targets = {r.get("target_label") for r in jobs[j]["relabel_configs"]}
+        assert {"serving_vlmops_dev_vlmservice", "serving_vlmops_dev_revision", "serving_vlmops_dev_role"} <= targets
+
+    # The rule files: the operator's scoped PrometheusRule and the chart's (operator alerts), not the decoy.
+    assert len(rules) == 2 and not any("unlabelled" in f for f in rules), sorted(rules)
+    groups = {g["name"]: g for text in rules.values() for g in yaml.safe_load(text)["groups"]}
+    assert set(groups) == {f"vlm-operator-{objs['vlms']}", alerts.SELF_GROUP}
+    assert {r["alert"] for r in groups[alerts.SELF_GROUP]["rules"]} == {"VLMOperatorDown",
+                                                                      "VLMOperatorReconcileErrors"}
+    scoped = groups[f"vlm-operator-{objs['vlms']}"]["rules"]
+    assert {r["alert"] for r in scoped} == {r["alert"] for r in alerts.rules()}
+
+    path = _runnable(cfg, rules, tmp_path)
+    out = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "is valid prometheus config file syntax" in out.stdout, out.stdout + out.stderr
+    # promtool checks the rule files the config names too: the scoped group (5) and the operator's own (2).
+    assert "SUCCESS: 2 rule files found" in out.stdout, out.stdout
+    assert "SUCCESS: 5 rules found" in out.stdout and "SUCCESS: 2 rules found" in out.stdout, out.stdout
+
+
+# --- Prometheus on the generated configuration, scraping pods by IP ------------------------------------------
+
+
+def _sanitize(name: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def _labels(prefix: str, labels: dict[str, str] | None) -> dict[str, str]:
+    out = {}
+    for k, v in (labels or {}).items():
+        out[f"{prefix}_label_{_sanitize(k)}"] = v
+        out[f"{prefix}_labelpresent_{_sanitize(k)}"] = "true"
+    return out
+
+
+def _pod_meta(pod: client.V1Pod) -> dict[str, str]:
+    return {"__meta_kubernetes_namespace": pod.metadata.namespace, "__meta_kubernetes_pod_name": pod.metadata.name,
+            "__meta_kubernetes_pod_ip": pod.status.pod_ip or "", "__meta_kubernetes_pod_phase": pod.status.phase or "",
+            "__meta_kubernetes_pod_node_name": pod.spec.node_name or "",
+            **_labels("__meta_kubernetes_pod", pod.metadata.labels)}
+
+
+def _discover(kube, namespace: str, cfg: dict) -> dict[str, list[dict]]:
+    """What kubernetes_sd (role pod / endpoints) would hand each job: one target per container port."""
+    core = client.CoreV1Api(kube)
+    pods = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items if p.status.pod_ip}
+    out: dict[str, list[dict]] = {}
+    for job in cfg["scrape_configs"]:
+        (sd,) = job["kubernetes_sd_configs"]
+        assert sd["namespaces"]["names"] == [namespace], sd
+        groups = out.setdefault(job["job_name"], [])
+        if sd["role"] == "pod":
+            for p in pods.values():
+                for c in p.spec.containers:
+                    for port in c.ports or []:
+                        groups.append({"targets": [f"{p.status.pod_ip}:{port.container_port}"], "labels": {
+                            **_pod_meta(p), "__meta_kubernetes_pod_container_name": c.name,
+                            "__meta_kubernetes_pod_container_port_name": port.name or "",
+                            "__meta_kubernetes_pod_container_port_number": str(port.container_port)}})
+        elif sd["role"] == "endpoints":
+            for svc in core.list_namespaced_service(namespace).items:
+                try:
+                    ep = core.read_namespaced_endpoints(svc.metadata.name, namespace)
+                except client.ApiException:
+                    continue
+                for subset in ep.subsets or []:
+                    for addr in subset.addresses or []:
+                        pod = pods.get(addr.target_ref.name) if addr.target_ref else None
+                        for port in subset.ports or []:
+                            labels = {"__meta_kubernetes_namespace": namespace,
+                                      "__meta_kubernetes_service_name": svc.metadata.name,
+                                      **_labels("__meta_kubernetes_service", svc.metadata.labels),
+                                      "__meta_kubernetes_endpoints_name": ep.metadata.name,
+                                      "__meta_kubernetes_endpoint_port_name": port.name or "",
+                                      "__meta_kubernetes_endpoint_ready": "true",
+                                      "__meta_kubernetes_endpoint_address_target_kind": "Pod" if pod else "",
+                                      "__meta_kubernetes_endpoint_address_target_name": pod.metadata.name if pod else ""}
+                            if pod:
+                                labels |= _pod_meta(pod)
+                                container = next((c.name for c in pod.spec.containers
+                                                  if any(p.container_port == port.port for p in c.ports or [])), "")
+                                labels["__meta_kubernetes_pod_container_name"] = container
+                            groups.append({"targets": [f"{addr.ip}:{port.port}"], "labels": labels})
+        else:
+            raise AssertionError(f"unexpected kubernetes_sd role {sd['role']}")
+    return out
+
+
+class _Exporter(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+
+def _serve_operator_metrics(ip: str, port: int, registry: CollectorRegistry) -> _Exporter:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = _Exporter((ip, port), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def _query(base: str, q: str) -> list[dict]:
+    with urllib.request.urlopen(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': q})}", timeout=10) as r:
+        return json.loads(r.read())["data"]["result"]
+
+
+def test_prometheus_on_the_generated_config_keeps_the_operators_labels(cluster, kube, namespace, generated,
+                                                                        tmp_path):
+    """The operator's series name another namespace than the operator pod's: with the generated config
+    (honor_labels) they keep it, `up{job="vlm-operator"}` is what VLMOperatorDown watches, and the scoped
+    alert expressions select them. Pods are reached at their pod IPs (the testbed's pod network)."""
+    if not cluster.pod_network:
+        pytest.skip("needs the testbed's pod network (network namespace) to reach pod IPs")
+    cfg, rules, objs = generated
+    port = 8080
+    # A pod the chart's metrics Service selects, standing in for the operator's (kwok runs nothing in it).
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "vlm-operator-0", "namespace": namespace,
+                        "labels": {"app.kubernetes.io/name": "vlm-operator",
+                                   "app.kubernetes.io/instance": CHART_RELEASE,
+                                   "app.kubernetes.io/component": "operator"}},
+           "spec": {"containers": [{"name": "operator", "image": "vlmops/vlm-operator:test",
+                                    "ports": [{"name": "metrics", "containerPort": port}]}]}}
+    core = client.CoreV1Api(kube)
+    core.create_namespaced_pod(namespace, pod)
+    ip = wait_for(lambda: core.read_namespaced_pod("vlm-operator-0", namespace).status.pod_ip, 60, "a pod IP")
+    wait_for(lambda: (core.read_namespaced_endpoints(f"{CHART_RELEASE}-vlm-operator-metrics", namespace).subsets
+                      or [None])[0], 60, "the metrics Service's endpoints", ignore=(client.ApiException,))
+    # The operator's real metric families, for a VLMService in another namespace than the operator's.
+    state = metrics.State()
+    state.set_signal_delta("ml", "qwen", "loop_latency", 0.2)
+    state.update("ml", "qwen", ipc_cache_active=0.0, phase="Analysing")
+    registry = CollectorRegistry()
+    registry.register(metrics.StateCollector(state))
+    srv = _serve_operator_metrics(ip, port, registry)
+    prom_port = free_port()
+    path = _runnable(cfg, rules, tmp_path, _discover(kube, namespace, cfg))
+    proc = subprocess.Popen(["prometheus", f"--config.file={path}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{prom_port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{prom_port}"
+    try:
+        up = wait_for(lambda: proc.poll() is None and _query(base, 'up{job="vlm-operator"} == 1'), 60,
+                      "a successful scrape of job vlm-operator", interval=1, ignore=(OSError,))
+        assert up[0]["metric"]["namespace"] == namespace  # the target's own labels are still there
+        delta = _query(base, "vlm_operator_signal_delta")
+        assert [d["metric"]["namespace"] for d in delta] == ["ml"], delta
+        assert all("exported_namespace" not in d["metric"] for d in delta)
+        for r in alerts.rules('namespace="ml",vlmservice="qwen"'):
+            if r["alert"] in ("VLMSchedulerLoopLatencyRegression", "VLMIPCCacheInactive"):
+                assert _query(base, r["expr"]), r["alert"]  # would fire after `for`
+        assert not _query(base, alerts.self_rules()[0]["expr"])  # VLMOperatorDown: the operator is up
+        with urllib.request.urlopen(f"{base}/api/v1/rules", timeout=10) as r:
+            loaded = json.loads(r.read())["data"]["groups"]
+        assert {g["name"] for g in loaded} == {f"vlm-operator-{objs['vlms']}", alerts.SELF_GROUP}
+        assert all(rule["health"] != "err" for g in loaded for rule in g["rules"])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        srv.shutdown()

@@ -1,0 +1,124 @@
+"""apply.py: what counts as already applied, the status patch, error classes, and Kube's requests (through a
+fake ApiClient: no server)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import REGISTRY
+from vlm_operator import apply
+from vlm_operator.errors import PermanentError, TemporaryError
+
+
+def test_is_subset_ignores_server_defaults_but_not_changes():
+    desired = {"spec": {"replicas": 2, "template": {"containers": [{"name": "a", "cpu": "8"}]}}}
+    observed = {"spec": {"replicas": 2, "progress": 600, "template": {"containers": [{"name": "a", "cpu": "8",
+                                                                                       "pull": "IfNotPresent"}]}}}
+    assert apply.is_subset(desired, observed)
+    assert not apply.is_subset({"spec": {"replicas": 3}}, observed)
+    assert not apply.is_subset({"l": [1, 2]}, {"l": [1, 2, 3]})  # lists must match in length
+    assert apply.is_subset({"port": "9400"}, {"port": 9400})  # a string the server returns as a number
+    assert not apply.is_subset({"on": True}, {"on": 1})
+    assert not apply.is_subset({"x": None}, {"x": "None"})
+
+
+def test_status_patch_nulls_dropped_keys_and_is_none_when_equal():
+    cur = {"phase": "Ready", "canaryRevision": "abc", "conditions": [{"type": "Ready"}]}
+    assert apply.status_patch(cur, dict(cur)) is None
+    assert apply.status_patch(cur, {"phase": "Ready", "conditions": [{"type": "Ready"}]}) == {
+        "phase": "Ready", "conditions": [{"type": "Ready"}], "canaryRevision": None}
+    assert apply.status_patch({}, {"phase": "Pending"}) == {"phase": "Pending"}
+
+
+@pytest.mark.parametrize(("code", "cls", "delay"), [(409, TemporaryError, 5), (429, TemporaryError, 15),
+                                                     (503, TemporaryError, 15), (0, TemporaryError, 15),
+                                                     (422, PermanentError, None), (403, PermanentError, None)])
+def test_classify(code, cls, delay):
+    e = apply.classify(ApiException(status=code, reason="r", body=json.dumps({"message": "the message"})), "apply X")
+    assert isinstance(e, cls) and "apply X" in str(e) and "the message" in str(e)
+    if delay is not None:
+        assert e.delay == delay
+
+
+@dataclass
+class Resp:
+    status: int
+    data: bytes = b"{}"
+    reason: str = "OK"
+
+    def read(self):
+        return self.data
+
+
+class FakeApiClient:
+    def __init__(self, answers=None):
+        self.calls: list[tuple[str, str, dict, object]] = []
+        self.answers = list(answers or [])
+
+    def param_serialize(self, method, path, query_params, header_params, body, auth_settings):
+        q = "&".join(f"{k}={v}" for k, v in query_params)
+        return method, path + (f"?{q}" if q else ""), header_params, body, None
+
+    def call_api(self, method, url, header_params, body, _request_timeout):
+        self.calls.append((method, url, header_params, body))
+        return self.answers.pop(0) if self.answers else Resp(200)
+
+
+def writes(verb: str) -> float:
+    return REGISTRY.get_sample_value("vlm_operator_api_writes_total", {"verb": verb}) or 0.0
+
+
+DEP = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "ns"},
+       "spec": {"replicas": 1}}
+
+
+def test_apply_is_a_forced_server_side_apply_and_skipped_when_already_there():
+    c = FakeApiClient()
+    k = apply.Kube(c, "vlm-operator")
+    before = writes("PATCH")
+    assert k.apply(DEP, {**DEP, "status": {}}) is False and c.calls == []
+    assert k.apply(DEP, None) is True
+    method, url, headers, body = c.calls[0]
+    assert method == "PATCH" and url == "/apis/apps/v1/namespaces/ns/deployments/d?fieldManager=vlm-operator&force=true"
+    assert headers["Content-Type"] == "application/apply-patch+yaml" and body == DEP
+    assert writes("PATCH") == before + 1
+
+
+def test_patch_status_writes_only_a_difference_and_404_is_gone():
+    c = FakeApiClient([Resp(200), Resp(404, b"{}", "Not Found")])
+    k = apply.Kube(c, "m")
+    assert k.patch_status("ns", "svc", {"phase": "Ready"}, {"phase": "Ready"}) is False and c.calls == []
+    assert k.patch_status("ns", "svc", {"phase": "Ready", "x": 1}, {"phase": "Pending"}) is True
+    _, url, headers, body = c.calls[0]
+    assert url == "/apis/serving.vlmops.dev/v1alpha1/namespaces/ns/vlmservices/svc/status"
+    assert body == {"status": {"phase": "Pending", "x": None}}
+    assert headers["Content-Type"] == "application/merge-patch+json"
+    assert k.patch_status("ns", "svc", {}, {"phase": "Failed"}) is False
+
+
+def test_server_errors_become_temporary_and_client_errors_permanent():
+    k = apply.Kube(FakeApiClient([Resp(500, b'{"message":"etcd down"}', "Internal")]), "m")
+    with pytest.raises(TemporaryError, match="etcd down"):
+        k.apply(DEP, None)
+    k = apply.Kube(FakeApiClient([Resp(422, b'{"message":"spec.replicas: Invalid"}', "Unprocessable")]), "m")
+    with pytest.raises(PermanentError, match=r"spec\.replicas"):
+        k.apply(DEP, None)
+    assert (REGISTRY.get_sample_value("vlm_operator_errors_total", {"reason": "Http422"}) or 0) >= 1
+
+
+def test_delete_of_a_missing_object_is_false_and_get_is_none():
+    k = apply.Kube(FakeApiClient([Resp(404, b"{}", "NF"), Resp(404, b"{}", "NF")]), "m")
+    assert k.delete("apps/v1", "Deployment", "ns", "d") is False
+    assert k.get("v1", "Service", "ns", "s") is None
+
+
+def test_free_gpus_subtracts_requests_on_matching_nodes():
+    nodes = {"items": [{"metadata": {"name": "n1"}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}]}
+    pods = {"items": [{"spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "3"}}}, {}]}}]}
+    c = FakeApiClient([Resp(200, json.dumps(nodes).encode()), Resp(200, json.dumps(pods).encode())])
+    assert apply.Kube(c, "m").free_gpus("H100") == 5
+    assert "labelSelector=nvidia.com/gpu.product=H100" in c.calls[0][1]
+    assert "spec.nodeName=n1" in c.calls[1][1]

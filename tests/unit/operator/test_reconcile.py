@@ -1,0 +1,236 @@
+"""reconcile.reconcile against a fake of the operator's Kube wrapper (fakekube.FakeKube): what is applied,
+what the status says, which Events are sent, and that a resync with nothing new writes nothing."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import REGISTRY
+from vlm_operator import api, builders, handlers, reconcile, rollout, signals
+from vlm_operator.errors import TemporaryError
+from vlm_operator.settings import Settings
+
+from .fakekube import FakeKube
+
+T0 = 1_800_000_000.0
+SPEC = {"model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"}, "replicas": 2}
+
+
+def no_sidecars(url: str, timeout: float):
+    raise ConnectionRefusedError(f"nothing at {url}")
+
+
+class Cluster:
+    """A FakeKube, a Runtime over it, and a helper that runs one reconcile of one service."""
+
+    def __init__(self, spec=SPEC, *, gpus: int = 0, fetch=no_sidecars, settings: Settings | None = None, name="svc"):
+        self.kube = FakeKube(gpus=gpus)
+        self.reader = signals.SidecarReader(timeout_s=0.2, workers=2, fetch=fetch)
+        self.rt = reconcile.Runtime(kube=self.kube, settings=settings or Settings(), sidecars=self.reader)
+        self.name = name
+        self.events: list[tuple[str, str, str]] = []
+        self.kube.create_vlmservice(name, spec)
+
+    def run(self, now: float = T0, *, pods=None):
+        t = self.kube.target(self.name)
+        observed = self.kube.observed(self.name, pods=pods)
+        reconcile.reconcile(self.rt, t, observed, lambda *e: self.events.append(e), now=now)
+
+    @property
+    def status(self) -> dict:
+        return self.kube.vlmservice(self.name)["status"]
+
+    def condition(self, type_: str) -> dict:
+        return next(c for c in self.status["conditions"] if c["type"] == type_)
+
+
+def test_first_reconcile_creates_service_deployment_and_budget_then_reports_pending():
+    c = Cluster()
+    c.run()
+    applied = sorted(w.kind for w in c.kube.written("apply"))
+    assert applied == ["Deployment", "NetworkPolicy", "PodDisruptionBudget", "Service"]
+    dep = c.kube.deployments()[builders.ROLE_STABLE]
+    assert dep["spec"]["replicas"] == 2 and dep["metadata"]["name"] == "svc"
+    st = c.status
+    assert st["phase"] == "Pending" and st["observedGeneration"] == 1
+    assert st["replicas"] == 2 and st["readyReplicas"] == 0
+    assert st["selector"] == f"{builders.LABEL_SERVICE}=svc"
+    assert st["stableRevision"] == dep["metadata"]["labels"][builders.LABEL_REVISION]
+    assert st["sglang"] == {"image": api.DEFAULT_SGLANG_IMAGE, "version": "0.5.23"}
+    assert c.condition("Ready")["reason"] == "ReplicasNotReady"
+    assert c.events == []  # replicas still starting are not news
+    api.VLMServiceStatus.model_validate(st)  # what was written is a valid status
+
+
+def test_pods_ready_flip_ready_with_one_normal_event_and_a_resync_writes_nothing():
+    c = Cluster()
+    c.run()
+    c.kube.settle("svc")
+    c.kube.reset_writes()
+    c.run(T0 + 15)
+    assert c.status["phase"] == "Ready" and c.status["readyReplicas"] == 2
+    assert c.condition("Ready") == {**c.condition("Ready"), "status": "True", "reason": "AllReplicasReady"}
+    assert [w.verb for w in c.kube.writes] == ["status"]
+    assert c.events == [("Normal", "AllReplicasReady", "Ready=True: 2/2 replicas ready")]
+    for i in range(2, 6):  # steady resyncs: no API write of any kind, no Event
+        c.kube.reset_writes()
+        c.run(T0 + 15 * i)
+        assert c.kube.writes == []
+    assert len(c.events) == 1
+
+
+def test_transition_time_moves_only_when_a_condition_flips():
+    c = Cluster()
+    c.run(T0)
+    before = c.condition("Ready")["lastTransitionTime"]
+    c.run(T0 + 100)  # nothing changed
+    assert c.condition("Ready")["lastTransitionTime"] == before
+    c.kube.settle("svc")
+    c.run(T0 + 200)
+    assert c.condition("Ready")["lastTransitionTime"] != before
+
+
+def test_invalid_spec_keeps_the_last_good_status_and_touches_no_deployment():
+    c = Cluster()
+    c.run()
+    c.kube.settle("svc")
+    c.run(T0 + 15)
+    good = dict(c.status)
+    c.kube.update_spec("svc", {**SPEC, "sglang": {"args": ["--tp", "2"]}})
+    c.kube.reset_writes()
+    c.run(T0 + 30)
+    assert c.kube.written("apply") == [] and c.kube.written("delete") == []
+    st = c.status
+    assert st["phase"] == "Failed" and st["observedGeneration"] == 2
+    assert c.condition("Ready")["reason"] == "InvalidSpec" and c.condition("Degraded")["status"] == "True"
+    assert "spec.sglang.args" in c.condition("Ready")["message"]
+    for k in ("stableRevision", "selector", "sglang"):
+        assert st[k] == good[k], k
+    # One Warning (Ready flipped); Degraded=InvalidSpec is said by the condition, not by a second Event.
+    assert [(e[0], e[1]) for e in c.events[1:]] == [("Warning", "InvalidSpec")]
+    c.kube.reset_writes()
+    c.run(T0 + 45)
+    assert c.kube.writes == []
+
+
+def test_invalid_spec_with_a_garbled_status_does_not_stall():
+    c = Cluster({"model": {"path": "m"}, "replicas": 1, "sglang": {"args": ["--port=1"]}})
+    c.kube.vlmservice("svc")["status"] = {"profiler": {"loopP50": 3}, "stableRevision": "abc", "bogus": 1}
+    c.run()
+    st = c.status
+    assert st["stableRevision"] == "abc" and "profiler" not in st and "bogus" not in st
+    assert c.condition("Ready")["reason"] == "InvalidSpec"
+
+
+def test_scaling_rewrites_the_deployment_and_the_status():
+    c = Cluster()
+    c.run()
+    c.kube.settle("svc")
+    c.run(T0 + 15)
+    c.kube.update_spec("svc", {**SPEC, "replicas": 3})
+    c.kube.reset_writes()
+    c.run(T0 + 30)
+    assert [w.kind for w in c.kube.written("apply")][:1] == ["Deployment"]
+    assert c.kube.deployments()[builders.ROLE_STABLE]["spec"]["replicas"] == 3
+    assert c.status["replicas"] == 3 and c.status["phase"] == "Pending"
+
+
+def test_scaling_to_one_deletes_the_disruption_budget():
+    c = Cluster()
+    c.run()
+    assert ("policy/v1", "PodDisruptionBudget", "ns", "svc") in c.kube.objects
+    c.kube.update_spec("svc", {**SPEC, "replicas": 1})
+    c.run(T0 + 15)
+    assert ("policy/v1", "PodDisruptionBudget", "ns", "svc") not in c.kube.objects
+
+
+def test_paused_changes_no_deployment_but_still_reports():
+    c = Cluster()
+    c.run()
+    c.kube.update_spec("svc", {**SPEC, "replicas": 4, "paused": True})
+    c.kube.reset_writes()
+    c.run(T0 + 15)
+    assert c.kube.written("apply") == [] and c.kube.written("delete") == []
+    assert c.kube.deployments()[builders.ROLE_STABLE]["spec"]["replicas"] == 2
+    assert c.status["observedGeneration"] == 2
+
+
+def test_unknown_action_is_a_warning_and_a_known_one_is_cleared():
+    c = Cluster()
+    c.kube.annotate("svc", rollout.ANNOTATION_ACTION, "launch")
+    c.run()
+    assert ("Warning", "UnknownAction") in [(e[0], e[1]) for e in c.events]
+    assert c.kube.written("annotation") == []
+    c.kube.annotate("svc", rollout.ANNOTATION_ACTION, "Promote")
+    c.run(T0 + 15)
+    assert [w.body for w in c.kube.written("annotation")] == [rollout.ANNOTATION_ACTION]
+    assert rollout.ANNOTATION_ACTION not in c.kube.vlmservice("svc")["metadata"]["annotations"]
+
+
+def test_a_temporary_api_error_propagates_and_the_next_reconcile_recovers():
+    c = Cluster()
+    c.kube.fail_next.append(TemporaryError("apply Deployment ns/svc: 503 unavailable", reason="Http503"))
+    with pytest.raises(TemporaryError):
+        c.run()
+    assert c.status == {}
+    c.run(T0 + 5)
+    assert c.status["phase"] == "Pending"
+
+
+ROLLOUT = {
+    **SPEC,
+    "rollout": {"steps": [{"replicas": 1, "analysis": "2m"}],
+                "analysis": {"interval": "1m", "maxDuration": "10m", "minSamples": 3}},
+}
+
+
+def start_canary(c: Cluster) -> str:
+    c.run(T0)
+    c.kube.settle(c.name)
+    c.run(T0 + 15)
+    c.kube.update_spec(c.name, {**ROLLOUT, "sglang": {"ipcCache": {"mode": "Off"}}})
+    c.run(T0 + 30)
+    return c.status["rollout"]["revision"]
+
+
+def test_a_new_revision_starts_a_canary_with_a_fresh_baseline_when_gpus_are_free():
+    c = Cluster(ROLLOUT, gpus=8)
+    rev = start_canary(c)
+    assert c.kube.free_gpu_calls == 1
+    deps = c.kube.deployments()
+    assert set(deps) == {builders.ROLE_STABLE, builders.ROLE_CANARY, builders.ROLE_BASELINE}
+    assert deps[builders.ROLE_CANARY]["metadata"]["labels"][builders.LABEL_REVISION] == rev
+    st = c.status
+    assert st["phase"] == "Canary" and st["rollout"]["phase"] == "Progressing" and st["canaryRevision"] == rev
+    assert c.condition("Progressing")["reason"] == "CanaryProgressing"
+    assert "CanaryStarted" in [e[1] for e in c.events]
+    api.VLMServiceStatus.model_validate(st)
+
+
+def sample(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+def test_reconcile_publishes_per_service_metrics_and_delete_forgets_them():
+    c = Cluster(ROLLOUT, gpus=8, name="metered")
+    start_canary(c)
+    svc = {"namespace": "ns", "vlmservice": "metered"}
+    assert sample("vlm_operator_ipc_cache_active", **svc) == 0.0  # the canary's spec turned the cache Off
+    assert sample("vlm_operator_rollout_phase", **svc, phase="Progressing") == 1.0
+    assert sample("vlm_operator_rollout_phase", **svc, phase="Analysing") == 0.0
+    n = sample("vlm_operator_reconcile_duration_seconds_count", result="ok")
+    c.run(T0 + 45)
+    assert sample("vlm_operator_reconcile_duration_seconds_count", result="ok") == n + 1
+    c.rt.profiler_reads["uid-metered"] = T0
+    handlers.forget_vlmservice(name="metered", namespace="ns", uid="uid-metered", memo=type("M", (), {"rt": c.rt})())
+    assert sample("vlm_operator_ipc_cache_active", **svc) is None
+    assert sample("vlm_operator_rollout_phase", **svc, phase="Progressing") is None
+    assert "uid-metered" not in c.rt.profiler_reads
+
+
+def test_a_failing_reconcile_is_counted_as_an_error():
+    c = Cluster(name="failing")
+    c.kube.fail_next.append(TemporaryError("503", reason="Http503"))
+    n = sample("vlm_operator_reconcile_duration_seconds_count", result="error") or 0.0
+    with pytest.raises(TemporaryError):
+        c.run()
+    assert sample("vlm_operator_reconcile_duration_seconds_count", result="error") == n + 1

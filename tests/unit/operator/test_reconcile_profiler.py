@@ -1,0 +1,194 @@
+"""status.profiler and canary analysis through reconcile, with fake sidecars behind the SidecarReader:
+sidecars are read about once per window, a dead one costs one timeout per window (backing off), and the
+profiler status is rewritten only when what a user sees changes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import REGISTRY
+from vlm_operator import builders, reconcile, signals
+from vlm_operator.settings import Settings
+
+from .fakekube import FakeKube
+from .test_reconcile import ROLLOUT, SPEC, T0
+
+INTERVAL = 15.0
+
+
+def window(k: int, loop: float, *, top: tuple[str, float] = ("run_batch", 0.6), jitter: float = 0.01) -> dict:
+    wobble = 1 + jitter * ((k * 7) % 5 - 2) / 2  # deterministic +-jitter
+    fn = {"event_loop_overlap": 0.99, "process_input_requests": 0.2, top[0]: top[1]}
+    return {
+        "id": k, "end": k * INTERVAL, "samples": 5000, "iterations": 250,
+        "loop_mean_seconds": loop * wobble, "loop_p95_seconds": loop * 1.3 * wobble,
+        "stage_shares": {"recv_requests": 0.05, "process_input_requests": 0.2, "get_next_batch_to_run": 0.05,
+                         "run_batch": 0.6, "process_batch_result": 0.05, "idle": 0.05},
+        "function_shares": fn,
+    }
+
+
+class Sidecars:
+    """Answers /windows.json for the pods FakeKube runs; `loop(pod)` gives a pod's loop time, `dead` pods
+    time out. Every call is counted per pod."""
+
+    def __init__(self, kube: FakeKube, loop: Callable[[str], float] = lambda pod: 0.020, top=None):
+        self.kube, self.loop, self.top = kube, loop, top
+        self.now = T0
+        self.dead: set[str] = set()
+        self.calls: dict[str, int] = {}
+
+    def fetch(self, url: str, timeout: float):
+        ip = url.split("//", 1)[1].split(":", 1)[0]
+        pod = next(p for p in self.kube.pods("svc") if p.ip == ip)
+        self.calls[pod.name] = self.calls.get(pod.name, 0) + 1
+        if pod.name in self.dead:
+            raise TimeoutError("timed out")
+        last = int(self.now // INTERVAL)
+        return [window(k, self.loop(pod.name), **({"top": self.top(k)} if self.top else {}))
+                for k in range(last - 63, last + 1)]
+
+
+class Cluster:
+    def __init__(self, spec=SPEC, *, gpus=0, settings=None, **sidecar_kw):
+        self.kube = FakeKube(gpus=gpus)
+        self.sidecars = Sidecars(self.kube, **sidecar_kw)
+        self.reader = signals.SidecarReader(timeout_s=0.2, workers=2, fetch=self.sidecars.fetch)
+        self.rt = reconcile.Runtime(kube=self.kube, settings=settings or Settings(), sidecars=self.reader)
+        self.events: list = []
+        self.kube.create_vlmservice("svc", spec)
+
+    def run(self, now: float):
+        self.sidecars.now = now
+        reconcile.reconcile(self.rt, self.kube.target("svc"), self.kube.observed("svc"),
+                            lambda *e: self.events.append(e), now=now)
+        self.reader.wait_idle()  # retries of failed pods run in the background
+
+    @property
+    def status(self) -> dict:
+        return self.kube.vlmservice("svc")["status"]
+
+    def profiler_writes(self) -> int:
+        return sum(1 for w in self.kube.written("status") if "profiler" in w.body)
+
+
+def ready(c: Cluster, t: float = T0) -> float:
+    c.run(t)
+    c.kube.settle("svc")
+    c.run(t + 1)
+    return t + 1
+
+
+def test_profiler_summary_is_written_once_and_a_steady_service_writes_nothing_after():
+    c = Cluster()
+    t = ready(c)
+    p = c.status["profiler"]
+    assert p["loopP50"] == "20.0ms" and p["loopP95"] == "26.0ms" and p["topFunction"] == "run_batch"
+    c.kube.reset_writes()
+    for i in range(1, 41):  # 10 minutes of resyncs: new windows every 15 s, values within +-1%
+        c.run(t + 15 * i)
+    assert c.kube.writes == []
+    # Each pod's sidecar read about once per window (40 windows), never once per resync plus retries.
+    assert all(35 <= n <= 42 for n in c.sidecars.calls.values()), c.sidecars.calls
+
+
+def test_a_real_change_is_written_within_one_interval_and_at_most_once_per_interval():
+    slow = {"on": False}
+    c = Cluster(loop=lambda pod: 0.030 if slow["on"] else 0.020)
+    t = ready(c)
+    c.kube.reset_writes()
+    slow["on"] = True
+    for i in range(1, 9):
+        c.run(t + 7.5 * i)  # resync twice per telemetry interval
+    writes = [w for w in c.kube.written("status") if "profiler" in w.body]
+    assert 1 <= len(writes) <= 3  # the median over 4 windows moves in steps as the slow windows come in
+    assert 29.0 <= float(c.status["profiler"]["loopP50"].removesuffix("ms")) <= 31.0
+    times = [w.body["profiler"]["lastSampleTime"] for w in writes]
+    assert len(set(times)) == len(times)  # never two writes for the same window
+
+
+def test_two_close_functions_do_not_flap_topfunction():
+    # The hottest function alternates between two that differ by 1 point of loop time.
+    c = Cluster(top=lambda k: ("run_batch", 0.30) if k % 2 else ("hash_feature", 0.31))
+    t = ready(c)
+    first = c.status["profiler"]["topFunction"]
+    c.kube.reset_writes()
+    for i in range(1, 21):
+        c.run(t + 15 * i)
+    assert c.profiler_writes() == 0 and c.status["profiler"]["topFunction"] == first
+
+
+def test_lastsampletime_is_refreshed_at_the_refresh_setting():
+    c = Cluster(settings=Settings(profiler_refresh_seconds=120))
+    t = ready(c)
+    c.kube.reset_writes()
+    for i in range(1, 21):  # 300 s
+        c.run(t + 15 * i)
+    assert c.profiler_writes() == 2  # at ~120 s and ~240 s
+
+
+def test_dead_sidecars_cost_one_timeout_per_window_then_back_off_and_the_status_says_nothing_new():
+    c = Cluster()
+    c.run(T0)
+    c.kube.settle("svc")
+    c.sidecars.dead = {p.name for p in c.kube.pods("svc")}
+    for i in range(40):  # 10 minutes of 15 s resyncs
+        c.run(T0 + 1 + 15 * i)
+    # Tried at 0, 15, 45, 105, 225, 345, 465, 585 s (1, 2, 4, 8, 8, ... intervals): 8 per pod, not 40.
+    assert c.sidecars.calls == {"svc-0": 8, "svc-1": 8}
+    assert "profiler" not in c.status  # unavailable is not a summary
+
+
+def test_a_dead_pod_does_not_hide_the_live_one_and_comes_back_after_its_backoff():
+    c = Cluster(loop=lambda pod: 0.020)
+    c.run(T0)
+    c.kube.settle("svc")
+    c.sidecars.dead = {"svc-1"}
+    c.run(T0 + 1)
+    assert c.status["profiler"]["loopP50"] == "20.0ms"
+    c.sidecars.dead = set()
+    for i in range(1, 5):
+        c.run(T0 + 1 + 15 * i)
+    # Failed at 1 s, so not tried again before its next window (16 s); then read once per window like svc-0.
+    assert c.sidecars.calls == {"svc-0": 5, "svc-1": 5}
+
+
+def start_analysis(c: Cluster) -> float:
+    """Stable ready, then a new revision: canary and fresh baseline up and analysing. Returns the time."""
+    t = ready(c)
+    c.kube.update_spec("svc", {**ROLLOUT, "sglang": {"ipcCache": {"mode": "Off"}}})
+    c.run(t + 10)
+    c.kube.settle("svc")
+    c.run(t + 20)
+    assert c.status["rollout"]["phase"] == "Analysing", c.status["rollout"]
+    return t + 20
+
+
+def test_unreachable_canary_sidecars_are_signals_unavailable_never_a_pass():
+    c = Cluster(ROLLOUT, gpus=8)
+    t = start_analysis(c)
+    c.sidecars.dead = {p.name for p in c.kube.pods("svc") if p.role == builders.ROLE_CANARY}
+    for i in range(1, 9):
+        c.run(t + 60 * i)
+    r = c.status["rollout"]
+    assert r["phase"] == "Analysing" and r["analyses"] >= 1
+    assert "no profiler sidecar of revision" in r["message"] and "svc-canary-0" in r["message"]
+    assert all(s.get("verdict") != "pass" for s in r.get("signals", []))
+
+
+def test_a_slower_canary_is_rolled_back_through_reconcile():
+    c = Cluster(ROLLOUT, gpus=8, loop=lambda pod: 0.030 if "canary" in pod else 0.020)
+    t = start_analysis(c)
+    for i in range(1, 11):
+        c.run(t + 60 * i)
+        if c.status["rollout"]["phase"] == "RolledBack":
+            break
+    r = c.status["rollout"]
+    assert r["phase"] == "RolledBack", r
+    assert c.status["phase"] == "RolledBack"
+    assert builders.ROLE_CANARY not in c.kube.deployments()
+    assert "CanaryRolledBack" in [e[1] for e in c.events]
+    labels = {"namespace": "ns", "vlmservice": "svc", "revision": r["revision"]}
+    info = [s for m in REGISTRY.collect() if m.name == "vlm_operator_canary_rollback_info" for s in m.samples
+            if all(s.labels.get(k) == v for k, v in labels.items())]
+    assert [s.value for s in info] == [1.0]

@@ -1,0 +1,163 @@
+"""status.py (pure): the typed status and its round trip, conditions from health, the profiler summary and
+when it changes what a user sees."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from pydantic import ValidationError
+from vlm_operator import api
+from vlm_operator import status as S
+from vlm_operator.gate import Window
+
+NOW = datetime(2027, 1, 15, 8, 0, tzinfo=UTC)
+
+
+def full_status() -> api.VLMServiceStatus:
+    rollout = api.RolloutStatus(
+        phase="Analysing", revision="abc", step=1, capacity="Surge", baseline="Fresh", analyses=3,
+        started_at="2027-01-15T07:50:00Z", analysis_started_at="2027-01-15T07:55:00Z",
+        signals=[api.SignalStatus(name="loop_latency", baseline=0.02, canary=0.021, delta=0.05, p_value=0.2,
+                                  verdict="pending")],
+    )
+    return S.build_status(
+        {}, S.Health(want=3, ready=2, rollout_phase="Analysing", rollout_message="3 of 5 windows", ipc_active=True,
+                     ipc_reason="Enabled", ipc_message="on"),
+        generation=4, now=NOW, selector="s=x", stable_revision="old", canary_revision="abc", rollout=rollout,
+        profiler=api.ProfilerStatus(last_sample_time="2027-01-15T07:59:45Z", loop_p50="21.4ms", top_function="f"),
+        sglang=S.sglang_status("img:v0.5.23", "0.5.23"),
+    )
+
+
+def test_status_round_trips_model_dict_model():
+    st = full_status()
+    body = S.status_body(st)
+    assert api.VLMServiceStatus.model_validate(body) == st
+    assert S.status_body(api.VLMServiceStatus.model_validate(body)) == body
+    assert body["readyReplicas"] == 2 and body["rollout"]["analysisStartedAt"] == "2027-01-15T07:55:00Z"
+    assert body["phase"] == "Canary" and "loopP95" not in body["profiler"]  # unset fields are left out
+
+
+def test_status_body_is_camelcase_with_conditions_in_order():
+    body = S.status_body(full_status())
+    assert [c["type"] for c in body["conditions"]] == ["Ready", "Progressing", "Degraded", "IPCCacheActive"]
+    ready = body["conditions"][0]
+    assert ready == {"type": "Ready", "status": "False", "reason": "ReplicasNotReady", "message": "2/3 replicas ready",
+                     "observedGeneration": 4, "lastTransitionTime": "2027-01-15T08:00:00Z"}
+    assert body["conditions"][1]["reason"] == "CanaryAnalysing"
+
+
+def test_the_model_refuses_a_bad_status():
+    with pytest.raises(ValidationError):
+        api.VLMServiceStatus.model_validate({"conditions": [{"type": "Ready", "status": "Maybe", "reason": "X",
+                                                              "lastTransitionTime": "t"}]})
+    with pytest.raises(ValidationError):
+        api.VLMServiceStatus.model_validate({"rollout": {"phase": "Exploding"}})
+
+
+def test_a_long_message_is_cut_to_what_the_schema_allows():
+    st = S.build_status({}, S.Health(want=1, ready=0, invalid="x" * 40000), generation=1, now=NOW)
+    assert len(st.conditions[0].message) == S.MAX_MESSAGE and st.conditions[0].message.endswith("...")
+
+
+def test_a_foreign_condition_the_model_refuses_is_dropped_not_raised():
+    current = {"conditions": [{"type": "Other", "status": "Perhaps", "reason": "?", "lastTransitionTime": "x"}]}
+    st = S.build_status(current, S.Health(want=1, ready=1), generation=1, now=NOW)
+    assert [c.type for c in st.conditions] == ["Ready", "Progressing", "Degraded"]
+
+
+def test_parse_status_keeps_the_good_fields_of_a_garbled_status():
+    st = S.parse_status({"stableRevision": "abc", "profiler": {"loopP50": 3}, "rollout": {"phase": "Nope"},
+                         "replicas": 2, "unknown": 1})
+    assert st.stable_revision == "abc" and st.replicas == 2 and st.profiler is None and st.rollout is None
+    kept = S.carried({"stableRevision": "abc", "selector": "s", "sglang": {"image": "i"}})
+    assert kept["stable_revision"] == "abc" and kept["sglang"] == api.SGLangStatus(image="i") and kept["rollout"] is None
+
+
+def test_invalid_spec_message_names_fields():
+    with pytest.raises(ValidationError) as e:
+        api.parse_spec({"model": {}, "replicas": -1})
+    msg = S.invalid_spec_message(e.value)
+    assert "spec.model.path" in msg and "spec.replicas" in msg
+
+
+@pytest.mark.parametrize(
+    ("health", "phase", "ready", "degraded"),
+    [
+        (S.Health(want=2, ready=2), "Ready", ("True", "AllReplicasReady"), ("False", "AsExpected")),
+        (S.Health(want=2, ready=1), "Pending", ("False", "ReplicasNotReady"), ("False", "AsExpected")),
+        (S.Health(want=2, ready=1, unschedulable="pod a: 0/3 nodes"), "Pending", ("False", "Unschedulable"),
+         ("True", "Unschedulable")),
+        (S.Health(want=1, ready=1, rollout_phase="RolledBack", rollout_message="slower"), "RolledBack",
+         ("True", "AllReplicasReady"), ("True", "CanaryRolledBack")),
+        (S.Health(want=1, ready=0, invalid="bad"), "Failed", ("False", "InvalidSpec"), ("True", "InvalidSpec")),
+    ],
+)
+def test_health_to_phase_and_conditions(health, phase, ready, degraded):
+    st = S.build_status({}, health, generation=1, now=NOW)
+    by = {c.type: (c.status, c.reason) for c in st.conditions}
+    assert st.phase == phase and by["Ready"] == ready and by["Degraded"] == degraded
+
+
+def test_running_health_counts_ready_pods_and_names_the_first_unschedulable():
+    obs = S.Observed(pods=(S.PodInfo("b", "stable", "r", "Pending", False, unschedulable="no GPU"),
+                           S.PodInfo("a", "stable", "r", "Pending", False, unschedulable="no node"),
+                           S.PodInfo("c", "stable", "r", "Running", True)))
+    h = S.running_health(obs, want=3, rollout=None, ipc_active=None)
+    assert h.ready == 1 and h.unschedulable == "pod a: no node" and h.rollout_phase is None
+
+
+# ---------------------------------------------------------------- profiler
+
+
+def win(end: float, loop: float = 0.0214, p95: float | None = 0.030, shares=None, stale=False, pod="p") -> Window:
+    return Window(revision="r", pod=pod, id=str(end), end=end, samples=500, loop_mean_seconds=loop,
+                  loop_p95_seconds=p95, stage_shares={},
+                  function_shares=shares if shares is not None else {"event_loop_overlap": 1.0, "run_batch": 0.5,
+                                                                     "process_input_requests": 0.2},
+                  stale=stale)
+
+
+T = 1_800_000_000.0
+
+
+def test_profiler_summary_skips_stale_windows_and_loop_wrappers():
+    s = S.profiler_summary([win(T, 0.02), win(T + 15, 0.03), win(T + 30, 0.5, stale=True)])
+    assert s is not None and s.last_end == T + 15 and s.loop_p50_s == pytest.approx(0.025)
+    assert s.top_function == "run_batch"  # event_loop_overlap wraps the whole loop
+    st = s.to_status()
+    assert st.loop_p50 == "25.0ms" and st.loop_p95 == "30.0ms" and st.last_sample_time == "2027-01-15T08:00:15Z"
+    assert S.profiler_summary([win(T, stale=True)]) is None
+
+
+def test_profiler_status_first_summary_then_only_real_changes():
+    first = S.profiler_status(None, [win(T)])
+    assert first is not None and first.loop_p50 == "21.4ms"
+    # 2% noise and a newer window: what is shown stays (no write).
+    assert S.profiler_status(first, [win(T + 15, 0.0218)]) is first
+    # 10% slower: news.
+    moved = S.profiler_status(first, [win(T + 30, 0.0236)])
+    assert moved is not first and moved.loop_p50 == "23.6ms" and moved.last_sample_time == "2027-01-15T08:00:30Z"
+    # p95 appearing or vanishing is news too.
+    assert S.profiler_status(first, [win(T + 15, p95=None)]).loop_p95 is None
+
+
+def test_profiler_status_top_function_needs_a_margin():
+    first = S.profiler_status(None, [win(T, shares={"run_batch": 0.30, "hash_feature": 0.29})])
+    assert first.top_function == "run_batch"
+    close = S.profiler_status(first, [win(T + 15, shares={"run_batch": 0.30, "hash_feature": 0.31})])
+    assert close is first
+    far = S.profiler_status(first, [win(T + 15, shares={"run_batch": 0.30, "hash_feature": 0.40})])
+    assert far.top_function == "hash_feature"
+    gone = S.profiler_status(first, [win(T + 15, shares={"hash_feature": 0.31})])
+    assert gone.top_function == "hash_feature"
+
+
+def test_profiler_status_refreshes_and_handles_what_it_cannot_read():
+    first = S.profiler_status(None, [win(T)], refresh_s=600)
+    assert S.profiler_status(first, [win(T + 599)], refresh_s=600) is first
+    assert S.profiler_status(first, [win(T + 600)], refresh_s=600).last_sample_time == "2027-01-15T08:10:00Z"
+    odd = api.ProfilerStatus(last_sample_time="2027-01-15T08:00:00Z", loop_p50="fast", top_function="run_batch")
+    assert S.profiler_status(odd, [win(T + 15)]).loop_p50 == "21.4ms"
+    assert S.profiler_status(first, []) is first and S.profiler_status(None, []) is None
