@@ -554,9 +554,15 @@ class AnalysisSpec(KubeModel):
     confidence: float = Field(0.95, description="Confidence level of the statistical test.", ge=0.5, le=0.999)
     # 3: the trimmed t-test needs two values per side left after trimming (vlm_operator.stats.MIN_PER_SIDE).
     min_samples: int = Field(5, description="Profiler windows needed per revision before any verdict.", ge=3, le=1000)
-    max_duration: Duration = Field("30m", description="Give up analysing after this long.")
+    max_duration: Duration = Field(
+        "30m",
+        description="Analysis time of a step. The last look decides on the estimates: rolled back if confidently "
+        "worse and beyond a margin, promoted if every estimate is within its margin.",
+    )
     on_inconclusive: Literal["Rollback", "Promote", "Pause"] = Field(
-        "Rollback", description="What to do when maxDuration passes without a verdict."
+        "Rollback",
+        description="What to do when the last look cannot decide (an estimate beyond its margin but not "
+        "confidently worse) or data are missing; missing data never promote (Promote then pauses).",
     )
 
     @model_validator(mode="after")

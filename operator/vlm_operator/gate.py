@@ -216,6 +216,9 @@ class GatePolicy:
     trim: fraction trimmed from each tail by the test.
     pair_s: a canary window is paired with the baseline windows that ended within half this of it (else
         within this): the telemetry interval, so each pod contributes about one window per pair.
+    inference: "bonferroni" splits the budget over the planned looks (max_duration_s / interval_s);
+        "anytime" uses confidence sequences valid for any number of looks (wider at each one; measured
+        in bench/gate_quality.py, not exposed in the API).
     """
 
     max_regression: Mapping[str, float] = field(
@@ -233,6 +236,7 @@ class GatePolicy:
     min_function_share: float = 0.01
     trim: float = stats.DEFAULT_TRIM
     pair_s: float = 15.0
+    inference: Literal["bonferroni", "anytime"] = "bonferroni"
 
     def __post_init__(self) -> None:
         where = "spec.rollout.analysis"
@@ -614,8 +618,15 @@ def _evaluate(
     alpha_rollback: float,
     alpha_promote: float,
     enough: bool,
+    final: bool = False,
 ) -> list[SignalResult]:
     """Judge every member of one signal family on its time-paired differences.
+
+    `final`: this is the step's last look (maxDuration reached). The gate then decides on the data
+    instead of waiting: a member fails when it is confidently worse at all (bound above 0, at the same
+    per-look level, so the false-rollback budget still holds) and its estimate exceeds the margin;
+    it passes when its estimate is within the margin. Only a member beyond its margin but not
+    confidently worse stays undecided, for onInconclusive.
 
     The rollback bound carries the between-pod variance (a canary on a slow node is not a regression);
     the promotion bound does not (it proves the canary pods within the margin of the baseline pods they
@@ -637,6 +648,11 @@ def _evaluate(
         trim=policy.trim,
         extra_var_low=tau if worse_low else zero,
         extra_var_high=zero if worse_low else tau,
+        anytime_r=(
+            max(float(stats.MIN_PER_SIDE), policy.max_duration_s / 2 / policy.pair_s)
+            if policy.inference == "anytime"
+            else None
+        ),
     )
     out: list[SignalResult] = []
     for inst, cmp in zip(insts, cmps, strict=True):
@@ -655,9 +671,9 @@ def _evaluate(
         # Rollback: confidently worse than half the allowance, and most likely worse than all of it.
         # The bound alone controls false rollbacks of canaries within half the margin; the estimate
         # condition keeps small-but-certain differences (a slower node) inside the allowance.
-        if enough and worse_lcb > margin / 2 and worse_est > margin:
+        if enough and worse_lcb > (0.0 if final else margin / 2) and worse_est > margin:
             verdict = "fail"
-        elif enough and (worse_ucb < margin if spec.prove else worse_est <= margin):
+        elif enough and (worse_ucb < margin if spec.prove and not final else worse_est <= margin):
             verdict = "pass"
         out.append(
             SignalResult(
@@ -809,6 +825,8 @@ def decide(
     promote_looks = 1 + max(
         0, math.ceil((policy.max_duration_s - step_duration_s) / policy.interval_s - 1e-9)
     )
+    if policy.inference == "anytime":  # the confidence sequences hold at every look: nothing to split
+        looks = promote_looks = 1
     by_family: dict[str, list[_Instance]] = defaultdict(list)
     ref = _side("reference", spread_reference, policy, started_at, now).units if spread_reference else ()
     for inst in _instances(policy, b.units, c.units, ref):
@@ -821,11 +839,18 @@ def decide(
     # promotion looks divide its budget.
     families = max(1, sum(any(_has_values(i) for i in insts) for insts in by_family.values()))
     alpha_promote = stats.bonferroni(alpha, promote_looks)
+    final = elapsed >= policy.max_duration_s
     signals = tuple(
         result
         for family, insts in by_family.items()
         for result in _evaluate(
-            family, insts, policy, stats.bonferroni(alpha, looks, families, len(insts)), alpha_promote, enough
+            family,
+            insts,
+            policy,
+            stats.bonferroni(alpha, looks, families, len(insts)),
+            alpha_promote,
+            enough,
+            final=final,
         )
     )
 
@@ -877,6 +902,16 @@ def _judge(
     if all(s.verdict == "pass" for s in blocking):
         if elapsed >= step_duration_s:
             worst = max(blocking, key=_severity)
+            if at_max and any(SIGNALS[_family(s.name)].prove and not _proven(s) for s in blocking):
+                # The last look decides on the estimates: none is beyond its margin, none confidently
+                # worse beyond it; holding a canary back for noise is what this look exists to avoid.
+                return Decision(
+                    "Promote",
+                    "WithinMarginAtMaxDuration",
+                    f"at maxDuration every estimate is within its margin (not all proven); "
+                    f"closest: {_describe(worst)}",
+                    signals,
+                )
             return Decision(
                 "Promote", "NoRegression", f"all signals within margin; closest: {_describe(worst)}", signals
             )
@@ -887,6 +922,15 @@ def _judge(
     if not at_max:
         return Decision("Continue", "AwaitingEvidence", msg, signals)
     return _at_max_duration(policy, signals, msg, data_missing=False, attribution=attribution)
+
+
+def _proven(s: SignalResult) -> bool:
+    """The promotion bound (on the worse side) is inside the margin."""
+    spec = SIGNALS[_family(s.name)]
+    bound = s.ci_high if spec.higher_is_worse else (None if s.ci_low is None else -s.ci_low)
+    if bound is None:
+        return False
+    return bound < s.margin
 
 
 def _optional_absent(s: SignalResult) -> bool:

@@ -194,6 +194,20 @@ def bonferroni(alpha: float, *parts: int) -> float:
     return alpha / k
 
 
+def mixture_multiplier(n: int, alpha: float, r: float) -> float:
+    """Half-width of a one-sided normal-mixture confidence sequence for a mean, in standard errors.
+
+    For n observations with standard error s, `mean - mixture_multiplier(...) * s` is a lower bound
+    that holds at every n at once with probability 1 - alpha (Robbins' normal mixture, with Ville's
+    inequality; Howard et al. 2021), so an analysis may look as often as it likes. `r` is the number of
+    observations where the boundary is tightest. Two-sided mixture at level alpha: conservative for
+    one side.
+    """
+    if n < 1 or not 0 < alpha < 1 or r <= 0:
+        raise ValueError(f"need n >= 1, alpha in (0, 1), r > 0; got {n}, {alpha}, {r}")
+    return math.sqrt((1 + r / n) * 2 * math.log(math.sqrt(1 + n / r) / alpha))
+
+
 @dataclass(frozen=True)
 class Paired:
     """A one-sample comparison of paired differences (canary minus its concurrent baseline), on the test's
@@ -217,6 +231,7 @@ def paired_many(
     trim: float = DEFAULT_TRIM,
     extra_var_low: Sequence[float] | None = None,
     extra_var_high: Sequence[float] | None = None,
+    anytime_r: float | None = None,
 ) -> list[Paired | None]:
     """Yuen's one-sample trimmed-mean t-test per row of differences (Tukey-McLaughlin standard error:
     winsorized variance, h - 1 degrees of freedom), in plain numpy.
@@ -226,6 +241,9 @@ def paired_many(
     spread of both samples. `extra_var_*` (per row, on the test scale) is added to the squared standard
     error of the bound on that side (the gate passes the between-pod variance for the rollback bound).
     p-values use the larger of the two variances. None for rows with fewer than MIN_PER_SIDE values.
+
+    `anytime_r`: bounds from a normal-mixture confidence sequence (`mixture_multiplier`) instead of
+    the t quantile: valid at every look, however many, at the cost of width at any one look.
     """
     if not (0 < alpha_low < 0.5 and 0 < alpha_high < 0.5):
         raise ValueError(f"alphas must be in (0, 0.5), got {alpha_low}, {alpha_high}")
@@ -246,8 +264,12 @@ def paired_many(
         ex_l = max(0.0, float(extra_var_low[i])) if extra_var_low is not None else 0.0
         ex_h = max(0.0, float(extra_var_high[i])) if extra_var_high is not None else 0.0
         se_l, se_h = math.sqrt(se2 + ex_l), math.sqrt(se2 + ex_h)
-        low = tm - float(_st.t.ppf(1 - alpha_low, df)) * se_l
-        high = tm + float(_st.t.ppf(1 - alpha_high, df)) * se_h
+        if anytime_r is None:
+            z_l, z_h = float(_st.t.ppf(1 - alpha_low, df)), float(_st.t.ppf(1 - alpha_high, df))
+        else:
+            z_l, z_h = mixture_multiplier(h, alpha_low, anytime_r), mixture_multiplier(h, alpha_high, anytime_r)
+        low = tm - z_l * se_l
+        high = tm + z_h * se_h
         se_p = max(se_l, se_h)
         if se_p > 0:
             t = tm / se_p

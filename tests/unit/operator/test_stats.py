@@ -115,3 +115,36 @@ def test_planned_looks_and_bonferroni():
     assert stats.bonferroni(0.05, 0) == 0.05
     with pytest.raises(ValueError):
         stats.planned_looks(60, 0)
+
+
+def test_confidence_sequence_holds_at_every_look():
+    # 2000 streams of 300 standard-normal differences, bound checked after every one: the share of
+    # streams whose lower bound ever rises above the true mean (0) stays within alpha; the fixed-n
+    # bound at the same level, checked as often, crosses far more often (why looks need a correction).
+    rng = np.random.default_rng(7)
+    alpha, r = 0.05, 60.0
+    x = rng.standard_normal((2000, 300))
+    n = np.arange(1, 301)
+    mean = np.cumsum(x, axis=1) / n
+    se = 1 / np.sqrt(n)
+    z_cs = np.array([stats.mixture_multiplier(int(k), alpha, r) for k in n])
+    crossed_cs = ((mean - z_cs * se) > 0)[:, 2:].any(axis=1).mean()
+    crossed_fixed = ((mean - 1.645 * se) > 0)[:, 2:].any(axis=1).mean()
+    assert crossed_cs <= alpha
+    assert crossed_fixed > 3 * alpha
+
+
+def test_confidence_sequence_is_tightest_near_r_and_wider_than_one_look():
+    m = [stats.mixture_multiplier(n, 0.05, 100.0) for n in (10, 100, 1000)]
+    assert all(v > 1.645 for v in m)
+    assert stats.mixture_multiplier(100, 0.01, 100.0) > m[1]
+    with pytest.raises(ValueError):
+        stats.mixture_multiplier(0, 0.05, 100.0)
+
+
+def test_paired_many_anytime_bounds_are_wider_than_the_t_bounds():
+    rows = [list(np.random.default_rng(3).normal(0.02, 0.05, 80))]
+    t = stats.paired_many(rows, scale="linear", alpha_low=0.01, alpha_high=0.01)[0]
+    cs = stats.paired_many(rows, scale="linear", alpha_low=0.01, alpha_high=0.01, anytime_r=40.0)[0]
+    assert cs.delta == pytest.approx(t.delta)
+    assert cs.low < t.low and cs.high > t.high
