@@ -539,6 +539,9 @@ class AnalysisSpec(KubeModel):
             ".interval",
         ),
         ("!has(self.interval) || duration(self.interval) > duration('0s')", "interval must be positive", ".interval"),
+        # The schema's `minimum: 0.5` lets a literal 0 through on kube-apiserver 1.34 (found by
+        # tests/integration/test_spec_fuzz.py); the rule catches it.
+        ("!has(self.confidence) || self.confidence >= 0.5", "confidence must be at least 0.5", ".confidence"),
     )
 
     source: Literal["Auto", "Prometheus", "Sidecar"] = Field(

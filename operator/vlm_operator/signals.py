@@ -324,9 +324,38 @@ def _query_range(base: str, query: str, start: float, end: float, step: float) -
         data = _get_json(f"{base}/api/v1/query_range?{params}")
     except (OSError, ValueError) as e:
         raise SignalsUnavailable(f"Prometheus at {base} not readable: {e}") from e
-    if data.get("status") != "success":
-        raise SignalsUnavailable(f"Prometheus query failed: {data.get('error')}")
-    return data["data"]["result"]
+    if not isinstance(data, dict) or data.get("status") != "success":
+        error = data.get("error") if isinstance(data, dict) else f"not a Prometheus answer: {str(data)[:80]}"
+        raise SignalsUnavailable(f"Prometheus query failed: {error}")
+    result = data.get("data", {}).get("result") if isinstance(data.get("data"), dict) else None
+    if not isinstance(result, list):
+        raise SignalsUnavailable(f"Prometheus answered without a result list for {query[:80]}")
+    return [s for s in (_clean_series(r) for r in result) if s is not None]
+
+
+def _number(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return v if isinstance(x, (str, int, float)) and not isinstance(x, bool) else None
+
+
+def _clean_series(r: Any) -> dict[str, Any] | None:
+    """One range-query series with string labels and [finite time, numeric string] points; None if unusable
+    (a proxy or a broken Prometheus may answer anything: a bad point is dropped, never raised)."""
+    if not isinstance(r, dict) or not isinstance(r.get("metric"), dict) or not isinstance(r.get("values"), list):
+        return None
+    metric = {k: v for k, v in r["metric"].items() if isinstance(k, str) and isinstance(v, str)}
+    values = []
+    for point in r["values"]:
+        if not isinstance(point, (list, tuple)) or len(point) != 2:
+            continue
+        t, v = _number(point[0]), point[1]
+        if t is None or not math.isfinite(t) or not isinstance(v, str) or _number(v) is None:
+            continue
+        values.append([t, v])
+    return {"metric": metric, "values": values}
 
 
 # Per-window gauges the sidecar exports (all from its last usable window), and the Window field each fills.

@@ -108,7 +108,13 @@ class SidecarHTTP:
 
             def do_POST(self) -> None:
                 url = urlparse(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                except ValueError:
+                    length = -1
+                if length < 0:
+                    self._reply(400, "text/plain", b"bad Content-Length\n")
+                    return
                 if length > MAX_BODY:
                     self._reply(413, "text/plain", b"body too large\n")
                     return

@@ -1,0 +1,58 @@
+"""Valid but unusual specs through the reconcile (fake Kube wrapper): one field of the full canary example
+changed at a time (tests/specfuzz.py), kept only where the model accepts it, then reconciled with and
+without GPUs to spare, pods settled, a template change made and reconciled again. Never an exception,
+and the service always ends with a Ready condition whose reason says what happened."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+from vlm_operator.api import VLMServiceSpec
+
+from tests.specfuzz import BASE, PATHS, edge_cases, mutate, values
+
+from .test_reconcile import T0, Cluster
+
+READY_REASONS = {"AllReplicasReady", "ReplicasNotReady", "InvalidSpec", "Unschedulable"}
+
+
+def _valid(spec: dict[str, Any]) -> bool:
+    try:
+        VLMServiceSpec.model_validate(spec)
+        return True
+    except ValidationError:
+        return False
+
+
+mutants = st.one_of(
+    st.tuples(st.sampled_from(PATHS), values, st.sampled_from(["set", "delete"])),
+    edge_cases.map(lambda c: (c[0], c[1], "set")),
+)
+
+
+@settings(max_examples=500, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(mutants, st.integers(0, 8))
+def test_unusual_valid_specs_reconcile_to_a_condition(case, gpus):
+    path, value, action = case
+    spec = mutate(BASE, path, value, action)
+    assume(_valid(spec))
+    c = Cluster(spec, gpus=gpus)
+    c.run(T0)
+    c.kube.settle("svc")
+    c.run(T0 + 15)
+    # A pod-template change: a canary where the spec has a rollout.
+    changed = {**spec, "sglang": {**(spec.get("sglang") or {}), "args": ["--fuzz-change"]}}
+    if _valid(changed):
+        c.kube.update_spec("svc", changed)
+    c.run(T0 + 30)
+    c.kube.settle("svc")
+    c.run(T0 + 45)
+    ready = c.condition("Ready")
+    assert ready["reason"] in READY_REASONS, ready
+    assert ready["status"] == ("True" if ready["reason"] == "AllReplicasReady" else "False"), ready
+    assert {"Progressing", "Degraded"} <= {x["type"] for x in c.status["conditions"]}
+
