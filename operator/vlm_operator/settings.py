@@ -66,6 +66,16 @@ _RESERVED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app
                     "app.kubernetes.io/managed-by")
 
 
+def _json(v: Any) -> Any:
+    """A JSON-valued variable: parsed when it is still text (an environment value), as is otherwise."""
+    if not isinstance(v, str):
+        return v
+    try:
+        return json.loads(v)
+    except ValueError as e:
+        raise ValueError(f"not JSON ({e})") from None
+
+
 class SettingsError(ValueError):
     """Settings the operator cannot start with; the message names each variable, one per line."""
 
@@ -122,11 +132,7 @@ class Settings(BaseSettings):
     @field_validator("profiler_peers", mode="before")
     @classmethod
     def _peers(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            try:
-                v = json.loads(v)
-            except ValueError as e:
-                raise ValueError(f"not JSON ({e})") from None
+        v = _json(v)
         if not isinstance(v, list | tuple) or not all(isinstance(p, dict) and p for p in v):
             raise ValueError("must be a JSON list of NetworkPolicyPeer objects")
         return tuple(v)
@@ -134,11 +140,7 @@ class Settings(BaseSettings):
     @field_validator("monitoring_labels", mode="before")
     @classmethod
     def _monitoring_labels(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            try:
-                v = json.loads(v)
-            except ValueError as e:
-                raise ValueError(f"not JSON ({e})") from None
+        v = _json(v)
         if not isinstance(v, Mapping) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
             raise ValueError('must be a JSON object of label names to string values, e.g. {"release": "prom"}')
         bad = [k for k in v if not _LABEL_KEY.match(k) or len(k.rpartition("/")[2]) > 63]

@@ -14,16 +14,15 @@ import json
 import os
 import socket
 import subprocess
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from tests.cluster import TESTBED, Cluster, home_network, netns, wait_for
+from tests.jsonhttp import serve_json
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 FAKE_NODES = {"gpu-node-0", "gpu-node-1"}
@@ -343,27 +342,14 @@ def test_pod_ip_is_an_address_reached_directly_and_through_the_api_server_proxy(
     ip = pod.status.pod_ip
     assert ipaddress.ip_address(ip) in ipaddress.ip_network(cluster.pod_cidr), ip
 
-    class Hello(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = json.dumps({"path": self.path, "peer": self.client_address[0]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def hello(path: str, peer: str) -> tuple[int, dict]:
+        return 200, {"path": path, "peer": peer}
 
-        def log_message(self, *args):
-            pass
-
-    srv = ThreadingHTTPServer((ip, 9400), Hello)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
+    with serve_json(hello, ip, 9400):
         with urllib.request.urlopen(f"http://{ip}:9400/direct", timeout=5) as r:
             assert json.loads(r.read())["path"] == "/direct"
         out = cluster.kubectl("get", "--raw", f"/api/v1/namespaces/{namespace}/pods/web:9400/proxy/windows.json")
         assert json.loads(out)["path"] == "/windows.json", out
-    finally:
-        srv.shutdown()
-        srv.server_close()
     # Nothing listens there now: refused at once, as a pod whose sidecar is down.
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((ip, 9400), timeout=5).close()

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from vlm_operator import signals
+
+from tests.jsonhttp import serve_json
 
 WINDOWS = [
     {"id": 1, "end": 1000.0, "samples": 500, "loop_mean_seconds": 0.02, "stage_shares": {"run_batch": 0.5}},
@@ -17,20 +17,8 @@ WINDOWS = [
 
 @pytest.fixture
 def sidecar():
-    class H(BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = json.dumps(WINDOWS).encode()
-            self.send_response(200 if self.path == "/windows.json" else 404)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+    with serve_json(lambda path, _peer: (200 if path == "/windows.json" else 404, WINDOWS)) as srv:
+        yield f"127.0.0.1:{srv.server_address[1]}"
 
 
 def test_endpoints_file_names_the_sidecars(tmp_path, monkeypatch, sidecar):

@@ -6,12 +6,12 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from vlm_operator import signals
+
+from tests.jsonhttp import serve_json
 
 INTERVAL = 15.0
 NOW = 10_000.0
@@ -27,25 +27,13 @@ def live():
     """A sidecar answering /windows.json with `state['windows']`; counts its requests."""
     state = {"windows": entries(NOW - 2), "hits": 0}
 
-    class H(BaseHTTPRequestHandler):
-        def do_GET(self):
-            state["hits"] += 1
-            body = json.dumps(state["windows"]).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(_path: str, _peer: str) -> tuple[int, list]:
+        state["hits"] += 1
+        return 200, state["windows"]
 
-        def log_message(self, *a):
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    state["addr"] = f"127.0.0.1:{srv.server_address[1]}"
-    yield state
-    srv.shutdown()
-    srv.server_close()
-
+    with serve_json(answer) as srv:
+        state["addr"] = f"127.0.0.1:{srv.server_address[1]}"
+        yield state
 
 @pytest.fixture
 def black_holes():
