@@ -1,18 +1,30 @@
 #!/usr/bin/env python3
-"""200 VLMServices applied at once on the testbed: time until every Deployment exists, the operator's
-peak RSS, and API writes per steady resync (goal: 0).
+"""N VLMServices (default 1000) applied at once on the testbed, every pod with a live sidecar endpoint
+on its own pod IP (a tenth of them dead: they accept the connection and never answer, as a sidecar
+behind a NetworkPolicy or a hung pod does). Reported: time until every Deployment exists, until every
+service has a status, operator peak RSS and average CPU, API writes per second in steady state, and
+reconcile latency p50 / p99 (from the operator's own histogram).
 
-    hack/testbed up && python bench/operator_scale.py [--count 200] [--resync 5]
+    hack/testbed up && hack/testbed exec -- python bench/operator_scale.py [--count 1000] [--dead 0.1]
 
-Needs the testbed (hack/testbed up) and the CRD; prints a table and writes out/operator_scale.json.
+Runs inside the testbed's network namespace (pod IPs are addresses there); adds kwok GPU nodes with room
+for every pod and removes them after. The operator runs at its shipped settings (resync 15 s, sidecar
+timeout 1 s); the services at the API defaults (telemetry every 15 s). The sidecar endpoints answer
+`/windows.json` with a new window per telemetry interval, like the real sidecar. Prints a table and
+writes out/operator_scale.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
+import random
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,12 +34,15 @@ from kubernetes import client, config
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.operator_proc import GROUP, PLURAL, VERSION, OperatorProcess, install_crd  # noqa: E402
+from tests.operator_proc import GROUP, PLURAL, VERSION, OperatorProcess, install_crd, pod_network_here  # noqa: E402
+
+SIDECAR_PORT = 9400
+PODS_PER_NODE = 100
+TARGETS = {"all_deployments_s": 60.0, "steady_writes_per_s": 1.0, "operator_peak_rss_mib": 200.0,
+           "reconcile_p99_s": 1.0}
 
 
 def kubeconfig() -> Path:
-    import subprocess
-
     out = subprocess.run([sys.executable, str(REPO / "hack" / "testbed"), "env", "--json"], capture_output=True,
                          text=True, check=True).stdout
     return Path(json.loads(out)["KUBECONFIG"])
@@ -40,82 +55,218 @@ def rss_peak_kib(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def node(name: str) -> dict:
+    alloc = {"cpu": "190", "memory": "1900Gi", "pods": str(PODS_PER_NODE + 10), "nvidia.com/gpu": str(PODS_PER_NODE)}
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                     "labels": {"type": "kwok", "kubernetes.io/hostname": name,
+                                "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+        "spec": {},
+        "status": {"allocatable": alloc, "capacity": alloc},
+    }
+
+
+class Sidecars:
+    """One asyncio loop serving /windows.json on <pod IP>:9400 for every pod it is given; `dead` ones accept
+    and never answer."""
+
+    def __init__(self, interval_s: float, dead_share: float, seed: int = 1):
+        self.interval = interval_s
+        self.dead_share = dead_share
+        self.rng = random.Random(seed)
+        self.loop = asyncio.new_event_loop()
+        self.servers: dict[str, asyncio.base_events.Server] = {}
+        self.dead: set[str] = set()
+        self.requests = 0
+        threading.Thread(target=self.loop.run_forever, name="sidecars", daemon=True).start()
+
+    def windows(self) -> bytes:
+        now = time.time()
+        last = int(now // self.interval)
+        out = [{"id": k, "end": k * self.interval, "samples": 1250, "loop_mean_seconds": 0.028 * (1 + 0.02 * (k % 3)),
+                "loop_p95_seconds": 0.04, "iterations": 170, "stage_shares": {"run_batch": 0.6, "idle": 0.1},
+                "function_shares": {"run_batch": 0.6}, "exported_functions": ["run_batch"], "stale": False}
+               for k in range(last - 7, last + 1)]
+        return json.dumps(out).encode()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dead: bool) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            self.requests += 1
+            if dead:
+                await asyncio.sleep(3600)
+                return
+            body = self.windows()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            await writer.drain()
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    def add(self, ip: str) -> None:
+        if ip in self.servers:
+            return
+        dead = self.rng.random() < self.dead_share
+        if dead:
+            self.dead.add(ip)
+
+        async def start() -> asyncio.base_events.Server:
+            return await asyncio.start_server(lambda r, w: self._handle(r, w, dead), ip, SIDECAR_PORT,
+                                              reuse_address=True)
+
+        self.servers[ip] = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+
+    def close(self) -> None:
+        async def shutdown() -> None:
+            for srv in self.servers.values():
+                srv.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def histogram(op: OperatorProcess, name: str) -> dict[float, float]:
+    """le -> cumulative count, summed over label sets."""
+    out: dict[float, float] = {}
+    for line in op.metrics().splitlines():
+        if line.startswith(f"{name}_bucket{{"):
+            le_text = line.split('le="', 1)[1].split('"', 1)[0]
+            le = float("inf") if le_text == "+Inf" else float(le_text)
+            out[le] = out.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def quantile(before: dict[float, float], after: dict[float, float], q: float) -> float | None:
+    """Upper bucket bound holding the q-quantile of the observations between two histogram readings."""
+    les = sorted(after)
+    counts = [after[le] - before.get(le, 0.0) for le in les]
+    total = counts[-1] if counts else 0.0
+    if total <= 0:
+        return None
+    for le, c in zip(les, counts, strict=True):
+        if c >= q * total:
+            return le
+    return les[-1]
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--count", type=int, default=200)
-    p.add_argument("--resync", type=float, default=5.0)
-    p.add_argument("--steady-rounds", type=int, default=4)
+    p.add_argument("--count", type=int, default=1000)
+    p.add_argument("--dead", type=float, default=0.1, help="share of sidecars that never answer")
+    p.add_argument("--steady", type=float, default=120.0, help="seconds of steady state measured")
     a = p.parse_args()
+    if not pod_network_here():
+        raise SystemExit("run inside the testbed's network namespace: hack/testbed exec -- python "
+                         "bench/operator_scale.py (pod IPs must be addresses for the sidecar endpoints)")
     kc = kubeconfig()
     api = config.new_client_from_config(config_file=str(kc))
     core, apps, co = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
 
     def kubectl(*args: str) -> str:
-        import subprocess
-
         return subprocess.run([str(Path.home() / ".cache/vlm-operator/bin/kubectl"), f"--kubeconfig={kc}", *args],
                               capture_output=True, text=True, check=True).stdout
 
     install_crd(kubectl)
+    nodes = [f"bench-gpu-{i}" for i in range(-(-a.count // PODS_PER_NODE))]
+    for n in nodes:
+        core.create_node(node(n))
     ns = core.create_namespace({"metadata": {"generateName": "bench-scale-"}}).metadata.name
     tmp = Path(tempfile.mkdtemp(prefix="vlm-bench-"))
-    op = OperatorProcess(kc, ns, tmp / "operator.log", {"VLM_RESYNC_SECONDS": str(a.resync)}).start()
+    sidecars = Sidecars(interval_s=15.0, dead_share=a.dead)
+    op = OperatorProcess(kc, ns, tmp / "operator.log", {"VLM_RESYNC_SECONDS": "15"}).start()
+    stop = threading.Event()
+
+    def map_pods() -> None:
+        while not stop.is_set():
+            try:
+                for pod in core.list_namespaced_pod(ns).items:
+                    if pod.status.pod_ip and pod.status.phase == "Running":
+                        sidecars.add(pod.status.pod_ip)
+            except Exception as e:  # keep mapping through API hiccups
+                print(f"[bench] pod list failed: {e}", file=sys.stderr)
+            stop.wait(2.0)
+
+    threading.Thread(target=map_pods, name="podmap", daemon=True).start()
     try:
         spec = {"model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"}, "replicas": 1}
         t0 = time.time()
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda i: co.create_namespaced_custom_object(
                 GROUP, VERSION, ns, PLURAL,
-                {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VLMService", "metadata": {"name": f"svc-{i:03d}"},
+                {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VLMService", "metadata": {"name": f"svc-{i:04d}"},
                  "spec": spec}), range(a.count)))
         t_applied = time.time() - t0
-        while len(apps.list_namespaced_deployment(ns).items) < a.count:
+        while (made := len(apps.list_namespaced_deployment(ns).items)) < a.count:
             if time.time() - t0 > 900:
-                raise SystemExit("not all Deployments after 900 s")
+                raise SystemExit(f"only {made} of {a.count} Deployments after 900 s")
             time.sleep(0.5)
         t_deploy = time.time() - t0
 
-        def statused() -> int:
+        def profiled() -> tuple[int, int]:
             items = co.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
-            return sum(1 for o in items if (o.get("status") or {}).get("observedGeneration"))
+            st = [o.get("status") or {} for o in items]
+            return (sum(1 for s in st if s.get("observedGeneration")),
+                    sum(1 for s in st if (s.get("profiler") or {}).get("lastSampleTime")))
 
-        while statused() < a.count:
+        while profiled()[0] < a.count:
             time.sleep(1)
         t_status = time.time() - t0
-        # Settle: pods of 200 services come up (or stay Pending) over a while; wait until a resync
-        # period passes with no write, at most 120 s, and report how long that took.
-        quiet_since, last = time.time(), op.metric_sum("vlm_operator_api_writes_total")
-        while time.time() - quiet_since < 2 * a.resync and time.time() - t0 < t_status + 120:
-            time.sleep(1)
-            now_w = op.metric_sum("vlm_operator_api_writes_total")
-            if now_w != last:
-                quiet_since, last = time.time(), now_w
-        t_settled = time.time() - t0
-        w0 = op.metric_sum("vlm_operator_api_writes_total")
-        r0 = op.metric_sum("vlm_operator_reconcile_duration_seconds_count")
-        time.sleep(a.steady_rounds * a.resync)
-        w1 = op.metric_sum("vlm_operator_api_writes_total")
-        r1 = op.metric_sum("vlm_operator_reconcile_duration_seconds_count")
-        rounds = (r1 - r0) / a.count
+        # Every pod mapped to an endpoint, then 95% of the live ones shown in status.profiler.
+        # (allowing 1%: kwok may hand a recreated pod the IP of one still terminating)
+        while (len(sidecars.servers) < a.count - max(1, a.count // 100)
+               or profiled()[1] < 0.95 * (len(sidecars.servers) - len(sidecars.dead))):
+            if time.time() - t0 > t_status + 300:
+                print(f"[bench] only {profiled()[1]} services profiled after 300 s", file=sys.stderr)
+                break
+            time.sleep(2)
+        t_profiled = time.time() - t0
+        time.sleep(30)  # past the first-read burst: dead sidecars are now remembered
+        w0, h0 = op.metric_sum("vlm_operator_api_writes_total"), histogram(op, "vlm_operator_reconcile_duration_seconds")
+        c0, r0, s0 = cpu_seconds(op.proc.pid), op.metric_sum("vlm_operator_reconcile_duration_seconds_count"), time.time()
+        time.sleep(a.steady)
+        w1, h1 = op.metric_sum("vlm_operator_api_writes_total"), histogram(op, "vlm_operator_reconcile_duration_seconds")
+        c1, r1, s1 = cpu_seconds(op.proc.pid), op.metric_sum("vlm_operator_reconcile_duration_seconds_count"), time.time()
         result = {
             "services": a.count,
+            "sidecars_live": len(sidecars.servers) - len(sidecars.dead),
+            "sidecars_dead": len(sidecars.dead),
             "create_requests_s": round(t_applied, 1),
             "all_deployments_s": round(t_deploy, 1),
             "all_status_s": round(t_status, 1),
-            "settled_s": round(t_settled, 1),
+            "profiled_95pct_of_live_s": round(t_profiled, 1),
             "operator_peak_rss_mib": round(rss_peak_kib(op.proc.pid) / 1024, 1),
-            "steady_reconciles_per_service": round(rounds, 2),
-            "steady_writes": w1 - w0,
-            "writes_per_steady_resync": round((w1 - w0) / rounds, 2) if rounds else None,
+            "steady_cpu_cores": round((c1 - c0) / (s1 - s0), 3),
+            "steady_reconciles_per_s": round((r1 - r0) / (s1 - s0), 1),
+            "steady_writes_per_s": round((w1 - w0) / (s1 - s0), 3),
+            "reconcile_p50_s": quantile(h0, h1, 0.5),
+            "reconcile_p99_s": quantile(h0, h1, 0.99),
+            "sidecar_requests": sidecars.requests,
         }
     finally:
+        stop.set()
         op.stop()
+        sidecars.close()
         core.delete_namespace(ns)
+        for n in nodes:
+            core.delete_node(n)
     out = REPO / "out"
     out.mkdir(exist_ok=True)
     (out / "operator_scale.json").write_text(json.dumps(result, indent=1))
     for k, v in result.items():
-        print(f"{k:32s} {v}")
+        goal = f"  (target <= {TARGETS[k]})" if k in TARGETS else ""
+        print(f"{k:28s} {v}{goal}")
     return 0
 
 

@@ -1,6 +1,5 @@
 """Shared pytest configuration: loads the control-plane fixtures (tests/cluster.py) for every tier."""
 
-import os
 import sys
 from pathlib import Path
 
@@ -10,7 +9,7 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 # Test this checkout's packages even when the editable install points at another clone of the repo
-# (a CI run in a fresh clone re-points it); processes the tests start get the same path.
+# (a CI run in a fresh clone re-points it). Only this process: subprocesses use the install.
 _PKGS = [str(Path(_ROOT) / d) for d in ("operator", "sidecar")]
 for _p in reversed(_PKGS):
     if _p in sys.path:
@@ -18,6 +17,5 @@ for _p in reversed(_PKGS):
     sys.path.insert(0, _p)
 for _m in [m for m in sys.modules if m.split(".")[0] in ("vlm_operator", "vlm_sidecar")]:
     del sys.modules[_m]
-os.environ["PYTHONPATH"] = os.pathsep.join([*_PKGS, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 pytest_plugins = ["tests.cluster"]

@@ -1,10 +1,17 @@
 """Real Prometheus and Alertmanager (Debian packages) on loopback, for the e2e tests and the demo.
 
 Run inside the testbed's network namespace (docs/testbed.md), as the e2e tier and the demo's agent do:
-there Prometheus scrapes the sidecars and stand-ins at their pod IPs (<pod IP>:9400 and :30000) through
-file-based service discovery (`targets.json`, written by podmap) with `honor_labels` so each series keeps
-the pod's labels, scrapes the operator's /metrics, evaluates alerts/vlm-operator.rules.yaml and sends
+there Prometheus scrapes the sidecars and stand-ins at their pod IPs (<pod IP>:9400 and :30000) and sends
 alerts to Alertmanager. Prometheus and Alertmanager themselves listen on the namespace's 127.0.0.1.
+Two configurations:
+
+- `generated` (a kube_sd.Reloader; what the e2e tier runs): the configuration and rule files the real
+  Prometheus Operator generated from the operator's PodMonitor and PrometheusRule and the chart's
+  ServiceMonitor and PrometheusRule, each kubernetes_sd replaced by a file_sd with what it would discover
+  (bench/standin/kube_sd.py), kept current as pods come and go and reloaded when the Operator rewrites it.
+  Scrape intervals are the objects' own (the PodMonitor's 15 s).
+- hand-written (no `generated`; what the demo runs): one file_sd job over podmap's `targets.json` with
+  `honor_labels`, the operator's /metrics as job vlm-operator, alerts/vlm-operator.rules.yaml.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from bench.standin.kube_sd import Reloader
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "alerts" / "vlm-operator.rules.yaml"
@@ -60,6 +69,8 @@ class Monitoring:
     prom_port: int = 0
     am_port: int = 0
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    generated: Reloader | None = None
+    generated_timeout: float = 90
 
     @property
     def prometheus_url(self) -> str:
@@ -94,6 +105,9 @@ class Monitoring:
 
     def start_prometheus(self) -> None:
         self.prom_port = self.prom_port or _free_port()
+        if self.generated is not None:
+            self._start_generated(self.generated)
+            return
         scrape = [
             {
                 "job_name": "vlm-pods",
@@ -122,7 +136,45 @@ class Monitoring:
         )
         _wait_http(f"{self.prometheus_url}/-/ready", "prometheus", self.procs["prometheus"], log)
 
+    def _start_generated(self, gen: Reloader) -> None:
+        gen.workdir = self.workdir / "generated"
+        gen.alertmanager = f"127.0.0.1:{self.am_port}"
+        deadline = time.time() + self.generated_timeout
+        while gen.cfg is None:
+            try:
+                gen.sync()
+            except Exception as e:  # the API server or the secret not there yet
+                last = e
+            else:
+                last = None
+            if gen.cfg is not None:
+                break
+            if time.time() > deadline:
+                raise RuntimeError(f"the Prometheus Operator generated no configuration for {gen.namespace}/"
+                                   f"{gen.prometheus} in {self.generated_timeout}s (last error: {last})")
+            time.sleep(1)
+        log = self.workdir / "prometheus.log"
+        self.procs["prometheus"] = subprocess.Popen(
+            [_binary("prometheus"), f"--config.file={gen.config_file}",
+             f"--storage.tsdb.path={self.workdir / 'prom-data'}", f"--web.listen-address=127.0.0.1:{self.prom_port}",
+             "--storage.tsdb.retention.time=2h", "--web.enable-lifecycle"],
+            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,  # noqa: SIM115
+        )
+        _wait_http(f"{self.prometheus_url}/-/ready", "prometheus", self.procs["prometheus"], log)
+        gen.reload = self.reload_prometheus
+        gen.start()
+
+    def reload_prometheus(self) -> None:
+        """What the config-reloader sidecar does after rewriting the configuration or the rule files."""
+        req = urllib.request.Request(f"{self.prometheus_url}/-/reload", method="POST")
+        with urllib.request.urlopen(req, timeout=30):
+            pass
+
     def stop_prometheus(self) -> None:
+        if self.generated is not None:
+            self.generated.stop()
+            self.generated = Reloader(self.generated.api, self.generated.namespace, self.generated.prometheus,
+                                      self.generated.workdir, self.generated.alertmanager, self.generated.period)
         self._stop("prometheus")
 
     def _stop(self, name: str) -> None:
@@ -136,13 +188,27 @@ class Monitoring:
                 p.wait(5)
 
     def stop(self) -> None:
+        if self.generated is not None:
+            self.generated.stop()
         for name in list(self.procs):
             self._stop(name)
 
-    def query(self, expr: str) -> list[dict]:
+    def query(self, expr: str, at: float | None = None) -> list[dict]:
         url = f"{self.prometheus_url}/api/v1/query?query={urllib.request.quote(expr)}"
-        with urllib.request.urlopen(url, timeout=5) as r:
+        if at is not None:
+            url += f"&time={at:.3f}"
+        with urllib.request.urlopen(url, timeout=10) as r:
             return json.loads(r.read())["data"]["result"]
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
+        url = (f"{self.prometheus_url}/api/v1/query_range?query={urllib.request.quote(expr)}"
+               f"&start={start:.3f}&end={end:.3f}&step={step:g}")
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return json.loads(r.read())["data"]["result"]
+
+    def api(self, path: str) -> dict:
+        with urllib.request.urlopen(f"{self.prometheus_url}/api/v1/{path}", timeout=10) as r:
+            return json.loads(r.read())["data"]
 
     def alerts(self) -> list[dict]:
         with urllib.request.urlopen(f"{self.alertmanager_url}/api/v2/alerts", timeout=5) as r:

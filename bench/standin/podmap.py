@@ -15,7 +15,8 @@ difference from a pod remains: the pods share one loopback, so the sidecar reads
 <pod IP>:30000 instead of the pod's 127.0.0.1:30000. It writes:
 
 - `targets.json`: Prometheus file_sd targets <pod IP>:9400 (sidecar) and <pod IP>:30000 (SGLang),
-  labelled like the pods;
+  labelled like the pods (the demo's hand-written config; the e2e tier runs the Prometheus Operator's
+  generated one, bench/standin/kube_sd.py);
 - `pods.json`: pod -> {ip, sidecar, sglang} (for people: where to point curl).
 """
 
@@ -215,6 +216,10 @@ class PodMapper:
                 "pod": pod.metadata.name,
                 "revision": labels.get(LABEL_REVISION, ""),
                 "role": labels.get(LABEL_ROLE, ""),
+                # What the PodMonitor's podTargetLabels make of the pod labels (the dashboard's SGLang
+                # panels select by them; SGLang's own series carry no service labels).
+                **{re.sub(r"[^a-zA-Z0-9_]", "_", k): labels.get(k, "")
+                   for k in (LABEL_SERVICE, LABEL_REVISION, LABEL_ROLE)},
             },
         )
 

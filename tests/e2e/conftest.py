@@ -3,17 +3,32 @@ against scheduler stand-ins whose speed follows the flags the operator put in ea
 
 The network path is a cluster's: inside the testbed's network namespace (tests/cluster.py moves the
 session there) every stand-in and sidecar listens on its pod's IP and ports, the operator reads the
-sidecars at <pod IP>:9400 and Prometheus scrapes pod IPs. No endpoint override is involved."""
+sidecars at <pod IP>:9400 and Prometheus scrapes pod IPs. No endpoint override is involved.
+
+Monitoring is a kube-prometheus-stack install's: the real Prometheus Operator (session-wide) generates
+the configuration of a `Prometheus` (per test, selecting by `release: kube-prometheus-stack`) from the
+operator's PodMonitor and PrometheusRule (VLM_MONITORING_LABELS carries the release label) and the chart's
+ServiceMonitor, metrics Service and PrometheusRule (helm template), and Prometheus runs on that
+configuration (bench/standin/kube_sd.py: kubernetes_sd emulated by file_sd, the rest as generated).
+The operator runs as a local process: a kwok pod with the chart's selector labels and a `metrics` port
+stands in for its pod, so the chart's Service has Endpoints naming that pod's IP, and the operator listens
+on 0.0.0.0 of the namespace (every pod IP is an address of its lo), hence on that pod IP too."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
+from bench.standin import prom_operator as po
+from bench.standin.kube_sd import Reloader
 from bench.standin.monitoring import Monitoring
 from bench.standin.podmap import PodMapper
-from tests.operator_proc import OperatorProcess, install_crd, pod_network_here
+from tests.operator_proc import OperatorProcess, free_port, install_crd, pod_network_here
+
+PROMETHEUS = "kps"  # the Prometheus object (kube-prometheus-stack's is <release>-prometheus)
 
 _HERE = Path(__file__).resolve().parent
 
@@ -48,19 +63,61 @@ def podmap(kube, namespace, tmp_path, pod_network):
     m.stop()
 
 
+@pytest.fixture(scope="session")
+def prometheus_operator(cluster, tmp_path_factory):
+    try:
+        po.install_crds(cluster.kubectl)
+        proc = po.PrometheusOperator(cluster.bin_dir / "prometheus-operator", cluster.kubeconfig,
+                                     tmp_path_factory.mktemp("prometheus-operator") / "prometheus-operator.log").start()
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    yield proc
+    proc.stop()
+
+
+def _operator_pod(name: str, namespace: str, port: int) -> dict:
+    """The operator's pod as the chart's metrics Service selects it (kwok runs nothing in it)."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {"app.kubernetes.io/name": "vlm-operator",
+                                    "app.kubernetes.io/instance": po.CHART_RELEASE,
+                                    "app.kubernetes.io/component": "operator"}},
+            "spec": {"containers": [{"name": "operator", "image": "vlmops/vlm-operator:e2e",
+                                     "ports": [{"name": "metrics", "containerPort": port}]}]}}
+
+
 @pytest.fixture
-def monitoring(podmap, tmp_path):
-    mon = Monitoring(tmp_path / "monitoring", podmap.targets_file)
+def monitoring(cluster, kube, namespace, podmap, prometheus_operator, tmp_path):
+    """Alertmanager and Prometheus on the configuration the Prometheus Operator generated (see above).
+    `operator_env(monitoring)` is the environment the operator must run with for it."""
+    port = free_port()
+    client.CoreV1Api(kube).create_namespaced_pod(namespace, _operator_pod("vlm-operator-0", namespace, port))
+    objs = po.chart_objects(cluster.bin_dir / "helm", namespace, "metrics.serviceMonitor.enabled=true",
+                            f"monitoring.extraLabels.release={po.RELEASE}")
+    # Rules are evaluated every 15 s (the Operator's default is 30 s): alerts reach Alertmanager sooner.
+    objs.append(po.prometheus_object(PROMETHEUS, namespace, evaluationInterval="15s"))
+    cluster.kubectl("apply", "-n", namespace, "-f", "-",
+                    stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
+    mon = Monitoring(tmp_path / "monitoring", podmap.targets_file, operator_metrics=f"127.0.0.1:{port}",
+                     generated=Reloader(kube, namespace, PROMETHEUS, tmp_path / "monitoring" / "generated"))
     try:
         mon.start()
     except RuntimeError as e:
+        mon.stop()
         pytest.fail(f"could not start Prometheus/Alertmanager: {e}")
     yield mon
     mon.stop()
 
 
+def operator_env(mon: Monitoring) -> dict[str, str]:
+    """The operator's settings for the e2e monitoring: its Prometheus, its metrics on the port of its stand-in
+    pod (on every address: that pod's IP included), the release label on its PodMonitor and PrometheusRule."""
+    return {"VLM_PROMETHEUS_URL": mon.prometheus_url, "VLM_METRICS_PORT": mon.operator_metrics.rsplit(":", 1)[1],
+            "VLM_METRICS_ADDR": "0.0.0.0", "VLM_MONITORING_LABELS": json.dumps({"release": po.RELEASE})}
+
+
 @pytest.fixture
-def make_operator(cluster, crd, namespace, tmp_path, podmap):
+def make_operator(cluster, crd, namespace, tmp_path, podmap, prometheus_operator):
     """Start (and restart) the real operator for the test namespace; stopped at teardown."""
     started: list[OperatorProcess] = []
 

@@ -12,11 +12,16 @@ import pytest
 from kubernetes import client
 
 from tests.cluster import wait_for
-from tests.operator_proc import GROUP, PLURAL, VERSION, dump, free_port, get_vlms, vlms
+from tests.e2e.conftest import operator_env
+from tests.operator_proc import GROUP, PLURAL, VERSION, dump, get_vlms, vlms
 
 NAME = "qwen-e2e"
 # Small and quick: one stable replica, one canary replica, short windows, short steps. The
 # stand-in's cache-off cost makes process_input_requests grow by well over the 5-point margin.
+# The gate reads the sidecars: Prometheus scrapes at the PodMonitor's 15 s (the generated configuration),
+# which sees one of these 4 s windows in four, too few for these short steps; the Prometheus source is
+# exercised at the shipped cadence (SHIPPED below, and tests/e2e/test_monitoring.py, which checks that it
+# reads the sidecar source's windows and verdict).
 SPEC = {
     "model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"},
     "replicas": 1,
@@ -26,7 +31,7 @@ SPEC = {
         "capacity": "Auto",
         "steps": [{"replicas": 1, "analysis": "40s"}],
         "analysis": {
-            "source": "Auto",
+            "source": "Sidecar",
             "interval": "8s",
             "minSamples": 4,
             "maxDuration": "4m",
@@ -79,11 +84,9 @@ def warnings(kube, namespace, reason, name=NAME):
 
 @pytest.fixture
 def stack(make_operator, monitoring, podmap):
-    port = free_port()
-    monitoring.stop_prometheus()
-    monitoring.operator_metrics = f"127.0.0.1:{port}"
-    monitoring.start_prometheus()
-    op = make_operator(VLM_PROMETHEUS_URL=monitoring.prometheus_url, VLM_METRICS_PORT=str(port))
+    """The operator on the e2e monitoring (conftest: Prometheus on the Prometheus Operator's generated
+    configuration, so the PodMonitor's 15 s scrape), with the short windows of SPEC."""
+    op = make_operator(**operator_env(monitoring))
     return op, monitoring, podmap
 
 
@@ -109,8 +112,8 @@ def test_cache_off_canary_is_rolled_back_with_the_input_path_named_and_alerted(k
     assert got[0]["labels"]["vlmservice"] == NAME and got[0]["labels"]["function"] != "unknown"
 
 
-# The shipped cadence for the last two scenarios: the PodMonitor's 15 s scrape and the default telemetry
-# (5 s windows every 15 s); only the analysis is shortened (15 s looks, a 90 s step, at most 6 minutes).
+# The shipped cadence: the PodMonitor's 15 s scrape and the default telemetry (5 s windows every 15 s);
+# only the analysis is shortened (15 s looks, a 90 s step, at most 6 minutes).
 SHIPPED = {
     **{k: v for k, v in SPEC.items() if k not in ("telemetry", "rollout")},  # telemetry: the defaults
     "rollout": {
@@ -123,12 +126,7 @@ SHIPPED = {
 
 @pytest.fixture
 def shipped_stack(make_operator, monitoring, podmap):
-    port = free_port()
-    monitoring.stop_prometheus()
-    monitoring.scrape_interval = "15s"
-    monitoring.operator_metrics = f"127.0.0.1:{port}"
-    monitoring.start_prometheus()
-    op = make_operator(VLM_PROMETHEUS_URL=monitoring.prometheus_url, VLM_METRICS_PORT=str(port))
+    op = make_operator(**operator_env(monitoring))
     return op, monitoring, podmap
 
 
@@ -206,6 +204,7 @@ def test_prometheus_down_is_inconclusive_never_promoted(kube, namespace, stack):
     op, mon, pm = stack
     spec = copy.deepcopy(SPEC)
     spec["rollout"]["analysis"]["maxDuration"] = "50s"
+    spec["rollout"]["analysis"]["source"] = "Auto"  # the operator's Prometheus (VLM_PROMETHEUS_URL), stopped below
     create(kube, namespace, spec)
     ready(kube, namespace, op)
     pm.wait_mapped(1)
@@ -229,6 +228,6 @@ def test_operator_killed_mid_analysis_resumes_to_the_same_verdict(kube, namespac
     wait_for(lambda: rollout(kube, namespace).get("analyses", 0) >= 1, 120, "first analysis", interval=1.0)
     os.kill(op.proc.pid, signal.SIGKILL)
     op.proc.wait(10)
-    op2 = make_operator(VLM_PROMETHEUS_URL=mon.prometheus_url, VLM_METRICS_PORT=str(op.metrics_port))
+    op2 = make_operator(**operator_env(mon))
     r = wait_phase(kube, namespace, {"RolledBack", "Promoted"}, 240, op2)
     assert r["phase"] == "RolledBack", dump(r)

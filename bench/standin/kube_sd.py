@@ -1,0 +1,291 @@
+"""Prometheus on the configuration the Prometheus Operator generates, where `kubernetes_sd` is missing.
+
+The Prometheus Operator turns ServiceMonitors and PodMonitors into scrape jobs that discover their
+targets with `kubernetes_sd_configs` and then select and label them with `relabel_configs` over the
+`__meta_kubernetes_*` labels. Debian's Prometheus (what hack/install-system-deps.sh installs) is built
+without kubernetes_sd, so this module stands in for that one piece: `discover` lists what kubernetes_sd
+(role pod / endpoints) would hand each job, from the API server's Pods, Services and Endpoints, with the
+same meta labels, and `runnable` rewrites each job's `kubernetes_sd_configs` into a `file_sd_configs`
+over a file holding exactly that. Everything else is the generated text: relabelings, honor_labels,
+intervals, and the rule files from the `prometheus-<name>-rulefiles-N` ConfigMaps, with the
+config-reloader's `$(SHARD)` and `$(POD_NAME)` substituted as it does.
+
+`Reloader` is the moving part for a live test: every `period` seconds it re-reads the generated secret
+and rule ConfigMaps (rewriting the config and asking Prometheus to reload when they changed, as the
+Operator's config-reloader sidecar does) and rewrites the file_sd files from a fresh discovery, so pods
+that come and go (canaries) are picked up within about a second plus Prometheus' file_sd refresh.
+
+Used by tests/integration/test_prometheus_operator.py and the e2e monitoring (bench/standin/monitoring.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import gzip
+import json
+import re
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+SHARD = "0"
+
+
+def sanitize(name: str) -> str:
+    """A Kubernetes label name as kubernetes_sd writes it into a meta label name."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def labels(prefix: str, values: dict[str, str] | None, kind: str = "label") -> dict[str, str]:
+    out = {}
+    for k, v in (values or {}).items():
+        out[f"{prefix}_{kind}_{sanitize(k)}"] = v
+        out[f"{prefix}_{kind}present_{sanitize(k)}"] = "true"
+    return out
+
+
+def _ready(pod: client.V1Pod) -> str:
+    for c in (pod.status.conditions or []) if pod.status else []:
+        if c.type == "Ready":
+            return "true" if c.status == "True" else "false"
+    return "unknown"
+
+
+def pod_meta(pod: client.V1Pod) -> dict[str, str]:
+    """The pod-level meta labels of kubernetes_sd's pod role (also on endpoints targets backed by a pod)."""
+    meta = pod.metadata
+    out = {"__meta_kubernetes_namespace": meta.namespace, "__meta_kubernetes_pod_name": meta.name,
+           "__meta_kubernetes_pod_ip": pod.status.pod_ip or "", "__meta_kubernetes_pod_phase": pod.status.phase or "",
+           "__meta_kubernetes_pod_node_name": pod.spec.node_name or "",
+           "__meta_kubernetes_pod_host_ip": pod.status.host_ip or "",
+           "__meta_kubernetes_pod_uid": meta.uid or "", "__meta_kubernetes_pod_ready": _ready(pod),
+           **labels("__meta_kubernetes_pod", meta.labels),
+           **labels("__meta_kubernetes_pod", meta.annotations, "annotation")}
+    for ref in meta.owner_references or []:
+        if ref.controller:
+            out["__meta_kubernetes_pod_controller_kind"] = ref.kind
+            out["__meta_kubernetes_pod_controller_name"] = ref.name
+    return out
+
+
+def _namespaces(sd: dict[str, Any], core: client.CoreV1Api) -> list[str]:
+    names = (sd.get("namespaces") or {}).get("names")
+    return list(names) if names else [n.metadata.name for n in core.list_namespace().items]
+
+
+def _pod_targets(core: client.CoreV1Api, namespace: str) -> list[dict]:
+    groups = []
+    for p in core.list_namespaced_pod(namespace).items:
+        if not p.status.pod_ip:  # kubernetes_sd gives a pod without an IP no targets
+            continue
+        for c in p.spec.containers:
+            base = {**pod_meta(p), "__meta_kubernetes_pod_container_name": c.name,
+                    "__meta_kubernetes_pod_container_image": c.image or "",
+                    "__meta_kubernetes_pod_container_init": "false"}
+            if not c.ports:  # a container without ports: one target on the pod IP alone
+                groups.append({"targets": [p.status.pod_ip], "labels": base})
+            for port in c.ports or []:
+                groups.append({"targets": [f"{p.status.pod_ip}:{port.container_port}"], "labels": {
+                    **base, "__meta_kubernetes_pod_container_port_name": port.name or "",
+                    "__meta_kubernetes_pod_container_port_number": str(port.container_port),
+                    "__meta_kubernetes_pod_container_port_protocol": port.protocol or "TCP"}})
+    return groups
+
+
+def _endpoints_targets(core: client.CoreV1Api, namespace: str) -> list[dict]:
+    pods = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items if p.status.pod_ip}
+    endpoints = {e.metadata.name: e for e in core.list_namespaced_endpoints(namespace).items}
+    groups = []
+    for svc in core.list_namespaced_service(namespace).items:
+        ep = endpoints.get(svc.metadata.name)
+        if ep is None:
+            continue
+        svc_meta = {"__meta_kubernetes_namespace": namespace, "__meta_kubernetes_service_name": svc.metadata.name,
+                    **labels("__meta_kubernetes_service", svc.metadata.labels),
+                    **labels("__meta_kubernetes_service", svc.metadata.annotations, "annotation"),
+                    "__meta_kubernetes_endpoints_name": ep.metadata.name,
+                    **labels("__meta_kubernetes_endpoints", ep.metadata.labels)}
+        for subset in ep.subsets or []:
+            for addr, ready in [(a, "true") for a in subset.addresses or []] + \
+                               [(a, "false") for a in subset.not_ready_addresses or []]:
+                pod = pods.get(addr.target_ref.name) if addr.target_ref and addr.target_ref.kind == "Pod" else None
+                for port in subset.ports or []:
+                    lab = {**svc_meta, "__meta_kubernetes_endpoint_port_name": port.name or "",
+                           "__meta_kubernetes_endpoint_port_protocol": port.protocol or "TCP",
+                           "__meta_kubernetes_endpoint_ready": ready,
+                           "__meta_kubernetes_endpoint_address_target_kind": addr.target_ref.kind if addr.target_ref else "",
+                           "__meta_kubernetes_endpoint_address_target_name": addr.target_ref.name if addr.target_ref else ""}
+                    if addr.node_name:
+                        lab["__meta_kubernetes_endpoint_node_name"] = addr.node_name
+                    if pod:
+                        lab |= pod_meta(pod)
+                        for c in pod.spec.containers:
+                            for cp in c.ports or []:
+                                if cp.container_port == port.port:
+                                    lab |= {"__meta_kubernetes_pod_container_name": c.name,
+                                            "__meta_kubernetes_pod_container_port_name": cp.name or "",
+                                            "__meta_kubernetes_pod_container_port_number": str(cp.container_port),
+                                            "__meta_kubernetes_pod_container_port_protocol": cp.protocol or "TCP"}
+                    groups.append({"targets": [f"{addr.ip}:{port.port}"], "labels": lab})
+    return groups
+
+
+def discover(api: client.ApiClient, cfg: dict) -> dict[str, list[dict]]:
+    """What kubernetes_sd (role pod / endpoints) would hand each job of `cfg`: one file_sd group per target."""
+    core = client.CoreV1Api(api)
+    out: dict[str, list[dict]] = {}
+    for job in cfg.get("scrape_configs") or []:
+        sds = job.get("kubernetes_sd_configs") or []
+        if len(sds) != 1:
+            raise ValueError(f"job {job['job_name']}: expected one kubernetes_sd_configs, got {len(sds)}")
+        (sd,) = sds
+        if sd.get("selectors"):
+            raise ValueError(f"job {job['job_name']}: kubernetes_sd selectors are not emulated")
+        groups = out.setdefault(job["job_name"], [])
+        for ns in _namespaces(sd, core):
+            if sd["role"] == "pod":
+                groups += _pod_targets(core, ns)
+            elif sd["role"] == "endpoints":
+                groups += _endpoints_targets(core, ns)
+            else:
+                raise ValueError(f"job {job['job_name']}: kubernetes_sd role {sd['role']} is not emulated")
+    return out
+
+
+def sd_file(workdir: Path, job_name: str) -> Path:
+    return workdir / "sd" / (re.sub(r"[^A-Za-z0-9]+", "_", job_name).strip("_") + ".json")
+
+
+def _write(path: Path, text: str) -> bool:
+    """Write atomically, only when the content changed; whether it did."""
+    try:
+        if path.read_text() == text:
+            return False
+    except OSError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return True
+
+
+def write_targets(cfg: dict, workdir: Path, targets: dict[str, list[dict]]) -> None:
+    for job in cfg.get("scrape_configs") or []:
+        _write(sd_file(workdir, job["job_name"]), json.dumps(targets.get(job["job_name"], []), indent=1, sort_keys=True))
+
+
+def runnable(cfg: dict, rules: dict[str, str], workdir: Path, targets: dict[str, list[dict]] | None = None,
+             alertmanager: str | None = None, sd_refresh: str = "1s") -> Path:
+    """Write the generated config as Debian's Prometheus can load it (see the module docstring) and its
+    rule files and file_sd files under `workdir`; the config's path. `alertmanager` (host:port): a static
+    Alertmanager, for a Prometheus object without spec.alerting (then the generated config has none)."""
+    rules_dir = workdir / "rules"
+    rules_dir.mkdir(parents=True, exist_ok=True)
+    for old in rules_dir.glob("*"):
+        if old.name not in rules:
+            old.unlink()
+    for fname, text in rules.items():
+        _write(rules_dir / fname, text)
+    cfg = copy.deepcopy(cfg)
+    cfg["rule_files"] = [str(rules_dir / "*")]
+    for job in cfg.get("scrape_configs") or []:
+        job.pop("kubernetes_sd_configs")
+        path = sd_file(workdir, job["job_name"])
+        if targets is not None or not path.exists():
+            _write(path, json.dumps((targets or {}).get(job["job_name"], []), indent=1, sort_keys=True))
+        job["file_sd_configs"] = [{"files": [str(path)], "refresh_interval": sd_refresh}]
+    if alertmanager and not (cfg.get("alerting") or {}).get("alertmanagers"):
+        cfg["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+    text = yaml.safe_dump(cfg, sort_keys=False).replace("$(SHARD)", SHARD).replace("$(POD_NAME)", "prometheus-0")
+    path = workdir / "prometheus.yaml"
+    _write(path, text)
+    return path
+
+
+def read_generated(api: client.ApiClient, namespace: str, prometheus: str) -> tuple[dict, dict[str, str]] | None:
+    """What the Prometheus Operator generated for Prometheus `prometheus`: (config, {rule file: text}), or
+    None while it has not (yet) written the secret."""
+    core = client.CoreV1Api(api)
+    try:
+        secret = core.read_namespaced_secret(f"prometheus-{prometheus}", namespace)
+    except client.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    raw = (secret.data or {}).get("prometheus.yaml.gz")
+    if not raw:
+        return None
+    cfg = yaml.safe_load(gzip.decompress(base64.b64decode(raw))) or {}
+    rules: dict[str, str] = {}
+    sel = f"prometheus-name={prometheus}"
+    for cm in core.list_namespaced_config_map(namespace, label_selector=sel).items:
+        if cm.metadata.name.startswith(f"prometheus-{prometheus}-rulefiles-"):
+            rules.update(cm.data or {})
+    return cfg, rules
+
+
+class Reloader:
+    """Keeps `workdir` in step with the cluster: the generated config and rules (calls `reload` after
+    rewriting them) and the file_sd files (discovery), every `period` seconds, on a daemon thread."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, prometheus: str, workdir: Path,
+                 alertmanager: str | None = None, period: float = 1.0) -> None:
+        self.api, self.namespace, self.prometheus, self.workdir = api, namespace, prometheus, workdir
+        self.alertmanager, self.period = alertmanager, period
+        self.reload: Callable[[], None] = lambda: None
+        self.cfg: dict | None = None
+        self.rules: dict[str, str] = {}
+        self.generations = 0  # how many distinct generated configs/rule sets were applied
+        self.errors = 0
+        self._key: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def config_file(self) -> Path:
+        return self.workdir / "prometheus.yaml"
+
+    def sync(self) -> bool:
+        """One round; whether the config or the rules changed (Prometheus should reload)."""
+        with self._lock:
+            got = read_generated(self.api, self.namespace, self.prometheus)
+            if got is None:
+                return False
+            cfg, rules = got
+            key = json.dumps([cfg, rules], sort_keys=True)
+            changed = key != self._key
+            targets = discover(self.api, cfg)
+            if changed:
+                runnable(cfg, rules, self.workdir, targets, alertmanager=self.alertmanager)
+                self.cfg, self.rules, self._key = cfg, rules, key
+                self.generations += 1
+            else:
+                write_targets(cfg, self.workdir, targets)
+            return changed
+
+    def start(self) -> Reloader:
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="kube-sd")
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                if self.sync():
+                    self.reload()
+            except Exception as e:  # a flaky API call must not end the loop; the next round retries
+                self.errors += 1
+                print(f"[kube_sd] sync failed: {e}", file=sys.stderr)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(10)

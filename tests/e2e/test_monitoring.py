@@ -1,0 +1,264 @@
+"""Monitoring proof on the configuration the real Prometheus Operator generates (issue 13, item 4).
+
+One canary scenario at the shipped cadence (SHIPPED: the PodMonitor's 15 s scrape, default telemetry):
+the IPC cache is turned off on a canary, which runs process_input_requests slower and is rolled back.
+Prometheus runs on what the Prometheus Operator generated from the operator's PodMonitor and
+PrometheusRule and the chart's ServiceMonitor and PrometheusRule (tests/e2e/conftest.py). Then:
+
+(a) every Grafana dashboard panel's PromQL (dashboards/vlm-operator.json, variables substituted as Grafana
+    does) returns data from that Prometheus, except the targets in PANEL_EXCEPTIONS (each says why);
+(b) the shipped alerts the scenario produces fire and reach Alertmanager with their labels:
+    VLMCanaryRolledBack (namespace, vlmservice, revision, signal, function) and
+    VLMSchedulerLoopLatencyRegression (namespace, vlmservice); the others are in ALERTS_NOT_PRODUCED
+    with the reason, and are at least loaded and evaluated without error;
+(c) the gate's Prometheus source reads the same windows, and the same verdict, as its sidecar source.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from vlm_operator import alerts, api, gate, rollout, signals
+from vlm_operator import builders as B
+
+from tests.cluster import wait_for
+from tests.e2e.conftest import PROMETHEUS, operator_env
+from tests.e2e.test_canary import NAME, SHIPPED, create, dump, patch, ready
+from tests.operator_proc import get_vlms
+
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARD = REPO / "dashboards" / "vlm-operator.json"
+SCRAPE_S = 15  # the PodMonitor's interval; Grafana's $__rate_interval is max(4 x scrape, step + scrape)
+RATE_INTERVAL = f"{4 * SCRAPE_S}s"
+
+# (panel title, refId): why that query may be empty in this scenario.
+PANEL_EXCEPTIONS = {
+    ("Stale profilers / sampling errors", "B"): "vlm_profiler_errors_total{kind} only has series once py-spy "
+                                                "failed; nothing fails here",
+    ("Operator reconciles and errors", "B"): "vlm_operator_errors_total{reason} only has series once a reconcile "
+                                             "failed; nothing fails here",
+}
+# Alerts this scenario does not produce, and why (they are still checked as loaded and healthy).
+ALERTS_NOT_PRODUCED = {
+    "VLMSchedulerHotFunctionShareHigh": "needs a watched function above 25% for 10 minutes",
+    "VLMIPCCacheInactive": "needs the stable revision without the cache for 15 minutes (the cache-off canary "
+                           "is rolled back within two)",
+    "VLMIPCCacheNotObserved": "needs pods told to cache that re-open CUDA IPC handles for 10 minutes",
+    "VLMProfilerStale": "needs a sidecar that is up but cannot sample for 5 minutes (a killed sidecar has no "
+                        "series: its absence is `up == 0`, not vlm_profiler_stale)",
+    "VLMOperatorDown": "needs the operator unscraped for 5 minutes; here `up{job=\"vlm-operator\"}` must be 1",
+    "VLMOperatorReconcileErrors": "needs >10% failing reconciles for 15 minutes",
+}
+
+
+def _panels(panels: list[dict]):
+    for p in panels:
+        yield p
+        yield from _panels(p.get("panels", []))
+
+
+def _expr(expr: str, namespace: str, range_s: float) -> str:
+    return (expr.replace("$namespace", namespace).replace("$vlmservice", NAME)
+            .replace("$__rate_interval", RATE_INTERVAL).replace("$__range", f"{max(60, int(range_s))}s"))
+
+
+def _key(w: gate.Window) -> tuple[str, int, float]:
+    return w.pod, w.tp_rank, round(w.end, 3)
+
+
+def kube_get(kube, namespace):
+    return get_vlms(kube, namespace, NAME)
+
+
+def _split(windows, stable_rev: str, canary_rev: str, fresh: set[str], mode: str):
+    stable = [w for w in windows if w.revision == stable_rev and w.pod not in fresh]
+    can = [w for w in windows if w.revision == canary_rev]
+    if mode == "Fresh":
+        return [w for w in windows if w.pod in fresh and w.revision == stable_rev], can, stable
+    return stable, can, []
+
+
+@pytest.fixture
+def shipped(make_operator, monitoring, podmap):
+    return make_operator(**operator_env(monitoring)), monitoring, podmap
+
+
+def test_dashboard_alerts_and_gate_sources_on_the_generated_config(kube, namespace, shipped):
+    op, mon, pm = shipped
+    t_begin = time.time()
+    spec = copy.deepcopy(SHIPPED)
+    create(kube, namespace, spec)
+    ready(kube, namespace, op)
+    pm.wait_mapped(1)
+    # The PodMonitor's jobs (SGLang's port and the sidecar's) are in the generated config and scraped.
+    # (job is "<namespace>/<PodMonitor>", the Operator's relabeling; the scrape pool is the job_name)
+    wait_for(lambda: len(mon.query(f'up{{job="{namespace}/{NAME}",serving_vlmops_dev_vlmservice="{NAME}"}} == 1'))
+             >= 2, 120, "the PodMonitor's targets scraped on the generated config", interval=2.0, ignore=(OSError,))
+    wait_for(lambda: mon.query('up{job="vlm-operator"} == 1'), 120,
+             "the operator scraped through the chart's ServiceMonitor", interval=2.0, ignore=(OSError,))
+    time.sleep(10)
+    patch(kube, namespace, {"sglang": {"ipcCache": {"mode": "Off"}}})
+
+    # Until the verdict: read the sidecars as the gate's sidecar source does, keeping every window seen.
+    reader = signals.SidecarReader()
+    seen: dict[tuple, gate.Window] = {}
+    roles: dict[str, str] = {}
+    r: dict = {}
+    deadline = time.time() + 420
+    while time.time() < deadline:
+        r = (kube_get(kube, namespace).get("status") or {}).get("rollout") or {}
+        if r.get("phase") in ("RolledBack", "Promoted"):
+            break
+        started = rollout.parse_time(r.get("analysisStartedAt"))
+        with pm._lock:
+            mapped = [(m.pod, m.revision, m.ip) for m in pm.mapped.values()]
+            roles.update({m.pod: m.role for m in pm.mapped.values()})
+        if started and mapped:
+            try:
+                for w in reader.read(mapped, started, interval=15.0):
+                    seen[_key(w)] = w
+            except signals.SignalsUnavailable:
+                pass
+        time.sleep(3)
+    t_verdict = time.time()
+    assert r.get("phase") == "RolledBack", dump(r) + "\n" + op.log_tail(40)
+    vlms_status = kube_get(kube, namespace)["status"]
+    stable_rev, canary_rev = vlms_status["stableRevision"], r["revision"]
+    started = rollout.parse_time(r["analysisStartedAt"])
+    function = r.get("regressedFunction")
+
+    # (c) The Prometheus source on the same span: the same windows, the same numbers, the same verdict.
+    from_prom = signals.from_prometheus(mon.prometheus_url, namespace, NAME, [stable_rev, canary_rev],
+                                        since=started, now=t_verdict, step=5.0)
+    prom = {_key(w): w for w in from_prom}
+    side = {k: w for k, w in seen.items() if w.end >= started and w.revision in (stable_rev, canary_rev)}
+    both = sorted(set(prom) & set(side))
+    # Windows Prometheus must have scraped: usable ones (stale windows are not exported) ended at least
+    # two scrapes before the verdict.
+    due = {k for k, w in side.items() if not w.stale and w.end <= t_verdict - 2 * SCRAPE_S}
+    print(f"windows: sidecars {len(side)} (due {len(due)}), prometheus {len(prom)}, both {len(both)}")
+    assert len(due & set(prom)) >= 0.75 * len(due) and len(both) >= 2 * SHIPPED["rollout"]["analysis"]["minSamples"], (
+        f"Prometheus saw {len(due & set(prom))} of the sidecars' {len(due)} due windows; only in Prometheus: "
+        f"{sorted(set(prom) - set(side))[:5]}, only in the sidecars: {sorted(due - set(prom))[:5]}")
+    for k in both:
+        p, s = prom[k], side[k]
+        assert p.revision == s.revision, k
+        assert math.isclose(p.loop_mean_seconds or 0, s.loop_mean_seconds or 0, rel_tol=1e-6), (k, p, s)
+        for stage, v in s.stage_shares.items():
+            assert math.isclose(p.stage_shares.get(stage, -1), v, rel_tol=1e-6, abs_tol=1e-9), (k, stage)
+    policy = gate.GatePolicy.from_spec(api.parse_spec(kube_get(kube, namespace)["spec"]))
+    step_s = 90.0
+    fresh = {p for p, role in roles.items() if role == B.ROLE_BASELINE}
+
+    def decide(ws):
+        base, can, ref = _split(ws, stable_rev, canary_rev, fresh, r.get("baseline", ""))
+        return gate.decide(base, can, policy, started_at=started, now=t_verdict, step_duration_s=step_s,
+                           spread_reference=ref)
+
+    # On the windows both read: the same decision, signal by signal.
+    vp, vs = decide([prom[k] for k in both]), decide([side[k] for k in both])
+    print(f"verdicts on {len(both)} shared windows: prometheus {vp.verdict}/{vp.reason}/{vp.regressed_function}, "
+          f"sidecars {vs.verdict}/{vs.reason}/{vs.regressed_function}; operator {r.get('reason')}/{function}")
+    assert (vp.verdict, vp.reason) == (vs.verdict, vs.reason), (vp, vs)
+    assert [(s.name, s.verdict) for s in vp.signals] == [(s.name, s.verdict) for s in vs.signals], (vp, vs)
+    # Each source on its own (what the gate would read with analysis.source Prometheus or Sidecars).
+    full_p, full_s = decide(list(prom.values())), decide(list(side.values()))
+    print(f"verdicts on each source's own windows: prometheus {full_p.verdict}/{full_p.reason}, "
+          f"sidecars {full_s.verdict}/{full_s.reason}")
+    assert full_p.verdict == full_s.verdict == vp.verdict == "Rollback", (full_p, full_s, vp, dump(r))
+
+    # (b) The alerts, from the generated rule files, in Alertmanager with their labels.
+    ext = {"prometheus": f"{namespace}/{PROMETHEUS}"}  # the generated config's external label
+
+    def firing(name: str):
+        return [a for a in mon.alerts() if a["labels"].get("alertname") == name
+                and a["labels"].get("namespace") == namespace]
+
+    rb = wait_for(lambda: firing("VLMCanaryRolledBack"), 120, "VLMCanaryRolledBack in Alertmanager", interval=3.0)
+    labels = rb[0]["labels"]
+    assert {k: labels.get(k) for k in ("vlmservice", "revision", "severity", *ext)} == {
+        "vlmservice": NAME, "revision": canary_rev, "severity": "critical", **ext}, labels
+    assert labels["function"] not in ("", "unknown") and labels["function"] == (function or labels["function"]), labels
+    assert labels["signal"] not in ("", "unknown"), labels
+    # The loop-latency regression alert: the gate's delta stays exported after the verdict, `for: 2m`.
+    loop = next(s for s in r["signals"] if s["name"] == "loop_latency")
+    assert loop["delta"] > 0.05, dump(r)
+    ll = wait_for(lambda: firing("VLMSchedulerLoopLatencyRegression"), 240,
+                  "VLMSchedulerLoopLatencyRegression in Alertmanager", interval=5.0)
+    labels = ll[0]["labels"]
+    assert {k: labels.get(k) for k in ("vlmservice", "severity", *ext)} == {
+        "vlmservice": NAME, "severity": "warning", **ext}, labels
+
+    # Every shipped rule is loaded from the generated rule files and evaluates without error.
+    groups = {g["name"]: g for g in mon.api("rules")["groups"]}
+    assert set(groups) == {f"vlm-operator-{NAME}", "vlm-operator-self"}, sorted(groups)
+    loaded = {rule["name"]: rule for g in groups.values() for rule in g["rules"]}
+    shipped_alerts = {a["alert"] for a in (*alerts.rules(), *alerts.self_rules())}
+    produced = {"VLMCanaryRolledBack", "VLMSchedulerLoopLatencyRegression"}
+    assert set(loaded) == shipped_alerts, sorted(loaded)
+    assert shipped_alerts - produced <= set(ALERTS_NOT_PRODUCED), "say why these are not produced: " + str(
+        sorted(shipped_alerts - produced - set(ALERTS_NOT_PRODUCED)))
+    assert all(rule["health"] == "ok" for rule in loaded.values()), [
+        (n, rule.get("lastError")) for n, rule in loaded.items() if rule["health"] != "ok"]
+    assert loaded["VLMOperatorDown"]["state"] == "inactive"
+
+    # (a) Every dashboard panel's query returns data over the scenario (as Grafana would draw it).
+    # vlm_operator_rollouts_total{result} exists at 0 from the operator's start, so increase() counts
+    # this process's first verdict too (a counter born at 1 would be invisible to it).
+    wait_for(lambda: mon.query('increase(vlm_operator_rollouts_total{result="rolled_back"}[5m]) > 0'), 90,
+             "the rollback counted by increase(vlm_operator_rollouts_total)", interval=3.0, ignore=(OSError,))
+    now = time.time()
+    dash = json.loads(DASHBOARD.read_text())
+    for var in dash["templating"]["list"]:
+        if var["type"] == "query":  # label_values(metric{...}, label): the metric must have the label here
+            q = var["query"]["query"]
+            metric_sel, label = q[len("label_values("):-1].rsplit(",", 1)
+            got = mon.query(_expr(metric_sel, namespace, 0))
+            assert any(s["metric"].get(label.strip()) for s in got), (var["name"], q)
+    empty, checked = [], 0
+    for p in _panels(dash["panels"]):
+        for t in p.get("targets", []):
+            expr = _expr(t["expr"], namespace, now - t_begin)
+            if t.get("instant"):
+                got = mon.query(expr, at=now)
+            else:
+                got = [s for s in mon.query_range(expr, t_begin, now, SCRAPE_S) if s["values"]]
+            checked += 1
+            if (p["title"], t["refId"]) in PANEL_EXCEPTIONS:
+                continue
+            if not got:
+                empty.append((p["title"], t["refId"], expr))
+    assert checked >= 17
+    assert not empty, "dashboard queries without data on the generated config:\n" + "\n".join(map(str, empty))
+
+
+def test_pods_are_discovered_as_they_come_and_go(kube, namespace, shipped):
+    """The emulated kubernetes_sd follows pods: a scaled-up replica becomes a target, and a deleted one
+    leaves; the labels are what the generated relabelings make of the pod's meta labels."""
+    op, mon, _ = shipped
+    create(kube, namespace, copy.deepcopy(SHIPPED))
+    ready(kube, namespace, op)
+
+    def targets():
+        active = mon.api("targets?state=active")["activeTargets"]
+        return {(t["labels"].get("pod"), t["labels"].get("container")) for t in active
+                if t["scrapePool"].startswith("podMonitor/")}
+
+    pods = lambda: [p.metadata.name for p in client.CoreV1Api(kube).list_namespaced_pod(  # noqa: E731
+        namespace, label_selector=f"{B.LABEL_SERVICE}={NAME}").items]
+    wait_for(lambda: len(targets()) == 2 * len(pods()) == 2, 60, "one pod's two targets", interval=1.0)
+    patch(kube, namespace, {"replicas": 2})
+    wait_for(lambda: len(pods()) == 2 and len(targets()) == 4, 60, "two pods' four targets", interval=1.0)
+    patch(kube, namespace, {"replicas": 1})
+    wait_for(lambda: len(pods()) == 1 and {p for p, _ in targets()} == set(pods()), 90, "back to one pod",
+             interval=1.0)
+    active = mon.api("targets?state=active")["activeTargets"]
+    t = next(t for t in active if t["scrapePool"].startswith("podMonitor/"))
+    assert t["labels"]["namespace"] == namespace and t["labels"]["serving_vlmops_dev_vlmservice"] == NAME, t
+    assert t["labels"]["serving_vlmops_dev_role"] == B.ROLE_STABLE, t
