@@ -3,7 +3,9 @@
 `sglang_standin.py --standin-transport cuda` loads `CudaIpcTransport`. It reproduces the shape of
 SGLang's multimodal feature transport: a producer process (the tokenizer side) holds one GPU memory
 pool and shares its CUDA IPC handle once, like `MmItemMemoryPool._pool_ipc_handle`; the consumer
-(the scheduler loop that owns this object) rebuilds every image feature from a slice of that pool.
+(the scheduler loop that owns this object) rebuilds every image feature from a slice of that pool, either
+here (`reconstruct`) or through the stand-in's SGLang-shaped proxy (`ipc_open`/`ipc_handle`, `copy_feature`),
+which is what the scheduler stand-in uses so that a profile shows SGLang's frames.
 With `cache=False` each feature re-opens the pool handle through `torch.UntypedStorage._new_shared_cuda`
 (what SGLang <= 0.5.9 always did, and 0.5.10 with `SGLANG_USE_IPC_POOL_HANDLE_CACHE` off); with
 `cache=True` opened storages live in a dict keyed by handle, like SGLang's `_pool_storage_cache`.
@@ -140,6 +142,10 @@ class CudaIpcTransport:
         self._c = torch.empty_like(self._a)
         self._step_matmuls = step_matmuls
         self.step()  # warm up cuBLAS so handle creation stays out of the loop
+        # What the stand-in's SGLang-shaped proxy (sglang_standin._IPC_SRC) opens and copies through: it
+        # calls ipc_open(*ipc_handle) itself (a C call, inline like SGLang's) and keeps the cache.
+        self.ipc_open = torch.UntypedStorage._new_shared_cuda
+        self.ipc_handle = tuple(self._handle)
 
     def reconstruct(self, n_features: int) -> None:
         """Rebuild `n_features` features from the producer's pool, as the scheduler does per request."""
@@ -149,6 +155,16 @@ class CudaIpcTransport:
             storage = open_pool_storage(self._handle, self._storage_cache)
             rebuild_from_pool(storage, offset, self.feature_bytes, self.device)
             self.features_rebuilt += 1
+
+    def open_budget(self) -> tuple[float, int]:
+        raise RuntimeError("a real CUDA IPC transport opens through ipc_open, never a simulated budget")
+
+    def copy_feature(self, storage: Any) -> None:
+        """Rebuild one feature from an opened pool storage (the proxy decides whether it was re-opened)."""
+        offset = self._next_slot * self._slot_bytes
+        self._next_slot = (self._next_slot + 1) % self._slots
+        rebuild_from_pool(storage, offset, self.feature_bytes, self.device)
+        self.features_rebuilt += 1
 
     def step(self) -> None:
         """One forward-pass-sized GPU step: a few bf16 matrix products, then wait for them."""

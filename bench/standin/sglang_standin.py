@@ -251,7 +251,15 @@ def calibrate_spins(seconds: float = 0.3) -> float:
 
 
 class SimTransport:
-    """CPU-only stand-in for feature reconstruction: a busy wait whose length follows the feature path."""
+    """CPU-only stand-in for feature reconstruction: a busy wait whose length follows the feature path.
+
+    The cuda_ipc path goes through `ipc_module`'s SGLang-shaped proxy instead of `reconstruct`: a feature
+    costs `copy_feature` (the cached cost), plus opening the pool handle (`open_budget`, uncached - cached)
+    each time the proxy re-opens it (cache off) or once (cache on, its one miss)."""
+
+    ipc_open = None  # no real CUDA IPC open: the proxy spins on open_budget() instead
+    ipc_handle = ("sim-pool",)
+    device = 0
 
     def __init__(self, path: FeaturePath, costs_ms: dict[str, float], spins_per_s: float | None = None) -> None:
         self.spins_per_s = spins_per_s
@@ -261,13 +269,25 @@ class SimTransport:
             self.per_feature_s = costs_ms["cached"] / 1e3
         else:
             self.per_feature_s = costs_ms["uncached"] / 1e3
+        self.copy_s = costs_ms["cached"] / 1e3
+        self.open_s = max(0.0, costs_ms["uncached"] - costs_ms["cached"]) / 1e3
+
+    def _budget(self, seconds: float) -> tuple[float, int]:
+        if self.spins_per_s is None:
+            return time.perf_counter() + seconds, 1 << 62
+        return math.inf, int(seconds * self.spins_per_s)
 
     def reconstruct(self, n_features: int) -> None:
-        seconds = self.per_feature_s * n_features
-        if self.spins_per_s is None:
-            end, n = time.perf_counter() + seconds, 1 << 62
-        else:
-            end, n = math.inf, int(seconds * self.spins_per_s)
+        end, n = self._budget(self.per_feature_s * n_features)
+        while n > 0 and time.perf_counter() < end:
+            n -= 1
+
+    def open_budget(self) -> tuple[float, int]:
+        """(deadline, spins) of one IPC handle open; the proxy spins inline, as _new_shared_cuda is a C call."""
+        return self._budget(self.open_s)
+
+    def copy_feature(self, storage) -> None:
+        end, n = self._budget(self.copy_s)
         while n > 0 and time.perf_counter() < end:
             n -= 1
 
@@ -276,6 +296,99 @@ class SimTransport:
 
     def close(self) -> None:
         return None
+
+
+# SGLang's consumer side of the CUDA IPC feature transport, compiled under the file names the releases use
+# (0.5.10-0.5.17: sglang/srt/utils/cuda_ipc_transport_utils.py; 0.5.20+: sglang/srt/multimodal/transport/
+# cuda_ipc.py) and with their function names, so a py-spy profile of the stand-in shows the frames the
+# sidecar's re-open detection (vlm_sidecar/ipc.py) reads in a real one: cache on, every feature goes
+# reconstruct_on_target_device > _reconstruct_from_ipc_extra > _pool_handle_cache_get_or_open (the pool is
+# opened once, on the cache's miss); cache off, up to 0.5.17 the feature's own handle is opened inline in
+# reconstruct_on_target_device (torch's _new_shared_cuda is a C call), from 0.5.20 through
+# _open_pool_slice > _reconstruct_from_ipc_extra > _open_pooled_storage_uncached for every feature.
+# cache_broken: a cached handle always fails, so every feature takes SGLang's uncached retry (invalidate,
+# _reconstruct_from_ipc_extra(use_cache=False), store again), re-opening the handle despite the cache flag.
+# `transport` gives ipc_open (a C callable, e.g. torch.UntypedStorage._new_shared_cuda) and ipc_handle,
+# or ipc_open None and open_budget() for a simulated open; and copy_feature(storage).
+_IPC_SRC = '''
+_pool_storage_cache = {}
+
+
+def _open_pooled_storage_uncached(transport):
+    if transport.ipc_open is not None:
+        return transport.ipc_open(*transport.ipc_handle)
+    end, n = transport.open_budget()
+    while n > 0 and perf_counter() < end:
+        n -= 1
+    return transport.ipc_handle
+
+
+def _pool_handle_cache_get_or_open(cache_key, transport):
+    storage = _pool_storage_cache.get(cache_key)
+    if storage is None:
+        storage = _open_pooled_storage_uncached(transport)
+        _pool_storage_cache[cache_key] = storage
+    return storage
+
+
+class CudaIpcTensorTransportProxy:
+    def __init__(self, transport, use_cache, pool_only, cache_broken=False):
+        self.transport = transport
+        self.use_cache = use_cache
+        self.pool_only = pool_only
+        self.cache_broken = cache_broken
+        self.cache_key = (transport.device, id(transport))
+
+    def _reconstruct_from_ipc_extra(self, use_cache):
+        if use_cache:
+            storage = _pool_handle_cache_get_or_open(self.cache_key, self.transport)
+            if self.cache_broken:
+                raise RuntimeError("cached pool handle unusable")
+            return storage
+        return _open_pooled_storage_uncached(self.transport)
+
+    def _cached_or_retry(self):
+        try:
+            return self._reconstruct_from_ipc_extra(use_cache=True)
+        except RuntimeError:
+            _pool_storage_cache.pop(self.cache_key, None)
+            storage = self._reconstruct_from_ipc_extra(use_cache=False)
+            _pool_storage_cache[self.cache_key] = storage
+            return storage
+
+    def _open_pool_slice(self):
+        if self.use_cache:
+            return self._cached_or_retry()
+        return self._reconstruct_from_ipc_extra(use_cache=False)
+
+    def _copy_slice_tensor_to_target(self, storage):
+        return self.transport.copy_feature(storage)
+
+    def reconstruct_on_target_device(self, rebuild_device_idx):
+        if self.pool_only:
+            storage = self._open_pool_slice()
+            return self.transport.copy_feature(storage)
+        if self.use_cache:
+            storage = self._cached_or_retry()
+        elif self.transport.ipc_open is not None:
+            storage = self.transport.ipc_open(*self.transport.ipc_handle)
+        else:
+            end, n = self.transport.open_budget()
+            while n > 0 and perf_counter() < end:
+                n -= 1
+            storage = self.transport.ipc_handle
+        return self._copy_slice_tensor_to_target(storage)
+'''
+IPC_FILES = {False: "sglang/srt/utils/cuda_ipc_transport_utils.py", True: "sglang/srt/multimodal/transport/cuda_ipc.py"}
+_IPC_MODULES: dict = {}
+for _pool_only, _filename in IPC_FILES.items():
+    _IPC_MODULES[_pool_only] = {"perf_counter": time.perf_counter}
+    exec(compile(_IPC_SRC, _filename, "exec"), _IPC_MODULES[_pool_only])
+
+
+def ipc_module(version: str) -> dict:
+    """The namespace of the consumer-side IPC transport code of `version` (see _IPC_SRC)."""
+    return _IPC_MODULES[parse_version(version)[:3] >= (0, 5, 20)]
 
 
 def load_cuda_transport(cache: bool, feature_bytes: int, device: int):
@@ -335,6 +448,7 @@ class StandinConfig:
     idle_check_ms: float = 0.05  # check_memory / invariant checks inside the idle method
     threads: int = 0  # extra idle threads per scheduler process (SGLang has ~60)
     disable_consecutive_prefill_overlap: bool = False  # SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP
+    ipc_cache_broken: bool = False  # a cached pool handle never works: SGLang's uncached retry for every feature
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -390,6 +504,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--standin-cost-model", choices=("wall", "work"), default="wall",
       help="wall: stages last exact wall time; work: fixed CPU work per stage (overhead benchmark)")
     a("--standin-restart", action="store_true", help="respawn a scheduler that exits (restart tests)")
+    a("--standin-ipc-cache-broken", action="store_true",
+      help="the pool-handle cache is on but a cached handle never works, so every feature takes SGLang's\n"
+           "uncached retry and re-opens the handle (a pod told to cache that does not: IPCCacheActive NotObserved)")
     a("--standin-stage-metrics", choices=("auto", "on", "off"), default="auto",
       help="serve sglang:scheduler_stage_seconds_total (auto: SGLang >= 0.5.20)")
     return p
@@ -420,6 +537,7 @@ def build_config(argv: list[str], environ: dict[str, str]) -> StandinConfig:
         text_prefill_ms=ns.standin_text_prefill_ms, sample_ms=ns.standin_sample_ms, ingest_ms=ns.standin_ingest_ms,
         idle_check_ms=ns.standin_idle_check_ms, threads=max(0, ns.standin_threads),
         disable_consecutive_prefill_overlap=env_bool(environ, "SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP", False),
+        ipc_cache_broken=ns.standin_ipc_cache_broken,
     )
 
 
@@ -560,6 +678,10 @@ class Scheduler:
             self.transport = load_cuda_transport(cfg.path.cache, cfg.feature_bytes, rank)
         else:
             self.transport = SimTransport(cfg.path, cfg.feature_costs_ms, self.spins_per_s)
+        # cuda_ipc features go through SGLang's proxy code (cache on or off as the path says); cpu and
+        # cuda_vmm keep the transport's own reconstruct (no IPC handle involved).
+        self.ipc = (ipc_module(cfg.version) if cfg.path.transport == "cuda_ipc" and hasattr(self.transport, "copy_feature")
+                    else None)
         # Requests start arriving once the transport is up (a CUDA one takes seconds), not before:
         # otherwise every run would begin with a backlog.
         self.start = time.perf_counter()
@@ -641,7 +763,14 @@ class Scheduler:
         self.waiting.append(req)
 
     def reconstruct_on_target_device(self, req: Req) -> None:
-        self.transport.reconstruct(req.n_features)
+        if self.ipc is None:
+            self.transport.reconstruct(req.n_features)
+            return
+        proxy = self.ipc["CudaIpcTensorTransportProxy"]
+        pool_only = self.version >= (0, 5, 20)
+        for _ in range(req.n_features):
+            proxy(self.transport, self.cfg.path.cache, pool_only,
+                  self.cfg.ipc_cache_broken).reconstruct_on_target_device(self.rank)
 
     def hash_feature(self, req: Req, reconstruct_inside: bool) -> None:
         if reconstruct_inside:
@@ -1174,6 +1303,7 @@ class StandinServer:
         snapper.start()
         print(json.dumps({"msg": "stand-in serving", "port": httpd.server_address[1], "pids": self.pids(),
                           "transport": self.cfg.path.transport, "cache": self.cfg.path.cache,
+                          "ipc_cache_broken": self.cfg.ipc_cache_broken,
                           "version": self.cfg.version}), flush=True)
         self.stopping.wait()
         httpd.shutdown()

@@ -114,6 +114,16 @@ def rules(scope: str = "") -> list[dict[str, Any]]:
             "the cache. Use SGLang >= 0.5.10 and spec.sglang.ipcCache.mode Auto or On.",
         ),
         alert(
+            "VLMIPCCacheNotObserved",
+            f"min by (namespace, vlmservice) (vlm_operator_ipc_cache_verified{_sel('', scope)}) == 0",
+            "10m",
+            "warning",
+            "Pods of {{ $labels.namespace }}/{{ $labels.vlmservice }} re-open CUDA IPC handles although told to cache them",
+            "The operator switched the IPC pool-handle cache on, but the profiler sidecars see the schedulers "
+            "re-open a CUDA IPC handle per image feature (IPCCacheActive=False/NotObserved): the throughput the "
+            "cache buys is lost. Check the SGLang version and the image's env against the flags.",
+        ),
+        alert(
             "VLMProfilerStale",
             f"max by (namespace, vlmservice, pod) (vlm_profiler_stale{_sel('', scope)}) == 1",
             "5m",

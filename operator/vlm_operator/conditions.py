@@ -71,13 +71,21 @@ def transitions(before: Sequence[dict], after: Sequence[dict]) -> list[dict]:
     return out
 
 
+IPC_NOT_OBSERVED_EVENT = "IPCCacheNotObserved"
+
+
 def events_for(transitions: Sequence[dict]) -> list[tuple[str, str, str]]:
     """Ready and Degraded flips become Events (type, reason, message): Warnings for trouble, Normal for
-    recovery. Replicas still starting and an invalid spec (reported by its own condition) are not news."""
+    recovery. Replicas still starting and an invalid spec (reported by its own condition) are not news.
+    IPCCacheActive turning False/NotObserved (pods told to cache re-open IPC handles) is a Warning
+    `IPCCacheNotObserved`."""
     out = []
     for c in transitions:
         text = f"{c['type']}={c['status']}: {c['message']}"
-        if c["type"] == READY and c["status"] == "True":
+        if c["type"] == IPC_CACHE_ACTIVE:
+            if c["status"] == "False" and c["reason"] == "NotObserved":
+                out.append(("Warning", IPC_NOT_OBSERVED_EVENT, text))
+        elif c["type"] == READY and c["status"] == "True":
             out.append(("Normal", c["reason"], text))
         elif (c["type"] == READY and c["status"] == "False" and c["reason"] != "ReplicasNotReady") or (
             c["type"] == DEGRADED and c["status"] == "True" and c["reason"] != "InvalidSpec"

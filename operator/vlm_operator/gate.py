@@ -122,6 +122,17 @@ def _flag(v: Any) -> bool:
     return isinstance(v, str) and v.strip().lower() in ("true", "1", "yes", "y")
 
 
+def _share(v: Any) -> float | None:
+    """One share (0-1), rounding overshoot clipped; anything else (negative, > 1.01, not a number) is None."""
+    f = _num(v)
+    return None if f is None or f < 0 or f > 1.01 else min(f, 1.0)
+
+
+def _nonnegative_int(v: Any) -> int | None:
+    f = _num(v)
+    return int(f) if f is not None and f >= 0 else None
+
+
 def _shares(v: Any) -> dict[str, float]:
     """Shares keyed by name; drops non-string keys and non-numbers, clips rounding overshoot to [0, 1]."""
     if not isinstance(v, Mapping):
@@ -153,6 +164,11 @@ class Window:
     throughput: float | None = None
     tp_rank: int = 0
     iterations: int | None = None
+    # The CUDA IPC feature transport (sidecar vlm_sidecar.ipc): share of the scheduler's time in it, the
+    # share re-opening IPC handles, and the samples in it. None: unknown (an older sidecar, a bad value).
+    feature_transport_share: float | None = None
+    ipc_handle_reopen_share: float | None = None
+    feature_transport_samples: int | None = None
 
     @classmethod
     def from_sidecar(cls, revision: str, pod: str, d: Any) -> Window:
@@ -191,6 +207,9 @@ class Window:
             throughput=_positive(pick("throughput")),
             tp_rank=_count(d.get("tp_rank")),
             iterations=None if _num(iterations) is None else _count(iterations),
+            feature_transport_share=_share(d.get("feature_transport_share")),
+            ipc_handle_reopen_share=_share(d.get("ipc_handle_reopen_share")),
+            feature_transport_samples=_nonnegative_int(d.get("feature_transport_samples")),
         )
 
 

@@ -7,7 +7,8 @@
     vlm_operator_managed_services                     gauge
     vlm_operator_rollout_phase{namespace,vlmservice,phase}  1 for the current phase
     vlm_operator_signal_delta{namespace,vlmservice,signal}  last relative delta canary vs baseline
-    vlm_operator_ipc_cache_active{namespace,vlmservice}     1/0
+    vlm_operator_ipc_cache_active{namespace,vlmservice}     1/0: the operator switched the cache on
+    vlm_operator_ipc_cache_verified{namespace,vlmservice}   1/0: the pods' profiles show it working / not
     vlm_operator_canary_rollback_info{namespace,vlmservice,revision,signal,function}  1 while rolled back
 
 Counters and the histogram are process-wide prometheus_client metrics. Everything per VLMService is state:
@@ -39,6 +40,11 @@ RECONCILE = Histogram(
 ERRORS = Counter("vlm_operator_errors_total", "Errors by reason.", ["reason"])
 API_WRITES = Counter("vlm_operator_api_writes_total", "Write requests sent to the API server.", ["verb"])
 ROLLOUTS = Counter("vlm_operator_rollouts_total", "Finished canary rollouts by result.", ["result"])
+# Event reason -> result label. Every result exists from the start at 0, so increase() over a range
+# counts an operator process's first verdict of each kind too (a counter born at 1 is invisible to it).
+ROLLOUT_RESULTS = {"CanaryPromoted": "promoted", "CanaryRolledBack": "rolled_back", "CanaryAborted": "aborted"}
+for _result in ROLLOUT_RESULTS.values():
+    ROLLOUTS.labels(result=_result)
 PHASES = ("Idle", "Progressing", "Analysing", "Paused", "Promoted", "RolledBack", "Inconclusive", "Aborted")
 _SVC = ["namespace", "vlmservice"]
 
@@ -51,6 +57,7 @@ class ServiceFacts:
     signal_delta: dict[str, float] = field(default_factory=dict)
     ipc_cache_active: float | None = None
     rollback: tuple[str, str, str] | None = None  # revision, signal, function
+    ipc_cache_verified: float | None = None  # None until a profile with feature traffic was seen
 
 
 class State:
@@ -79,7 +86,7 @@ class State:
     def snapshot(self) -> tuple[float, dict[tuple[str, str], ServiceFacts]]:
         with self._lock:
             return self.managed, {
-                k: ServiceFacts(f.phase, dict(f.signal_delta), f.ipc_cache_active, f.rollback)
+                k: ServiceFacts(f.phase, dict(f.signal_delta), f.ipc_cache_active, f.rollback, f.ipc_cache_verified)
                 for k, f in self._services.items()
             }
 
@@ -92,7 +99,11 @@ def families(managed: float, services: dict[tuple[str, str], ServiceFacts]) -> l
     delta = GaugeMetricFamily("vlm_operator_signal_delta", "Last relative change of a signal, canary vs baseline.",
                               labels=[*_SVC, "signal"])
     ipc = GaugeMetricFamily("vlm_operator_ipc_cache_active",
-                            "1 when the pods run with the CUDA IPC pool-handle cache.", labels=_SVC)
+                            "1 when the operator switched the CUDA IPC pool-handle cache on.", labels=_SVC)
+    verified = GaugeMetricFamily(
+        "vlm_operator_ipc_cache_verified",
+        "1 when the pods' profiles show the IPC pool-handle cache working under feature traffic, 0 when pods "
+        "told to cache re-open IPC handles; no series before such a profile.", labels=_SVC)
     info = GaugeMetricFamily(
         "vlm_operator_canary_rollback_info",
         "1 while a VLMService holds a rolled-back canary: the revision, the signal and the function that grew most.",
@@ -106,9 +117,11 @@ def families(managed: float, services: dict[tuple[str, str], ServiceFacts]) -> l
             delta.add_metric([ns, name, signal], v)
         if f.ipc_cache_active is not None:
             ipc.add_metric([ns, name], f.ipc_cache_active)
+        if f.ipc_cache_verified is not None:
+            verified.add_metric([ns, name], f.ipc_cache_verified)
         if f.rollback is not None:
             info.add_metric([ns, name, *f.rollback], 1.0)
-    return [m, phase, delta, ipc, info]
+    return [m, phase, delta, ipc, verified, info]
 
 
 class StateCollector(Collector):
@@ -180,6 +193,11 @@ def set_rollback(namespace: str, name: str, revision: str | None, signal: str | 
     """One series while rolled back; none otherwise."""
     STATE.update(namespace, name,
                  rollback=(revision, signal or "unknown", function or "unknown") if revision else None)
+
+
+def set_ipc_verified(namespace: str, name: str, verified: bool | None) -> None:
+    """1/0 from IPCCacheActive's ObservedInProfile/NotObserved; None (no series) while it reports the flags."""
+    STATE.update(namespace, name, ipc_cache_verified=None if verified is None else float(verified))
 
 
 def forget(namespace: str, name: str) -> None:

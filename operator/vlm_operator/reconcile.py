@@ -113,21 +113,39 @@ def _analyse(
 
 def _profiler(
     rt: Runtime, t: Target, spec: api.VLMServiceSpec, observed: S.Observed, stable_rev: str | None, now: float
-) -> api.ProfilerStatus | None:
+) -> tuple[api.ProfilerStatus | None, list[gate.Window] | None]:
     """status.profiler: recomputed at most once per telemetry interval per service (one read of the sidecars,
-    cached per window, or of Prometheus), and changed only when what a user sees changed."""
+    cached per window, or of Prometheus), and changed only when what a user sees changed. Also returns the
+    stable pods' windows when they were read (the IPC cache is verified from them), else None."""
     current = S.parse_status({"profiler": t.status.get("profiler")}).profiler if t.status.get("profiler") else None
     if not spec.telemetry.enabled or not stable_rev:
-        return current
+        return current, None
     interval = parse_duration(spec.telemetry.interval)
     if not rt.profiler_due(t.uid, interval, now):
-        return current
+        return current, None
     try:
         windows = _read_windows(rt, t, spec, observed, [stable_rev], now - PROFILER_SPAN_WINDOWS * interval, now)
     except signals.SignalsUnavailable:
-        return current
+        return current, None
     return S.profiler_status(
         current, windows, tolerance=rt.settings.profiler_tolerance, refresh_s=rt.settings.profiler_refresh_seconds
+    ), windows
+
+
+def _ipc_cache(
+    t: Target, desired: builders.Desired, stable_rev: str | None, windows: Sequence[gate.Window] | None
+) -> tuple[bool | None, str, str]:
+    """IPCCacheActive: the flags the operator set, verified from the stable pods' profiles once they saw
+    feature traffic (status.ipc_condition)."""
+    plan = desired.plan
+    return S.ipc_condition(
+        plan.active,
+        plan.reason,
+        plan.message,
+        revision=desired.revision,
+        stable_revision=stable_rev,
+        observation=S.ipc_observation(windows) if windows is not None else None,
+        current=C.find(t.status.get("conditions") or [], C.IPC_CACHE_ACTIVE),
     )
 
 
@@ -160,8 +178,8 @@ def _record_metrics(t: Target, plan: rollout.Plan, desired: builders.Desired, de
             if s.delta is not None:
                 metrics.SIGNAL_DELTA.labels(t.namespace, t.name, s.name).set(s.delta)
     for ev in plan.events:
-        if ev.reason in ("CanaryPromoted", "CanaryRolledBack", "CanaryAborted"):
-            metrics.ROLLOUTS.labels(result=ev.reason.removeprefix("Canary").lower()).inc()
+        if ev.reason in metrics.ROLLOUT_RESULTS:
+            metrics.ROLLOUTS.labels(result=metrics.ROLLOUT_RESULTS[ev.reason]).inc()
     if plan.rollout:
         metrics.set_phase(t.namespace, t.name, plan.rollout.phase)
     metrics.IPC_ACTIVE.labels(t.namespace, t.name).set(1.0 if desired.plan.active else 0.0)
@@ -230,7 +248,8 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
                     rt.kube.delete(api_version, kind, t.namespace, t.name)
         if rt.monitoring and t.status.get("observedGeneration") != t.generation:
             extra = rt.settings.monitoring_labels
-            rt.kube.apply(builders.build_pod_monitor(owner, extra), None)
+            interval = builders.pod_monitor_interval(spec.telemetry.interval)
+            rt.kube.apply(builders.build_pod_monitor(owner, extra, interval), None)
             rt.kube.apply(
                 alerts.build_prometheus_rule(
                     t.name, t.namespace, owner.reference(), builders.common_labels(owner), extra_labels=extra
@@ -244,13 +263,16 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
         emit(ev.type, ev.reason, ev.message)
     _record_metrics(t, plan, desired, decision)
 
+    profiler, windows = _profiler(rt, t, spec, observed, stable_rev, now)
+    ipc_active, ipc_reason, ipc_message = _ipc_cache(t, desired, stable_rev, windows)
+    metrics.set_ipc_verified(t.namespace, t.name, ipc_active if ipc_reason in S.IPC_VERIFIED_REASONS else None)
     h = S.running_health(
         observed,
         want=plan.want_ready,
         rollout=plan.rollout,
-        ipc_active=desired.plan.active,
-        ipc_reason=desired.plan.reason,
-        ipc_message=desired.plan.message,
+        ipc_active=ipc_active,
+        ipc_reason=ipc_reason,
+        ipc_message=ipc_message,
     )
     if t.status.get("observedGeneration") != t.generation:
         for w in desired.plan.warnings:
@@ -264,7 +286,7 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
         stable_revision=plan.stable_revision,
         canary_revision=plan.canary_revision,
         rollout=plan.rollout,
-        profiler=_profiler(rt, t, spec, observed, stable_rev, now),
+        profiler=profiler,
         sglang=S.sglang_status(desired.image, desired.version),
     )
     _write_status(rt, t, new, emit)

@@ -367,6 +367,8 @@ _WINDOW_GAUGES = {
     "vlm_sglang_window_itl_seconds": "itl_seconds",
     "vlm_sglang_window_generation_tokens_per_second": "throughput",
     "vlm_profiler_stale": "stale",
+    "vlm_scheduler_feature_transport_share_ratio": "feature_transport_share",
+    "vlm_scheduler_ipc_handle_reopen_share_ratio": "ipc_handle_reopen_share",
 }
 _KEY = "pod, revision, tp_rank"
 

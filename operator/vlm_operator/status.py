@@ -389,6 +389,90 @@ def _parse_time(text: str | None) -> float | None:
         return None
 
 
+# ---------------------------------------------------------------- the IPC cache, seen in the profile
+
+IPC_OBSERVED = "ObservedInProfile"
+IPC_NOT_OBSERVED = "NotObserved"
+IPC_VERIFIED_REASONS = (IPC_OBSERVED, IPC_NOT_OBSERVED)
+REOPEN_FRACTION = 0.2  # of a pod's feature-transport time spent re-opening IPC handles: the cache is not working
+MIN_FEATURE_SAMPLES = 3  # a window with fewer samples in the feature transport says nothing about the cache
+_OBSERVED_MESSAGE = re.compile(r"^revision (\S+): ")
+
+
+@dataclass(frozen=True)
+class IPCObservation:
+    """What the stable pods' windows say about the pool-handle cache (windows with feature traffic only)."""
+
+    windows: int  # usable windows that saw multimodal feature traffic
+    reopen_fraction: Mapping[str, float]  # pod -> share of its feature-transport time re-opening IPC handles
+
+    @property
+    def reopening(self) -> list[str]:
+        return sorted(p for p, f in self.reopen_fraction.items() if f >= REOPEN_FRACTION)
+
+
+def ipc_observation(windows: Sequence[Any]) -> IPCObservation | None:
+    """None until a usable window has seen feature traffic (a text-only window says nothing about the cache);
+    windows whose sidecar does not report the IPC fields are unknown and left out."""
+    per_pod: dict[str, list[float]] = {}
+    n = 0
+    for w in windows:
+        feature, reopen = getattr(w, "feature_transport_share", None), getattr(w, "ipc_handle_reopen_share", None)
+        samples = getattr(w, "feature_transport_samples", None)
+        if w.stale or feature is None or reopen is None or feature <= 0:
+            continue
+        if samples is not None and samples < MIN_FEATURE_SAMPLES:
+            continue
+        n += 1
+        acc = per_pod.setdefault(w.pod, [0.0, 0.0])
+        acc[0] += feature
+        acc[1] += min(reopen, feature)
+    if not per_pod:
+        return None
+    return IPCObservation(windows=n, reopen_fraction={p: r / f for p, (f, r) in sorted(per_pod.items())})
+
+
+def ipc_condition(
+    active: bool,
+    reason: str,
+    message: str,
+    *,
+    revision: str,
+    stable_revision: str | None,
+    observation: IPCObservation | None,
+    current: Mapping[str, Any] | None,
+) -> tuple[bool | None, str, str]:
+    """IPCCacheActive (status, reason, message) from what the pods do where the operator switched the cache on.
+
+    The flags' reason (`active`, `reason`, `message`: the plan) stands while the cache is not switched on,
+    while the stable pods run another revision than the spec's (a rollout: their flags may differ), and until
+    a window of the stable pods has seen feature traffic. Then ObservedInProfile (True: no pod re-opens IPC
+    handles) or NotObserved (False: a pod re-opens them although told to cache). Without a new observation the
+    last verdict of the same revision is kept (its message starts with `revision REV: `), so a quiet minute or
+    an unreachable sidecar does not bring back the flags' reason.
+    """
+    if not active or not stable_revision or stable_revision != revision:
+        return active, reason, message
+    if observation is not None:
+        pods = observation.reopening
+        if pods:
+            return False, IPC_NOT_OBSERVED, (
+                f"revision {revision}: pod(s) {', '.join(pods)} re-open a CUDA IPC handle per image feature "
+                f"although the pool-handle cache was switched on ({message.rstrip('.')}); the profile shows "
+                "_open_pooled_storage_uncached or an inline open under reconstruct_on_target_device: check the "
+                "SGLang version, the image's env and spec.sglang.args"
+            )
+        return True, IPC_OBSERVED, (
+            f"revision {revision}: the pods' profiles show no IPC handle re-opens under image-feature traffic; "
+            f"{message}"
+        )
+    if current and current.get("reason") in IPC_VERIFIED_REASONS:
+        m = _OBSERVED_MESSAGE.match(current.get("message") or "")
+        if m and m.group(1) == revision:
+            return current.get("status") == "True", current["reason"], current.get("message") or ""
+    return active, reason, message
+
+
 def rolling(observed: Observed, role: str = ROLE_STABLE) -> bool:
     d = observed.deployments.get(role) or {}
     spec, st = d.get("spec") or {}, d.get("status") or {}
@@ -404,12 +488,15 @@ __all__ = [
     "ROLE_CANARY",
     "ROLE_STABLE",
     "Health",
+    "IPCObservation",
     "Observed",
     "PodInfo",
     "ProfilerSummary",
     "build_status",
     "carried",
     "invalid_spec_message",
+    "ipc_condition",
+    "ipc_observation",
     "parse_status",
     "profiler_status",
     "profiler_summary",

@@ -176,6 +176,13 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
                                          "Mean inter-token latency (SGLang's histogram), last window.", labels=names),
         "throughput": GaugeMetricFamily("vlm_sglang_window_generation_tokens_per_second",
                                         "Generation throughput (SGLang's token counter), last window.", labels=names),
+        "feature_transport_share": GaugeMetricFamily(
+            "vlm_scheduler_feature_transport_share_ratio",
+            "Share of scheduler time in the CUDA IPC multimodal feature transport, last window.", labels=names),
+        "ipc_handle_reopen_share": GaugeMetricFamily(
+            "vlm_scheduler_ipc_handle_reopen_share_ratio",
+            "Share of scheduler time re-opening CUDA IPC handles (pool-handle cache not working), last window.",
+            labels=names),
     }
     for rank, rs in sorted(snap.ranks.items()):
         r = str(rank)

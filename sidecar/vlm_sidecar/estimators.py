@@ -36,6 +36,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from vlm_sidecar import ipc
 from vlm_sidecar.model import LOOP_STAGES, LoopEstimate, ParsedTrace, Segment, WindowSummary
 from vlm_sidecar.parser import collapse_segments, function_name
 
@@ -384,8 +385,11 @@ def summarize(trace: ParsedTrace, *, window_id: int, tp_rank: int, pid: int | No
     chosen = select_functions(incl, self_, watch, top_n)
     # py-spy counts one sample per thread per round: the scheduler thread's rate is the count over the threads.
     per_thread = samples // max(1, len(trace.threads)) if samples else samples
-    loop = estimate_loop(segs, rate_hz=_effective_rate(segs, per_thread))
+    rate_hz = _effective_rate(segs, per_thread)
+    loop = estimate_loop(segs, rate_hz=rate_hz)
     top = max(self_, key=lambda k: self_[k]) if self_ else None
+    feature_share, reopen_share, feature_us = ipc.shares(segs)
+    feature_samples = round(feature_us * rate_hz / 1e6) if rate_hz and feature_share is not None else None
     summary = WindowSummary(
         id=window_id, tp_rank=tp_rank, pid=pid, start=start, end=end,
         samples=samples if samples is not None else len(segs),
@@ -394,5 +398,7 @@ def summarize(trace: ParsedTrace, *, window_id: int, tp_rank: int, pid: int | No
         function_shares={f: incl.get(f, 0.0) for f in chosen},
         self_shares={f: self_.get(f, 0.0) for f in chosen},
         top_function=top, stale=result != "ok", error=error, result=result, loop_samples=loop.samples_s,
+        feature_transport_share=feature_share, ipc_handle_reopen_share=reopen_share,
+        feature_transport_samples=feature_samples,
     )
     return summary, collapse_segments(segs)

@@ -106,6 +106,11 @@ class WindowSummary:
     ttft_seconds: float | None = None
     itl_seconds: float | None = None
     throughput: float | None = None
+    # CUDA IPC feature transport (vlm_sidecar.ipc): share of the scheduler thread's time in it, the part
+    # of that re-opening IPC handles (both shares of the whole thread), and the samples in it. None: unknown.
+    feature_transport_share: float | None = None
+    ipc_handle_reopen_share: float | None = None
+    feature_transport_samples: int | None = None
 
     def to_json(self) -> dict:
         """The /windows.json shape (keys are a contract with the canary gate)."""
@@ -131,6 +136,9 @@ class WindowSummary:
             "ttft_seconds": self.ttft_seconds,
             "itl_seconds": self.itl_seconds,
             "throughput": self.throughput,
+            "feature_transport_share": self.feature_transport_share,
+            "ipc_handle_reopen_share": self.ipc_handle_reopen_share,
+            "feature_transport_samples": self.feature_transport_samples,
             # The functions this window exported (the watch list plus its top N by self time): a function
             # missing here is unknown for this window, not 0.
             "exported_functions": sorted(self.function_shares),

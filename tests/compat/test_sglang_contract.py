@@ -12,7 +12,10 @@ For every wheel the compat tier fetches (hack/fetch-sglang-wheels.sh, DEFAULT_VE
   the disable-overlap path, where pop_and_process runs process_batch_result before run_batch;
 - the stage methods' decorator and its inner function name (`wrapper`, the py-spy frame name);
 - the scheduler process title SGLang sets is one vlm_sidecar.discovery matches, with the TP rank it parses;
-- the metric names vlm_sidecar.sglang_metrics and vlm_sidecar.sglang_names read exist, with their labels.
+- the metric names vlm_sidecar.sglang_metrics and vlm_sidecar.sglang_names read exist, with their labels;
+- the CUDA IPC feature transport's frames vlm_sidecar.ipc reads to tell re-opened IPC handles (the cache off)
+  from cached ones: the transport file per release, the proxy's feature functions, the inline open in
+  reconstruct_on_target_device up to 0.5.17, _open_pooled_storage_uncached / _pool_handle_cache_get_or_open.
 
 A wheel that cannot be downloaded fails the test (never skips): this is the only check of these names
 against SGLang, so skipping would hide a rename. Reference notes: /tmp/sglang_shapes.md (working copy).
@@ -687,3 +690,147 @@ def test_checker_fails_on_reordered_stages():
     )
     problems = loop_order_problems(src, "event_loop_overlap", "on_idle")
     assert any("run_batch after process_batch_result" in p for p in problems), problems
+
+
+# ---------------------------------------------------------------- the CUDA IPC feature transport (vlm_sidecar.ipc)
+# The sidecar tells a cache-off scheduler from a cache-on one by frame names in the consumer side of the
+# transport (CudaIpcTensorTransportProxy): the file holding it, whether its reconstruct_on_target_device
+# opens a per-feature handle inline (torch's _new_shared_cuda, a C call: py-spy charges the frame itself),
+# and the pool's open/cache functions. Checked per release, so a rename fails here, not in a pod's status.
+
+
+@dataclass(frozen=True)
+class IPCShape:
+    file: str  # the module holding CudaIpcTensorTransportProxy
+    inline_open: bool  # reconstruct_on_target_device calls _new_shared_cuda itself (the cache-off path)
+    pooled: bool  # the pool-handle cache exists (_open_pooled_storage_uncached, _pool_handle_cache_get_or_open)
+    feature_functions: frozenset[str]  # which of ipc.FEATURE_FUNCTIONS the proxy defines
+
+
+_IPC_OLD = "sglang/srt/utils/cuda_ipc_transport_utils.py"
+_IPC_NEW = "sglang/srt/multimodal/transport/cuda_ipc.py"
+_REC = frozenset({"reconstruct_on_target_device"})
+_ACK = _REC | {"acknowledge_consumption"}
+IPC_SHAPES = {
+    "0.5.9": IPCShape(_IPC_OLD, True, False, _REC),
+    "0.5.10": IPCShape(_IPC_OLD, True, True, _REC),
+    "0.5.15": IPCShape(_IPC_OLD, True, True, _REC),
+    "0.5.17": IPCShape(_IPC_OLD, True, True, _ACK),
+    "0.5.20": IPCShape(_IPC_NEW, False, True, _ACK | {"borrow_on_target_device"}),
+    "0.5.23": IPCShape(_IPC_NEW, False, True, _ACK | {"borrow_on_target_device"}),
+}
+PROXY = "CudaIpcTensorTransportProxy"
+
+
+def _calls(fn: ast.AST) -> set[str]:
+    return {n for n in (_call_name(c) for c in ast.walk(fn) if isinstance(c, ast.Call)) if n}
+
+
+def ipc_problems(wheel: Wheel) -> list[str]:
+    """Where the release's IPC transport differs from what vlm_sidecar.ipc reads; [] when it holds."""
+    from vlm_sidecar import ipc
+
+    shape = IPC_SHAPES[wheel.version]
+    base = shape.file.rsplit("/", 1)[-1]
+    problems = []
+    if base not in ipc.TRANSPORT_FILES:
+        problems.append(f"{base} is not in ipc.TRANSPORT_FILES")
+    if (base in ipc.INLINE_OPEN_FILES) != shape.inline_open:
+        problems.append(f"{base}: ipc.INLINE_OPEN_FILES disagrees with the inline open ({shape.inline_open})")
+    if shape.file not in wheel.sources:
+        return [*problems, f"{shape.file} does not exist"]
+    fns: dict[str, list[tuple[str | None, ast.AST]]] = {}
+    for cls, node in _functions(wheel.tree(shape.file)):
+        fns.setdefault(node.name, []).append((cls, node))
+    defined = {f for f in ipc.FEATURE_FUNCTIONS if any(cls == PROXY for cls, _ in fns.get(f, ()))}
+    if defined != shape.feature_functions:
+        problems.append(f"{PROXY} defines {sorted(defined)} of ipc.FEATURE_FUNCTIONS, the table says "
+                        f"{sorted(shape.feature_functions)}")
+    # Any other file with a transport file's base name must not define the feature functions (frames carry base names).
+    for name in wheel.sources:
+        if name != shape.file and name.rsplit("/", 1)[-1] in ipc.TRANSPORT_FILES:
+            clash = set(wheel._def_index(name)) & ipc.FEATURE_FUNCTIONS
+            if clash:
+                problems.append(f"{name} also defines {sorted(clash)}")
+    rec = [n for cls, n in fns.get(ipc.RECONSTRUCT_FUNCTION, ()) if cls == PROXY]
+    if len(rec) != 1:
+        return [*problems, f"{PROXY}.{ipc.RECONSTRUCT_FUNCTION}: {len(rec)} definitions"]
+    if ("_new_shared_cuda" in _calls(rec[0])) != shape.inline_open:
+        problems.append(f"{ipc.RECONSTRUCT_FUNCTION} {'does not call' if shape.inline_open else 'calls'} "
+                        "_new_shared_cuda itself")
+    if not shape.pooled:
+        return problems
+    for f in (ipc.REOPEN_FUNCTION, ipc.CACHE_FUNCTION):
+        if f not in fns:
+            problems.append(f"{f} is not defined in {shape.file}")
+    if problems:
+        return problems
+    if "_new_shared_cuda" not in _calls(fns[ipc.REOPEN_FUNCTION][0][1]):
+        problems.append(f"{ipc.REOPEN_FUNCTION} no longer opens the handle (_new_shared_cuda)")
+    if ipc.REOPEN_FUNCTION not in _calls(fns[ipc.CACHE_FUNCTION][0][1]):
+        problems.append(f"{ipc.CACHE_FUNCTION} no longer opens through {ipc.REOPEN_FUNCTION} on a miss")
+    # The uncached path: something in the proxy other than the cache calls the open directly ...
+    direct = sorted(name for name, ds in fns.items() for cls, n in ds
+                    if cls == PROXY and ipc.REOPEN_FUNCTION in _calls(n))
+    if not direct:
+        problems.append(f"no {PROXY} method calls {ipc.REOPEN_FUNCTION} (the uncached path moved)")
+    # ... and reconstruct_on_target_device reaches it and the cache through the proxy's own methods.
+    reach, todo = set(), [ipc.RECONSTRUCT_FUNCTION]
+    while todo:
+        name = todo.pop()
+        if name in reach:
+            continue
+        reach.add(name)
+        for cls, n in fns.get(name, ()):
+            if cls in (PROXY, None):
+                todo.extend(c for c in _calls(n) if c in fns)
+    for f in (ipc.REOPEN_FUNCTION, ipc.CACHE_FUNCTION):
+        if f not in reach:
+            problems.append(f"{ipc.RECONSTRUCT_FUNCTION} no longer reaches {f}")
+    return problems
+
+
+def test_ipc_tables_cover_every_fetched_version_and_the_sidecars_files():
+    from vlm_sidecar import ipc
+
+    assert set(IPC_SHAPES) == set(VERSIONS), f"IPC_SHAPES rows {sorted(IPC_SHAPES)} != fetched wheels {VERSIONS}"
+    bases = {s.file.rsplit("/", 1)[-1] for v, s in IPC_SHAPES.items() if v in SUPPORTED_VERSIONS}
+    assert bases == ipc.TRANSPORT_FILES, "ipc.TRANSPORT_FILES must be exactly the supported releases' files"
+    assert set().union(*(s.feature_functions for s in IPC_SHAPES.values())) == ipc.FEATURE_FUNCTIONS
+    assert all(s.pooled for v, s in IPC_SHAPES.items() if v in SUPPORTED_VERSIONS)
+
+
+def test_ipc_transport_frames(wheel):
+    problems = ipc_problems(wheel)
+    assert not problems, f"SGLang {wheel.version}:\n" + "\n".join(problems)
+
+
+def test_ipc_checker_fails_on_a_renamed_open():
+    src = f'''
+def _open_pooled_storage_uncached(pool_handle):
+    return torch.UntypedStorage._new_shared_cuda(*pool_handle)
+
+def _pool_handle_cache_get_or_open(cache_key, pool_handle):
+    return _open_pooled_storage_uncached(pool_handle)
+
+class {PROXY}:
+    def _reconstruct_from_ipc_extra(self, use_cache):
+        if use_cache:
+            return _pool_handle_cache_get_or_open(1, 2)
+        return _open_pooled_storage_uncached(2)
+
+    def _open_pool_slice(self):
+        return self._reconstruct_from_ipc_extra(True)
+
+    def acknowledge_consumption(self): ...
+    def borrow_on_target_device(self): ...
+
+    def reconstruct_on_target_device(self, idx):
+        return self._open_pool_slice()
+'''
+    assert ipc_problems(Wheel("0.5.23", {_IPC_NEW: src})) == []
+    renamed = src.replace("_open_pooled_storage_uncached", "_open_pool_storage")
+    assert any("_open_pooled_storage_uncached is not defined" in p
+               for p in ipc_problems(Wheel("0.5.23", {_IPC_NEW: renamed})))
+    inline = src.replace("return self._open_pool_slice()", "return torch.UntypedStorage._new_shared_cuda(1)")
+    assert any("calls _new_shared_cuda itself" in p for p in ipc_problems(Wheel("0.5.23", {_IPC_NEW: inline})))

@@ -11,10 +11,10 @@ generates: the scrape configuration (the secret `prometheus-<name>`, prometheus.
 
 Debian's Prometheus (the one hack/install-system-deps.sh installs) is built without kubernetes_sd, so the
 generated configuration is checked and run with one change: each `kubernetes_sd_configs` becomes a
-`file_sd_configs` whose file lists what kubernetes_sd would discover (`_discover` below, from the API
-server's Pods and Endpoints, with the same __meta_kubernetes_* labels). Everything else (relabelings,
-honor_labels, the rule files) is the generated text, with the config-reloader's $(SHARD) and $(POD_NAME)
-substituted as it does.
+`file_sd_configs` whose file lists what kubernetes_sd would discover (bench/standin/kube_sd.py, shared with
+the e2e tier: from the API server's Pods, Services and Endpoints, with the same __meta_kubernetes_* labels).
+Everything else (relabelings, honor_labels, the rule files) is the generated text, with the
+config-reloader's $(SHARD) and $(POD_NAME) substituted as it does.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from vlm_operator import alerts, builders, metrics
 from vlm_operator.settings import Settings
 
+from bench.standin import kube_sd, prom_operator
 from tests.cluster import wait_for
 from tests.integration.test_operator import EXAMPLES, create
 from tests.operator_proc import free_port, install_crd
@@ -65,9 +66,7 @@ def prometheus_operator(cluster, tmp_path_factory):
     binary = _need(cluster.bin_dir / "prometheus-operator", "the Prometheus Operator binary")
     _need(CRDS, "the Prometheus Operator CRDs")
     install_crd(cluster.kubectl)
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS.resolve()), timeout=120)
-    for plural in ("prometheuses", "servicemonitors", "podmonitors", "prometheusrules"):
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{plural}.monitoring.coreos.com")
+    prom_operator.install_crds(cluster.kubectl, CRDS)
     log = tmp_path_factory.mktemp("prometheus-operator") / "prometheus-operator.log"
     # Outside a cluster it reads KUBECONFIG (the admin's bearer token and CA); --apiserver with --ca-file
     # alone would send no credentials.
@@ -159,25 +158,6 @@ def generated(cluster, kube, namespace, prometheus_operator, tmp_path):
     return cfg, rules, {"vlms": name, "chart": chart, "podmonitor": pm, "rule": pr}
 
 
-def _runnable(cfg: dict, rules: dict[str, str], tmp: Path, targets: dict[str, list[dict]] | None = None) -> Path:
-    """The generated config as Debian's Prometheus can load it (see the module docstring)."""
-    rules_dir = tmp / "rules"
-    rules_dir.mkdir(exist_ok=True)
-    for fname, text in rules.items():
-        (rules_dir / fname).write_text(text)
-    cfg = copy.deepcopy(cfg)
-    cfg["rule_files"] = [str(rules_dir / "*.yaml")]
-    for job in cfg["scrape_configs"]:
-        assert len(job.pop("kubernetes_sd_configs")) == 1, job["job_name"]
-        sd = tmp / (re.sub(r"[^A-Za-z0-9]+", "_", job["job_name"]) + ".json")
-        sd.write_text(json.dumps((targets or {}).get(job["job_name"], [])))
-        job["file_sd_configs"] = [{"files": [str(sd)], "refresh_interval": "1s"}]
-    text = yaml.safe_dump(cfg, sort_keys=False).replace("$(SHARD)", "0").replace("$(POD_NAME)", "kps-0")
-    path = tmp / "prometheus.yaml"
-    path.write_text(text)
-    return path
-
-
 def test_generated_config_honours_labels_and_selects_by_release(generated, namespace, tmp_path):
     cfg, rules, objs = generated
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
@@ -203,80 +183,15 @@ def test_generated_config_honours_labels_and_selects_by_release(generated, names
     scoped = groups[f"vlm-operator-{objs['vlms']}"]["rules"]
     assert {r["alert"] for r in scoped} == {r["alert"] for r in alerts.rules()}
 
-    path = _runnable(cfg, rules, tmp_path)
+    path = kube_sd.runnable(cfg, rules, tmp_path)
     out = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "is valid prometheus config file syntax" in out.stdout, out.stdout + out.stderr
-    # promtool checks the rule files the config names too: the scoped group (5) and the operator's own (2).
+    # promtool checks the rule files the config names too: the scoped group and the operator's own (2).
     assert "SUCCESS: 2 rule files found" in out.stdout, out.stdout
-    assert "SUCCESS: 5 rules found" in out.stdout and "SUCCESS: 2 rules found" in out.stdout, out.stdout
+    assert f"SUCCESS: {len(alerts.rules())} rules found" in out.stdout and "SUCCESS: 2 rules found" in out.stdout, out.stdout
 
 
 # --- Prometheus on the generated configuration, scraping pods by IP ------------------------------------------
-
-
-def _sanitize(name: str) -> str:
-    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
-
-
-def _labels(prefix: str, labels: dict[str, str] | None) -> dict[str, str]:
-    out = {}
-    for k, v in (labels or {}).items():
-        out[f"{prefix}_label_{_sanitize(k)}"] = v
-        out[f"{prefix}_labelpresent_{_sanitize(k)}"] = "true"
-    return out
-
-
-def _pod_meta(pod: client.V1Pod) -> dict[str, str]:
-    return {"__meta_kubernetes_namespace": pod.metadata.namespace, "__meta_kubernetes_pod_name": pod.metadata.name,
-            "__meta_kubernetes_pod_ip": pod.status.pod_ip or "", "__meta_kubernetes_pod_phase": pod.status.phase or "",
-            "__meta_kubernetes_pod_node_name": pod.spec.node_name or "",
-            **_labels("__meta_kubernetes_pod", pod.metadata.labels)}
-
-
-def _discover(kube, namespace: str, cfg: dict) -> dict[str, list[dict]]:
-    """What kubernetes_sd (role pod / endpoints) would hand each job: one target per container port."""
-    core = client.CoreV1Api(kube)
-    pods = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items if p.status.pod_ip}
-    out: dict[str, list[dict]] = {}
-    for job in cfg["scrape_configs"]:
-        (sd,) = job["kubernetes_sd_configs"]
-        assert sd["namespaces"]["names"] == [namespace], sd
-        groups = out.setdefault(job["job_name"], [])
-        if sd["role"] == "pod":
-            for p in pods.values():
-                for c in p.spec.containers:
-                    for port in c.ports or []:
-                        groups.append({"targets": [f"{p.status.pod_ip}:{port.container_port}"], "labels": {
-                            **_pod_meta(p), "__meta_kubernetes_pod_container_name": c.name,
-                            "__meta_kubernetes_pod_container_port_name": port.name or "",
-                            "__meta_kubernetes_pod_container_port_number": str(port.container_port)}})
-        elif sd["role"] == "endpoints":
-            for svc in core.list_namespaced_service(namespace).items:
-                try:
-                    ep = core.read_namespaced_endpoints(svc.metadata.name, namespace)
-                except client.ApiException:
-                    continue
-                for subset in ep.subsets or []:
-                    for addr in subset.addresses or []:
-                        pod = pods.get(addr.target_ref.name) if addr.target_ref else None
-                        for port in subset.ports or []:
-                            labels = {"__meta_kubernetes_namespace": namespace,
-                                      "__meta_kubernetes_service_name": svc.metadata.name,
-                                      **_labels("__meta_kubernetes_service", svc.metadata.labels),
-                                      "__meta_kubernetes_endpoints_name": ep.metadata.name,
-                                      "__meta_kubernetes_endpoint_port_name": port.name or "",
-                                      "__meta_kubernetes_endpoint_ready": "true",
-                                      "__meta_kubernetes_endpoint_address_target_kind": "Pod" if pod else "",
-                                      "__meta_kubernetes_endpoint_address_target_name": pod.metadata.name if pod else ""}
-                            if pod:
-                                labels |= _pod_meta(pod)
-                                container = next((c.name for c in pod.spec.containers
-                                                  if any(p.container_port == port.port for p in c.ports or [])), "")
-                                labels["__meta_kubernetes_pod_container_name"] = container
-                            groups.append({"targets": [f"{addr.ip}:{port.port}"], "labels": labels})
-        else:
-            raise AssertionError(f"unexpected kubernetes_sd role {sd['role']}")
-    return out
 
 
 class _Exporter(http.server.ThreadingHTTPServer):
@@ -335,7 +250,7 @@ def test_prometheus_on_the_generated_config_keeps_the_operators_labels(cluster, 
     registry.register(metrics.StateCollector(state))
     srv = _serve_operator_metrics(ip, port, registry)
     prom_port = free_port()
-    path = _runnable(cfg, rules, tmp_path, _discover(kube, namespace, cfg))
+    path = kube_sd.runnable(cfg, rules, tmp_path, kube_sd.discover(kube, cfg))
     proc = subprocess.Popen(["prometheus", f"--config.file={path}", f"--storage.tsdb.path={tmp_path / 'data'}",
                              f"--web.listen-address=127.0.0.1:{prom_port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -96,3 +96,11 @@ def test_the_reconcile_loops_api_writes_into_the_state():
     assert 'vlm_operator_signal_delta{namespace="t-ns",signal="ttft",vlmservice="svc"} 0.5' in text
     metrics.forget("t-ns", "svc")
     assert 'namespace="t-ns"' not in generate_latest().decode()  # other tests' services may remain
+
+
+def test_pod_monitor_scrapes_every_window_when_telemetry_is_faster_than_15s():
+    assert builders.pod_monitor_interval("4s") == "4s"
+    assert builders.pod_monitor_interval("15s") == "15s"
+    assert builders.pod_monitor_interval("1m") == "15s"
+    pm = builders.build_pod_monitor(OWNER, None, builders.pod_monitor_interval("4s"))
+    assert {e["interval"] for e in pm["spec"]["podMetricsEndpoints"]} == {"4s"}

@@ -32,8 +32,9 @@ class Sidecars:
     """Answers /windows.json for the pods FakeKube runs; `loop(pod)` gives a pod's loop time, `dead` pods
     time out. Every call is counted per pod."""
 
-    def __init__(self, kube: FakeKube, loop: Callable[[str], float] = lambda pod: 0.020, top=None):
+    def __init__(self, kube: FakeKube, loop: Callable[[str], float] = lambda pod: 0.020, top=None, extra=None):
         self.kube, self.loop, self.top = kube, loop, top
+        self.extra: Callable[[str, int], dict] | None = extra  # (pod, window) -> more keys of the window
         self.now = T0
         self.dead: set[str] = set()
         self.calls: dict[str, int] = {}
@@ -45,7 +46,8 @@ class Sidecars:
         if pod.name in self.dead:
             raise TimeoutError("timed out")
         last = int(self.now // INTERVAL)
-        return [window(k, self.loop(pod.name), **({"top": self.top(k)} if self.top else {}))
+        return [{**window(k, self.loop(pod.name), **({"top": self.top(k)} if self.top else {})),
+                 **(self.extra(pod.name, k) if self.extra else {})}
                 for k in range(last - 63, last + 1)]
 
 
