@@ -259,8 +259,6 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
     if action:
         rt.kube.clear_annotation(t.namespace, t.name, rollout.ANNOTATION_ACTION)
 
-    for ev in plan.events:
-        emit(ev.type, ev.reason, ev.message)
     _record_metrics(t, plan, desired, decision)
 
     profiler, windows = _profiler(rt, t, spec, observed, stable_rev, now)
@@ -290,3 +288,7 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
         sglang=S.sglang_status(desired.image, desired.version),
     )
     _write_status(rt, t, new, emit)
+    # The rollout's Events after its status: an operator stopped in between loses the Event rather than posting
+    # it twice (a restart recomputes the plan from the status it finds and posts what that plan says).
+    for ev in plan.events:
+        emit(ev.type, ev.reason, ev.message)

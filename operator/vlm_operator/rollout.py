@@ -171,6 +171,15 @@ def plan(
     if spec.rollout is None or stable_obs_rev is None or stable_obs_rev == rev:
         # No canary wanted, or nothing to compare with yet (first deploy), or the spec is the stable one.
         if prev and prev.phase in ACTIVE and stable_obs_rev == rev:
+            if prev.revision == rev:
+                # The stable Deployment already carries this rollout's canary template: only a promotion puts it
+                # there, and the operator stopped (or its status write failed) between applying it and recording
+                # it. Record the promotion it made instead of reading the spec as reverted.
+                msg = f"canary {rev} promoted to stable (the promotion was applied before the operator restarted)"
+                return take_desired(
+                    _upd(prev, phase="Promoted", verdict="Promote", reason="PromotionApplied", message=msg),
+                    [Event("Normal", "CanaryPromoted", msg)],
+                )
             return take_desired(_upd(prev, phase="Aborted", reason="SpecReverted", message="spec is back at the stable revision"))
         return take_desired(prev if prev and prev.phase not in ACTIVE else None)
 

@@ -234,3 +234,26 @@ def test_a_failing_reconcile_is_counted_as_an_error():
     with pytest.raises(TemporaryError):
         c.run()
     assert sample("vlm_operator_reconcile_duration_seconds_count", result="error") == n + 1
+
+
+def test_rollout_events_follow_the_status_so_a_failed_write_never_posts_them_twice():
+    """The rollout's Events are posted after its status is written: a status write that fails (or an operator
+    stopped before it) posts nothing, and the retry, planned from the status it finds, posts them once."""
+    c = Cluster(ROLLOUT, gpus=8)
+    c.run(T0)
+    c.kube.settle(c.name)
+    c.run(T0 + 15)
+    c.kube.update_spec(c.name, {**ROLLOUT, "sglang": {"ipcCache": {"mode": "Off"}}})
+    real = c.kube.patch_status
+
+    def failing(*a, **kw):
+        raise TemporaryError("patch status: 503 unavailable", reason="Http503")
+    c.kube.patch_status = failing
+    with pytest.raises(TemporaryError):
+        c.run(T0 + 30)
+    assert "CanaryStarted" not in [e[1] for e in c.events]
+    c.kube.patch_status = real
+    c.run(T0 + 35)
+    c.run(T0 + 50)
+    assert [e[1] for e in c.events].count("CanaryStarted") == 1
+    assert c.status["rollout"]["phase"] == "Progressing"

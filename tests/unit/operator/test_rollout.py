@@ -209,6 +209,26 @@ def test_same_inputs_same_plan_after_a_restart():
     assert a == b
 
 
+
+def test_a_promotion_applied_before_a_restart_is_recorded_as_promoted():
+    """Killed between applying the promotion (the stable Deployment took the canary template) and writing the
+    status: the restarted operator finds the rollout Analysing and the stable Deployment at the canary's
+    revision. That is the promotion it made, not a spec reverted by the user."""
+    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
+    analysing = _analysing(old, new, decision("Continue"), T0 + 100).rollout
+    assert analysing.phase == "Analysing"
+    promoted_obs = observed_with_stable(desired(new))  # the promotion reached the API server, the status did not
+    p = rollout.plan(OWNER, new, desired(new), promoted_obs, analysing, now=T0 + 200, free_gpus=None)
+    assert (p.rollout.phase, p.rollout.verdict, p.rollout.reason) == ("Promoted", "Promote", "PromotionApplied")
+    assert [e.reason for e in p.events] == ["CanaryPromoted"] and p.canary is None
+    # Recorded once: the next reconcile finds it Promoted and posts nothing.
+    again = rollout.plan(OWNER, new, desired(new), promoted_obs, p.rollout, now=T0 + 215, free_gpus=None)
+    assert again.rollout.phase == "Promoted" and not again.events
+    # A spec really put back at the stable revision mid-rollout is still an abort.
+    reverted = rollout.plan(OWNER, old, desired(old), observed_with_stable(desired(old)), analysing, now=T0 + 200,
+                            free_gpus=None)
+    assert (reverted.rollout.phase, reverted.rollout.reason) == ("Aborted", "SpecReverted")
+
 # -- fresh baseline ----------------------------------------------------------------------------------
 
 
