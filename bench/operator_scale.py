@@ -8,8 +8,9 @@ reconcile latency p50 / p99 (from the operator's own histogram).
     hack/testbed up && hack/testbed exec -- python bench/operator_scale.py [--count 1000] [--dead 0.1]
 
 Runs inside the testbed's network namespace (pod IPs are addresses there); adds kwok GPU nodes with room
-for every pod and removes them after. The operator runs at its shipped settings (resync 15 s, sidecar
-timeout 1 s); the services at the API defaults (telemetry every 15 s). The sidecar endpoints answer
+for every pod and removes them after. It counts Deployments from metadata-only lists and maps pods
+every 5 s, so its own polling stays a small part of the API server's load. The operator runs at its
+shipped settings (resync 15 s, sidecar timeout 1 s); the services at the API defaults (telemetry every 15 s). The sidecar endpoints answer
 `/windows.json` with a new window per telemetry interval, like the real sidecar. Prints a table and
 writes out/operator_scale.json.
 """
@@ -61,7 +62,10 @@ def cpu_seconds(pid: int) -> float:
 
 
 def node(name: str) -> dict:
-    alloc = {"cpu": "190", "memory": "1900Gi", "pods": str(PODS_PER_NODE + 10), "nvidia.com/gpu": str(PODS_PER_NODE)}
+    # Room for PODS_PER_NODE pods at the API defaults (8 CPUs and 64 GiB for SGLang, 0.1 CPU and 128 MiB for
+    # the sidecar), so every pod runs and every sidecar endpoint is mapped.
+    alloc = {"cpu": str(9 * PODS_PER_NODE), "memory": f"{65 * PODS_PER_NODE}Gi", "pods": str(PODS_PER_NODE + 10),
+             "nvidia.com/gpu": str(PODS_PER_NODE)}
     return {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
@@ -161,6 +165,21 @@ def quantile(before: dict[float, float], after: dict[float, float], q: float) ->
     return les[-1]
 
 
+META_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+
+
+def count_objects(api: client.ApiClient, path: str) -> int:
+    """How many objects a list holds, asking for their metadata only: a full list of 1000 Deployments is
+    about 10 MB the API server would encode for every poll, load the bench adds to what it measures."""
+    _, url, headers, _, _ = api.param_serialize("GET", path, header_params={"Accept": META_LIST},
+                                                auth_settings=["BearerToken"])
+    resp = api.call_api("GET", url, header_params=headers, _request_timeout=60)
+    resp.read()
+    if resp.status != 200:
+        raise RuntimeError(f"GET {path}: {resp.status} {resp.data[:200]!r}")
+    return len(json.loads(resp.data)["items"])
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--count", type=int, default=1000)
@@ -172,7 +191,7 @@ def main() -> int:
                          "bench/operator_scale.py (pod IPs must be addresses for the sidecar endpoints)")
     kc = kubeconfig()
     api = config.new_client_from_config(config_file=str(kc))
-    core, apps, co = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
+    core, co = client.CoreV1Api(api), client.CustomObjectsApi(api)
 
     def kubectl(*args: str) -> str:
         return subprocess.run([str(Path.home() / ".cache/vlm-operator/bin/kubectl"), f"--kubeconfig={kc}", *args],
@@ -185,7 +204,10 @@ def main() -> int:
     ns = core.create_namespace({"metadata": {"generateName": "bench-scale-"}}).metadata.name
     tmp = Path(tempfile.mkdtemp(prefix="vlm-bench-"))
     sidecars = Sidecars(interval_s=15.0, dead_share=a.dead)
-    op = OperatorProcess(kc, ns, tmp / "operator.log", {"VLM_RESYNC_SECONDS": "15"}).start()
+    # This checkout's operator, whatever the editable install points at.
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "operator"), str(REPO / "sidecar"),
+                                                *filter(None, [os.environ.get("PYTHONPATH")])])
+    op = OperatorProcess(kc, ns, tmp / "operator.log", {"VLM_RESYNC_SECONDS": "15"})
     stop = threading.Event()
 
     def map_pods() -> None:
@@ -196,10 +218,12 @@ def main() -> int:
                         sidecars.add(pod.status.pod_ip)
             except Exception as e:  # keep mapping through API hiccups
                 print(f"[bench] pod list failed: {e}", file=sys.stderr)
-            stop.wait(2.0)
+            stop.wait(5.0)
 
     threading.Thread(target=map_pods, name="podmap", daemon=True).start()
     try:
+        op.start()
+        print(f"[bench] operator pid {op.proc.pid}, log {op.log_path}", file=sys.stderr)
         spec = {"model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"}, "replicas": 1}
         t0 = time.time()
         with ThreadPoolExecutor(16) as pool:
@@ -208,11 +232,13 @@ def main() -> int:
                 {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VLMService", "metadata": {"name": f"svc-{i:04d}"},
                  "spec": spec}), range(a.count)))
         t_applied = time.time() - t0
-        while (made := len(apps.list_namespaced_deployment(ns).items)) < a.count:
+        while (made := count_objects(api, f"/apis/apps/v1/namespaces/{ns}/deployments")) < a.count:
             if time.time() - t0 > 900:
                 raise SystemExit(f"only {made} of {a.count} Deployments after 900 s")
-            time.sleep(0.5)
+            time.sleep(1.0)
         t_deploy = time.time() - t0
+        print(f"[bench] all {a.count} Deployments at {t_deploy:.1f} s, operator peak RSS "
+              f"{rss_peak_kib(op.proc.pid) / 1024:.0f} MiB", file=sys.stderr)
 
         def profiled() -> tuple[int, int]:
             items = co.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
@@ -221,8 +247,9 @@ def main() -> int:
                     sum(1 for s in st if (s.get("profiler") or {}).get("lastSampleTime")))
 
         while profiled()[0] < a.count:
-            time.sleep(1)
+            time.sleep(3)
         t_status = time.time() - t0
+        print(f"[bench] all statuses at {t_status:.1f} s", file=sys.stderr)
         # Every pod mapped to an endpoint, then 95% of the live ones shown in status.profiler.
         # (allowing 1%: kwok may hand a recreated pod the IP of one still terminating)
         while (len(sidecars.servers) < a.count - max(1, a.count // 100)

@@ -26,7 +26,7 @@ PORT_SUFFIXES = {
     "kube-scheduler": 259,
 }
 
-SERVICE_CIDR = "10.96.0.0/24"
+SERVICE_CIDR = "10.96.0.0/16"  # room for a Service per VLMService of the 1000-service bench
 SERVICE_IP = "10.96.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
 # kwok's --cidr: with no spec.podCIDR on the nodes, kwok hands every pod the next free address of this
 # one pool (from 10.244.0.1; a deleted pod's address goes back to the pool). Inside the testbed's network

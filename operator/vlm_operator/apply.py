@@ -87,7 +87,9 @@ class KubeAPI(Protocol):
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool: ...
 
-    def patch_status(self, namespace: str, name: str, current: Mapping[str, Any], new: Mapping[str, Any]) -> bool: ...
+    def patch_status(
+        self, namespace: str, name: str, current: Mapping[str, Any], new: Mapping[str, Any]
+    ) -> str | None: ...
 
     def clear_annotation(self, namespace: str, name: str, key: str) -> None: ...
 
@@ -159,13 +161,16 @@ class Kube:
                 return None
             raise classify(e, f"get {kind} {namespace}/{name}") from e
 
-    def patch_status(self, namespace: str, name: str, current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-        """Merge-patch the status subresource; keys we no longer set are nulled. No-op when equal."""
+    def patch_status(
+        self, namespace: str, name: str, current: Mapping[str, Any], new: Mapping[str, Any]
+    ) -> str | None:
+        """Merge-patch the status subresource; keys we no longer set are nulled. No-op when equal. The
+        object's resourceVersion after the write ("" if the answer had none); None when nothing was written."""
         patch = status_patch(current, new)
         if patch is None:
-            return False
+            return None
         try:
-            self._call(
+            out = self._call(
                 "PATCH",
                 f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
                 body={"status": patch},
@@ -173,9 +178,9 @@ class Kube:
             )
         except ApiException as e:
             if e.status == 404:  # deleted meanwhile
-                return False
+                return None
             raise classify(e, f"patch status of VLMService {namespace}/{name}") from e
-        return True
+        return str(((out or {}).get("metadata") or {}).get("resourceVersion") or "")
 
     def clear_annotation(self, namespace: str, name: str, key: str) -> None:
         try:

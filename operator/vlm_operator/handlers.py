@@ -3,12 +3,16 @@
 Owned Deployments, Pods and Services are held in kopf indexes (filled by
 watches), so a reconcile reads no object from the API server; it writes only
 what differs. Every VLMService is reconciled on create, on update, and on a
-timer (status refresh, drift repair, canary analysis).
+timer (status refresh, drift repair, canary analysis). The timers of a fleet
+are spread over the resync interval (`first_resync_delay`), so a thousand
+services created at once are not all resynced at once, racing their own
+creation.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from typing import Any
 
@@ -27,27 +31,60 @@ SETTINGS = Settings.from_env()
 MANAGED = {"app.kubernetes.io/managed-by": "vlm-operator"}
 _locks: dict[str, threading.Lock] = {}
 log = logging.getLogger("vlm_operator")
+# kopf's record of the last spec it handled: present once the create handler has succeeded.
+DIFFBASE = kopf.AnnotationsDiffBaseStorage(prefix=PREFIX, key="last-applied-spec")
+RESTART_RESYNC_DELAY_S = 1.0
+# Handler threads and API connections. A reconcile spends its time waiting for the API server (a few
+# round trips), not on CPU, so 1000 services created at once need more than the default pool (CPUs + 4
+# threads); the HTTP pool matches it, so no thread opens a connection of its own.
+HANDLER_THREADS = 16
+
+
+def first_resync_delay(uid: str, interval: float, *, handled: bool) -> float:
+    """Seconds from the first sight of a service to its first timer run.
+
+    A service not yet handled is being created: its create handler reconciles it now, so the timer waits
+    one full interval more. A handled one (the operator restarted) is resynced soon. Both are offset by
+    a phase in [0, interval) fixed by the uid, so the timers of services seen together fire spread over
+    the interval instead of all in the same second."""
+    phase = random.Random(uid).random() * interval
+    return (RESTART_RESYNC_DELAY_S if handled else interval) + phase
+
+
+def _first_resync_delay(uid: str, body: kopf.Body, **_: Any) -> float:
+    return first_resync_delay(uid, SETTINGS.resync_seconds, handled=DIFFBASE.fetch(body=body) is not None)
 
 
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Keep kopf's own bookkeeping in annotations with our prefix; build the API client."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=PREFIX, key="last-applied-spec")
+    settings.persistence.diffbase_storage = DIFFBASE
     settings.posting.level = logging.WARNING  # our own Events only; kopf still reports handler failures
     settings.watching.server_timeout = 300
+    settings.execution.max_workers = HANDLER_THREADS
+    cfg = client.Configuration()
     try:
-        config.load_incluster_config()
+        config.load_incluster_config(client_configuration=cfg)
     except config.ConfigException:
-        config.load_kube_config()
-    kube = Kube(client.ApiClient(), SETTINGS.field_manager)
+        config.load_kube_config(client_configuration=cfg)
+    cfg.connection_pool_maxsize = HANDLER_THREADS
+    kube = Kube(client.ApiClient(cfg), SETTINGS.field_manager)
     memo.rt = Runtime(kube=kube, settings=SETTINGS, monitoring=kube.crd_exists("podmonitors.monitoring.coreos.com"))
     log.info("vlm-operator started (monitoring CRDs: %s)", memo.rt.monitoring)
 
 
+def indexed(body: kopf.Body) -> dict:
+    """The object as the reconcile compares it: without metadata.managedFields (about half of a
+    Deployment's size; held for every owned object, it is most of the operator's memory at 1000 services)."""
+    out = dict(body)
+    out["metadata"] = {k: v for k, v in body.get("metadata", {}).items() if k != "managedFields"}
+    return out
+
+
 @kopf.index("apps", "v1", "deployments", labels=MANAGED)
 def vlm_deployments(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
-    return {(namespace, labels.get(B.LABEL_SERVICE)): (labels.get(B.LABEL_ROLE), dict(body))}
+    return {(namespace, labels.get(B.LABEL_SERVICE)): (labels.get(B.LABEL_ROLE), indexed(body))}
 
 
 @kopf.index("", "v1", "pods", labels=MANAGED)
@@ -57,7 +94,7 @@ def vlm_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
 
 @kopf.index("", "v1", "services", labels=MANAGED)
 def vlm_services(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
-    return {(namespace, name): dict(body)}
+    return {(namespace, name): indexed(body)}
 
 
 def _observed(key: tuple[str, str], deployments: kopf.Index, pods: kopf.Index, services: kopf.Index) -> Observed:
@@ -70,15 +107,18 @@ def _observed(key: tuple[str, str], deployments: kopf.Index, pods: kopf.Index, s
 
 @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL)
-@kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=SETTINGS.resync_seconds, initial_delay=1.0)
+@kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=SETTINGS.resync_seconds,
+            initial_delay=_first_resync_delay)
 def reconcile_vlmservice(
     name: str, namespace: str, uid: str, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status, body: kopf.Body,
     memo: kopf.Memo, vlm_deployments: kopf.Index, vlm_pods: kopf.Index, vlm_services: kopf.Index, **_: Any,
 ) -> None:
     """Create, update and periodic resync share one idempotent reconcile."""
-    target = Target(name, namespace, uid, meta.get("generation"), dict(spec), dict(status), dict(meta.annotations))
-    observed = _observed((namespace, name), vlm_deployments, vlm_pods, vlm_services)
+    target = Target(name, namespace, uid, meta.get("generation"), dict(spec), dict(status), dict(meta.annotations),
+                    meta.get("resourceVersion"))
     with _locks.setdefault(uid, threading.Lock()):
+        # Inside the lock: a handler that waited for another one sees the objects that one made.
+        observed = _observed((namespace, name), vlm_deployments, vlm_pods, vlm_services)
         try:
             reconcile(memo.rt, target, observed, lambda t, r, m: kopf.event(body, type=t, reason=r, message=m))
         except TemporaryError as e:

@@ -39,6 +39,10 @@ RECONCILE = Histogram(
 )
 ERRORS = Counter("vlm_operator_errors_total", "Errors by reason.", ["reason"])
 API_WRITES = Counter("vlm_operator_api_writes_total", "Write requests sent to the API server.", ["verb"])
+STALE_SKIPPED = Counter(
+    "vlm_operator_stale_reconciles_skipped_total",
+    "Reconciles skipped: the handler was given a copy of the VLMService older than this operator's last status write.",
+)
 ROLLOUTS = Counter("vlm_operator_rollouts_total", "Finished canary rollouts by result.", ["result"])
 # Event reason -> result label. Every result exists from the start at 0, so increase() over a range
 # counts an operator process's first verdict of each kind too (a counter born at 1 is invisible to it).

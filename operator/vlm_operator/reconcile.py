@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,6 +41,8 @@ class Runtime:
     sidecars: signals.SidecarReader | None = None  # built from the settings when not given
     # uid -> when status.profiler was last recomputed (in memory: at most one read per interval per service)
     profiler_reads: dict[str, float] = field(default_factory=dict)
+    # uid -> the last status written (see `current`)
+    written: dict[str, Written] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -61,6 +63,34 @@ class Runtime:
     def forget(self, uid: str) -> None:
         with self._lock:
             self.profiler_reads.pop(uid, None)
+            self.written.pop(uid, None)
+
+    def note_written(self, t: Target, resource_version: str, status: Mapping[str, Any]) -> None:
+        rv = _rv(resource_version)
+        with self._lock:
+            if rv is None:
+                self.written.pop(t.uid, None)
+            else:
+                self.written[t.uid] = Written(rv, t.generation, status)
+
+    def current(self, t: Target) -> Target | None:
+        """`t` as of this operator's last status write; None when `t` is a stale copy with nothing new.
+
+        kopf hands each handler the body it had when the handler was queued. The create (or update) handler
+        and the resync timer of one service can both be queued before the first of them writes; the second
+        then starts from the status before that write and would redo what was just done (a second
+        CanaryStarted, a rollout restarted). A body older than our last write of the same generation is
+        skipped (a fresh copy follows: the watch event of that write, the next timer). One older than our
+        write but with a newer spec is reconciled with the status we wrote, which is the one the API server
+        holds (the status is written by this operator; the plugin's writes are newer, hence not replaced)."""
+        with self._lock:
+            w = self.written.get(t.uid)
+        rv = _rv(t.resource_version)
+        if w is None or rv is None or rv >= w.resource_version:
+            return t
+        if (t.generation or 0) <= (w.generation or 0):
+            return None
+        return replace(t, status=w.status)
 
 
 @dataclass(frozen=True)
@@ -72,6 +102,25 @@ class Target:
     spec: Mapping[str, Any]
     status: Mapping[str, Any]
     annotations: Mapping[str, str]
+    resource_version: str | None = None  # of the body this reconcile was handed
+
+
+@dataclass(frozen=True)
+class Written:
+    """The status this operator last wrote for a service, and the resourceVersion that write made."""
+
+    resource_version: int
+    generation: int | None
+    status: Mapping[str, Any]
+
+
+def _rv(text: str | None) -> int | None:
+    """resourceVersions are opaque strings to clients; the API server's come from etcd's revision, an
+    integer that only grows, which is what ordering two copies of one object needs. None otherwise."""
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None
 
 
 def _read_windows(
@@ -150,6 +199,12 @@ def _ipc_cache(
 
 
 def reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, *, now: float | None = None) -> None:
+    fresh = rt.current(t)
+    if fresh is None:
+        log.debug("skipping a stale copy of %s/%s (resourceVersion %s)", t.namespace, t.name, t.resource_version)
+        metrics.STALE_SKIPPED.inc()
+        return
+    t = fresh
     started = time.monotonic()
     result = "ok"
     try:
@@ -165,8 +220,10 @@ def _write_status(rt: Runtime, t: Target, new: api.VLMServiceStatus, emit: Emit)
     """One status patch (none when nothing changed); Events for the conditions that flipped."""
     body = S.status_body(new)
     before = t.status.get("conditions") or []
-    if not rt.kube.patch_status(t.namespace, t.name, t.status, body):
+    rv = rt.kube.patch_status(t.namespace, t.name, t.status, body)
+    if rv is None:
         return False
+    rt.note_written(t, rv, body)
     for ev in C.events_for(C.transitions(before, body["conditions"])):
         emit(*ev)
     return True

@@ -51,6 +51,7 @@ class FakeKube:
     objects: dict[Key, dict[str, Any]] = field(default_factory=dict)
     writes: list[Write] = field(default_factory=list)
     free_gpu_calls: int = 0
+    revision: int = 0  # the last resourceVersion handed out
     fail_next: list[Exception] = field(default_factory=list)  # raised by the next writes, in order
 
     # ------------------------------------------------------------- the KubeAPI the reconcile calls
@@ -90,18 +91,24 @@ class FakeKube:
         obj = self.objects.get((api_version, kind, namespace, name))
         return copy.deepcopy(obj) if obj is not None else None
 
-    def patch_status(self, namespace: str, name: str, current: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    def patch_status(self, namespace: str, name: str, current: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
         patch = status_patch(current, new)
         if patch is None:
-            return False
+            return None
         key = (f"{api.GROUP}/{api.VERSION}", api.KIND, namespace, name)
         if key not in self.objects:  # deleted meanwhile
-            return False
+            return None
         self._maybe_fail()
         obj = self.objects[key]
         obj["status"] = merge_patch(obj.get("status") or {}, patch)
         self.writes.append(Write("status", api.KIND, namespace, name, copy.deepcopy(patch)))
-        return True
+        return self._bump(obj)
+
+    def _bump(self, obj: dict[str, Any]) -> str:
+        """A new resourceVersion for `obj` (one counter for the fake cluster, as etcd's revision is)."""
+        self.revision += 1
+        obj["metadata"]["resourceVersion"] = str(self.revision)
+        return str(self.revision)
 
     def clear_annotation(self, namespace: str, name: str, key: str) -> None:
         obj = self.objects.get((f"{api.GROUP}/{api.VERSION}", api.KIND, namespace, name))
@@ -131,6 +138,7 @@ class FakeKube:
             "spec": copy.deepcopy(dict(spec)),
             "status": {},
         }
+        self._bump(self.objects[(f"{api.GROUP}/{api.VERSION}", api.KIND, namespace, name)])
 
     def vlmservice(self, name: str, namespace: str = "ns") -> dict[str, Any]:
         return self.objects[(f"{api.GROUP}/{api.VERSION}", api.KIND, namespace, name)]
@@ -139,15 +147,18 @@ class FakeKube:
         obj = self.vlmservice(name, namespace)
         obj["spec"] = copy.deepcopy(dict(spec))
         obj["metadata"]["generation"] += 1
+        self._bump(obj)
 
     def annotate(self, name: str, key: str, value: str, namespace: str = "ns") -> None:
-        self.vlmservice(name, namespace)["metadata"].setdefault("annotations", {})[key] = value
+        obj = self.vlmservice(name, namespace)
+        obj["metadata"].setdefault("annotations", {})[key] = value
+        self._bump(obj)
 
     def target(self, name: str, namespace: str = "ns") -> Target:
         obj = copy.deepcopy(self.vlmservice(name, namespace))
         meta = obj["metadata"]
         return Target(name, namespace, meta["uid"], meta.get("generation"), obj["spec"], obj.get("status") or {},
-                      meta.get("annotations") or {})
+                      meta.get("annotations") or {}, meta.get("resourceVersion"))
 
     def deployments(self, namespace: str = "ns", service: str | None = None) -> dict[str, dict[str, Any]]:
         """role -> Deployment of one service (all services when `service` is None)."""

@@ -88,15 +88,16 @@ def test_apply_is_a_forced_server_side_apply_and_skipped_when_already_there():
 
 
 def test_patch_status_writes_only_a_difference_and_404_is_gone():
-    c = FakeApiClient([Resp(200), Resp(404, b"{}", "Not Found")])
+    c = FakeApiClient([Resp(200, b'{"metadata": {"resourceVersion": "42"}}'), Resp(404, b"{}", "Not Found")])
     k = apply.Kube(c, "m")
-    assert k.patch_status("ns", "svc", {"phase": "Ready"}, {"phase": "Ready"}) is False and c.calls == []
-    assert k.patch_status("ns", "svc", {"phase": "Ready", "x": 1}, {"phase": "Pending"}) is True
+    assert k.patch_status("ns", "svc", {"phase": "Ready"}, {"phase": "Ready"}) is None and c.calls == []
+    # The object's resourceVersion after the write (the reconcile orders later copies by it).
+    assert k.patch_status("ns", "svc", {"phase": "Ready", "x": 1}, {"phase": "Pending"}) == "42"
     _, url, headers, body = c.calls[0]
     assert url == "/apis/serving.vlmops.dev/v1alpha1/namespaces/ns/vlmservices/svc/status"
     assert body == {"status": {"phase": "Pending", "x": None}}
     assert headers["Content-Type"] == "application/merge-patch+json"
-    assert k.patch_status("ns", "svc", {}, {"phase": "Failed"}) is False
+    assert k.patch_status("ns", "svc", {}, {"phase": "Failed"}) is None
 
 
 def test_server_errors_become_temporary_and_client_errors_permanent():

@@ -257,3 +257,33 @@ def test_rollout_events_follow_the_status_so_a_failed_write_never_posts_them_twi
     c.run(T0 + 50)
     assert [e[1] for e in c.events].count("CanaryStarted") == 1
     assert c.status["rollout"]["phase"] == "Progressing"
+
+
+def test_a_stale_copy_queued_before_a_write_is_skipped_and_a_newer_spec_uses_the_written_status():
+    """kopf queues the create (or update) handler and the resync timer with the body each had: the one that
+    runs second must not start from the status before the first one's write (a second CanaryStarted, a
+    rollout restarted)."""
+    c = Cluster(ROLLOUT, gpus=8)
+    c.run(T0)
+    c.kube.settle(c.name)
+    c.run(T0 + 15)
+    c.kube.update_spec(c.name, {**ROLLOUT, "sglang": {"ipcCache": {"mode": "Off"}}})
+    queued_update = c.kube.target(c.name)  # the update handler's copy
+    queued_timer = c.kube.target(c.name)   # the timer's copy, taken at the same moment
+    observed = c.kube.observed(c.name)
+    emit = lambda *e: c.events.append(e)  # noqa: E731
+    reconcile.reconcile(c.rt, queued_update, observed, emit, now=T0 + 30)
+    writes = len(c.kube.writes)
+    assert [e[1] for e in c.events].count("CanaryStarted") == 1
+    reconcile.reconcile(c.rt, queued_timer, c.kube.observed(c.name), emit, now=T0 + 31)
+    assert len(c.kube.writes) == writes and [e[1] for e in c.events].count("CanaryStarted") == 1
+    # A copy older than the write but with a newer spec is reconciled, from the status that was written.
+    rollout_before = c.status["rollout"]
+    newer = reconcile.Target(**{**queued_timer.__dict__, "generation": queued_timer.generation + 1,
+                                "spec": {**ROLLOUT, "sglang": {"ipcCache": {"mode": "Off"}}, "replicas": 3}})
+    assert newer.status.get("rollout") is None  # the copy predates the canary
+    reconcile.reconcile(c.rt, newer, c.kube.observed(c.name), emit, now=T0 + 32)
+    assert c.status["rollout"]["startedAt"] == rollout_before["startedAt"]  # the same rollout, not a restart
+    assert [e[1] for e in c.events].count("CanaryStarted") == 1
+    # The current copy is reconciled as usual.
+    c.run(T0 + 45)

@@ -1,0 +1,89 @@
+"""The kopf wiring in handlers: the resync timer's first run is spread over one interval per service, a
+full interval after creation (the create handler reconciles then) and soon after an operator restart."""
+
+from __future__ import annotations
+
+import json
+
+import kopf
+import pytest
+from vlm_operator import handlers as H
+from vlm_operator.settings import PREFIX
+
+UIDS = [f"0000{i:04d}-5d2c-4a8e-9c1f-{i * 7919:012d}" for i in range(1000)]
+
+
+@pytest.mark.parametrize("interval", [2.0, 15.0, 600.0])
+def test_new_service_waits_one_interval_plus_its_phase(interval: float) -> None:
+    delays = [H.first_resync_delay(u, interval, handled=False) for u in UIDS]
+    assert all(interval <= d < 2 * interval for d in delays)
+
+
+@pytest.mark.parametrize("interval", [2.0, 15.0, 600.0])
+def test_restart_resyncs_within_one_interval(interval: float) -> None:
+    delays = [H.first_resync_delay(u, interval, handled=True) for u in UIDS]
+    lo = H.RESTART_RESYNC_DELAY_S
+    assert all(lo <= d < lo + interval for d in delays)
+
+
+def test_phase_is_fixed_per_uid_and_spread_over_the_interval() -> None:
+    interval = 15.0
+    again = [H.first_resync_delay(u, interval, handled=False) for u in UIDS]
+    assert again == [H.first_resync_delay(u, interval, handled=False) for u in UIDS]
+    # 1000 services created in the same second: every tenth of the interval gets about a tenth of the
+    # first resyncs (a shared offset would put all 1000 in one bin).
+    bins = [0] * 10
+    for d in again:
+        bins[int((d - interval) / interval * 10)] += 1
+    assert min(bins) >= 60 and max(bins) <= 140, bins
+    assert len({round(d, 6) for d in again}) > 990
+
+
+def _body(annotations: dict[str, str]) -> kopf.Body:
+    return kopf.Body({
+        "apiVersion": "serving.vlmops.dev/v1alpha1", "kind": "VLMService",
+        "metadata": {"name": "svc", "namespace": "ns", "uid": UIDS[0], "annotations": annotations},
+        "spec": {"model": {"path": "m"}},
+    })
+
+
+def test_handled_is_read_from_kopfs_diffbase_annotation() -> None:
+    key = f"{PREFIX}/last-applied-spec"
+    fresh = _body({})
+    seen = _body({key: json.dumps({"spec": {"model": {"path": "m"}}})})
+    assert H.DIFFBASE.fetch(body=seen) is not None  # the key kopf itself writes
+    interval = H.SETTINGS.resync_seconds
+    assert H._first_resync_delay(uid=UIDS[0], body=fresh) == H.first_resync_delay(UIDS[0], interval, handled=False)
+    assert H._first_resync_delay(uid=UIDS[0], body=seen) == H.first_resync_delay(UIDS[0], interval, handled=True)
+    assert H._first_resync_delay(uid=UIDS[0], body=seen) < H._first_resync_delay(uid=UIDS[0], body=fresh)
+
+
+def test_the_resync_timer_uses_the_spread_delay() -> None:
+    timers = [h for h in kopf.get_default_registry()._spawning.get_all_handlers()
+              if getattr(h, "interval", None) is not None and h.fn is H.reconcile_vlmservice]
+    assert len(timers) == 1
+    assert timers[0].initial_delay is H._first_resync_delay
+    assert timers[0].interval == H.SETTINGS.resync_seconds
+
+
+def test_indexed_bodies_drop_managed_fields_and_keep_what_the_reconcile_compares() -> None:
+    raw = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "svc", "namespace": "ns", "labels": {"a": "b"}, "annotations": {"x": "y"},
+                     "managedFields": [{"manager": "vlm-operator", "fieldsV1": {"f:spec": {}}}]},
+        "spec": {"replicas": 1}, "status": {"readyReplicas": 1},
+    }
+    out = H.indexed(kopf.Body(raw))
+    assert "managedFields" not in out["metadata"]
+    assert out["metadata"] == {k: v for k, v in raw["metadata"].items() if k != "managedFields"}
+    assert out["spec"] == raw["spec"] and out["status"] == raw["status"]
+    assert "managedFields" in raw["metadata"]  # kopf's own body is left as it was
+
+
+def test_malloc_arenas_limited_unless_the_environment_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vlm_operator import __main__ as M
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert M._limit_malloc_arenas() is False
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    assert M._limit_malloc_arenas() is True  # glibc (this image) accepts M_ARENA_MAX
