@@ -4,11 +4,15 @@ The Prometheus Operator turns ServiceMonitors and PodMonitors into scrape jobs t
 targets with `kubernetes_sd_configs` and then select and label them with `relabel_configs` over the
 `__meta_kubernetes_*` labels. Debian's Prometheus (what hack/install-system-deps.sh installs) is built
 without kubernetes_sd, so this module stands in for that one piece: `discover` lists what kubernetes_sd
-(role pod / endpoints) would hand each job, from the API server's Pods, Services and Endpoints, with the
-same meta labels, and `runnable` rewrites each job's `kubernetes_sd_configs` into a `file_sd_configs`
-over a file holding exactly that. Everything else is the generated text: relabelings, honor_labels,
-intervals, and the rule files from the `prometheus-<name>-rulefiles-N` ConfigMaps, with the
-config-reloader's `$(SHARD)` and `$(POD_NAME)` substituted as it does.
+(role pod, endpoints or endpointslice) would hand each scrape job and each Alertmanager set of the
+`alerting` section (the Operator discovers a Prometheus object's `spec.alerting.alertmanagers` through the
+Alertmanager Service's Endpoints, `role: endpoints`, or its EndpointSlices under
+`serviceDiscoveryRole: EndpointSlice`), from the API server's Pods, Services, Endpoints and EndpointSlices,
+with the same meta labels, and `runnable` rewrites each `kubernetes_sd_configs` into a `file_sd_configs`
+over a file holding exactly that. Everything else is the generated text: relabelings (the Alertmanagers'
+keep rules on Service name and port name included), honor_labels, intervals, and the rule files from the
+`prometheus-<name>-rulefiles-N` ConfigMaps, with the config-reloader's `$(SHARD)` and `$(POD_NAME)`
+substituted as it does.
 
 `Reloader` is the moving part for a live test: every `period` seconds it re-reads the generated secret
 and rule ConfigMaps (rewriting the config and asking Prometheus to reload when they changed, as the
@@ -27,14 +31,47 @@ import json
 import re
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from kubernetes import client
 
 SHARD = "0"
+
+
+class Objects(Protocol):
+    """What discovery reads from the API server (kubernetes client models); `Cluster` is the real one,
+    unit tests pass lists."""
+
+    def namespaces(self) -> list[str]: ...
+    def pods(self, namespace: str) -> list[client.V1Pod]: ...
+    def services(self, namespace: str) -> list[client.V1Service]: ...
+    def endpoints(self, namespace: str) -> list[client.V1Endpoints]: ...
+    def endpoint_slices(self, namespace: str) -> list[client.V1EndpointSlice]: ...
+
+
+class Cluster:
+    """`Objects` from the API server."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.core, self.discovery = client.CoreV1Api(api), client.DiscoveryV1Api(api)
+
+    def namespaces(self) -> list[str]:
+        return [n.metadata.name for n in self.core.list_namespace().items]
+
+    def pods(self, namespace: str) -> list[client.V1Pod]:
+        return self.core.list_namespaced_pod(namespace).items
+
+    def services(self, namespace: str) -> list[client.V1Service]:
+        return self.core.list_namespaced_service(namespace).items
+
+    def endpoints(self, namespace: str) -> list[client.V1Endpoints]:
+        return self.core.list_namespaced_endpoints(namespace).items
+
+    def endpoint_slices(self, namespace: str) -> list[client.V1EndpointSlice]:
+        return self.discovery.list_namespaced_endpoint_slice(namespace).items
 
 
 def sanitize(name: str) -> str:
@@ -74,14 +111,14 @@ def pod_meta(pod: client.V1Pod) -> dict[str, str]:
     return out
 
 
-def _namespaces(sd: dict[str, Any], core: client.CoreV1Api) -> list[str]:
+def _namespaces(sd: dict[str, Any], objs: Objects) -> list[str]:
     names = (sd.get("namespaces") or {}).get("names")
-    return list(names) if names else [n.metadata.name for n in core.list_namespace().items]
+    return list(names) if names else objs.namespaces()
 
 
-def _pod_targets(core: client.CoreV1Api, namespace: str) -> list[dict]:
+def _pod_targets(objs: Objects, namespace: str) -> list[dict]:
     groups = []
-    for p in core.list_namespaced_pod(namespace).items:
+    for p in objs.pods(namespace):
         if not p.status.pod_ip:  # kubernetes_sd gives a pod without an IP no targets
             continue
         for c in p.spec.containers:
@@ -98,17 +135,33 @@ def _pod_targets(core: client.CoreV1Api, namespace: str) -> list[dict]:
     return groups
 
 
-def _endpoints_targets(core: client.CoreV1Api, namespace: str) -> list[dict]:
-    pods = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items if p.status.pod_ip}
-    endpoints = {e.metadata.name: e for e in core.list_namespaced_endpoints(namespace).items}
+def _service_meta(svc: client.V1Service) -> dict[str, str]:
+    return {"__meta_kubernetes_namespace": svc.metadata.namespace, "__meta_kubernetes_service_name": svc.metadata.name,
+            **labels("__meta_kubernetes_service", svc.metadata.labels),
+            **labels("__meta_kubernetes_service", svc.metadata.annotations, "annotation")}
+
+
+def _container_port(pod: client.V1Pod, number: int | None) -> dict[str, str]:
+    """The pod container labels of the container port an endpoint's port is (kubernetes_sd adds them)."""
+    for c in pod.spec.containers:
+        for cp in c.ports or []:
+            if cp.container_port == number:
+                return {"__meta_kubernetes_pod_container_name": c.name,
+                        "__meta_kubernetes_pod_container_port_name": cp.name or "",
+                        "__meta_kubernetes_pod_container_port_number": str(cp.container_port),
+                        "__meta_kubernetes_pod_container_port_protocol": cp.protocol or "TCP"}
+    return {}
+
+
+def _endpoints_targets(objs: Objects, namespace: str) -> list[dict]:
+    pods = {p.metadata.name: p for p in objs.pods(namespace) if p.status.pod_ip}
+    endpoints = {e.metadata.name: e for e in objs.endpoints(namespace)}
     groups = []
-    for svc in core.list_namespaced_service(namespace).items:
+    for svc in objs.services(namespace):
         ep = endpoints.get(svc.metadata.name)
         if ep is None:
             continue
-        svc_meta = {"__meta_kubernetes_namespace": namespace, "__meta_kubernetes_service_name": svc.metadata.name,
-                    **labels("__meta_kubernetes_service", svc.metadata.labels),
-                    **labels("__meta_kubernetes_service", svc.metadata.annotations, "annotation"),
+        svc_meta = {**_service_meta(svc), "__meta_kubernetes_namespace": namespace,
                     "__meta_kubernetes_endpoints_name": ep.metadata.name,
                     **labels("__meta_kubernetes_endpoints", ep.metadata.labels)}
         for subset in ep.subsets or []:
@@ -124,37 +177,87 @@ def _endpoints_targets(core: client.CoreV1Api, namespace: str) -> list[dict]:
                     if addr.node_name:
                         lab["__meta_kubernetes_endpoint_node_name"] = addr.node_name
                     if pod:
-                        lab |= pod_meta(pod)
-                        for c in pod.spec.containers:
-                            for cp in c.ports or []:
-                                if cp.container_port == port.port:
-                                    lab |= {"__meta_kubernetes_pod_container_name": c.name,
-                                            "__meta_kubernetes_pod_container_port_name": cp.name or "",
-                                            "__meta_kubernetes_pod_container_port_number": str(cp.container_port),
-                                            "__meta_kubernetes_pod_container_port_protocol": cp.protocol or "TCP"}
+                        lab |= pod_meta(pod) | _container_port(pod, port.port)
                     groups.append({"targets": [f"{addr.ip}:{port.port}"], "labels": lab})
     return groups
 
 
-def discover(api: client.ApiClient, cfg: dict) -> dict[str, list[dict]]:
-    """What kubernetes_sd (role pod / endpoints) would hand each job of `cfg`: one file_sd group per target."""
-    core = client.CoreV1Api(api)
-    out: dict[str, list[dict]] = {}
+def _bool(v: bool | None) -> str:
+    return "true" if v else "false"
+
+
+def _endpointslice_targets(objs: Objects, namespace: str) -> list[dict]:
+    """kubernetes_sd's endpointslice role: one target per endpoint address and port of each EndpointSlice,
+    with the Service's labels (the slice's kubernetes.io/service-name) and, for pod-backed ones, the pod's."""
+    pods = {p.metadata.name: p for p in objs.pods(namespace) if p.status.pod_ip}
+    services = {s.metadata.name: s for s in objs.services(namespace)}
+    groups = []
+    for es in objs.endpoint_slices(namespace):
+        meta = {"__meta_kubernetes_namespace": namespace, "__meta_kubernetes_endpointslice_name": es.metadata.name,
+                "__meta_kubernetes_endpointslice_address_type": es.address_type,
+                **labels("__meta_kubernetes_endpointslice", es.metadata.labels),
+                **labels("__meta_kubernetes_endpointslice", es.metadata.annotations, "annotation")}
+        svc = services.get((es.metadata.labels or {}).get("kubernetes.io/service-name", ""))
+        if svc is not None:
+            meta |= _service_meta(svc)
+        for ep in es.endpoints or []:
+            ref = ep.target_ref
+            pod = pods.get(ref.name) if ref and ref.kind == "Pod" else None
+            cond = ep.conditions
+            for port in es.ports or []:
+                lab = {**meta, "__meta_kubernetes_endpointslice_port": str(port.port),
+                       "__meta_kubernetes_endpointslice_port_name": port.name or "",
+                       "__meta_kubernetes_endpointslice_port_protocol": port.protocol or "TCP",
+                       "__meta_kubernetes_endpointslice_endpoint_conditions_ready": _bool(cond and cond.ready),
+                       "__meta_kubernetes_endpointslice_endpoint_conditions_serving": _bool(cond and cond.serving),
+                       "__meta_kubernetes_endpointslice_endpoint_conditions_terminating":
+                           _bool(cond and cond.terminating)}
+                if port.app_protocol:
+                    lab["__meta_kubernetes_endpointslice_port_app_protocol"] = port.app_protocol
+                if ref:
+                    lab["__meta_kubernetes_endpointslice_address_target_kind"] = ref.kind or ""
+                    lab["__meta_kubernetes_endpointslice_address_target_name"] = ref.name or ""
+                if ep.hostname:
+                    lab["__meta_kubernetes_endpointslice_endpoint_hostname"] = ep.hostname
+                if ep.node_name:
+                    lab["__meta_kubernetes_endpointslice_endpoint_node_name"] = ep.node_name
+                if pod:
+                    lab |= pod_meta(pod) | _container_port(pod, port.port)
+                groups += [{"targets": [f"{a}:{port.port}"], "labels": lab} for a in ep.addresses]
+    return groups
+
+
+ROLES = {"pod": _pod_targets, "endpoints": _endpoints_targets, "endpointslice": _endpointslice_targets}
+
+
+def sd_sections(cfg: dict) -> Iterator[tuple[str, dict]]:
+    """Every part of `cfg` that discovers with kubernetes_sd, keyed by a name for its file: each scrape job
+    (its job_name) and each Alertmanager set of the alerting section that does (`alertmanager/<index>`;
+    a static one, e.g. from additionalAlertManagerConfigs, is left as it is)."""
     for job in cfg.get("scrape_configs") or []:
-        sds = job.get("kubernetes_sd_configs") or []
+        yield job["job_name"], job
+    for i, am in enumerate((cfg.get("alerting") or {}).get("alertmanagers") or []):
+        if "kubernetes_sd_configs" in am:
+            yield f"alertmanager/{i}", am
+
+
+def discover(api: client.ApiClient | Objects, cfg: dict) -> dict[str, list[dict]]:
+    """What kubernetes_sd (role pod / endpoints / endpointslice) would hand each scrape job and each
+    Alertmanager set of `cfg` (keys as `sd_sections` names them): one file_sd group per target."""
+    objs = Cluster(api) if isinstance(api, client.ApiClient) else api
+    out: dict[str, list[dict]] = {}
+    for key, section in sd_sections(cfg):
+        sds = section.get("kubernetes_sd_configs") or []
         if len(sds) != 1:
-            raise ValueError(f"job {job['job_name']}: expected one kubernetes_sd_configs, got {len(sds)}")
+            raise ValueError(f"{key}: expected one kubernetes_sd_configs, got {len(sds)}")
         (sd,) = sds
         if sd.get("selectors"):
-            raise ValueError(f"job {job['job_name']}: kubernetes_sd selectors are not emulated")
-        groups = out.setdefault(job["job_name"], [])
-        for ns in _namespaces(sd, core):
-            if sd["role"] == "pod":
-                groups += _pod_targets(core, ns)
-            elif sd["role"] == "endpoints":
-                groups += _endpoints_targets(core, ns)
-            else:
-                raise ValueError(f"job {job['job_name']}: kubernetes_sd role {sd['role']} is not emulated")
+            raise ValueError(f"{key}: kubernetes_sd selectors are not emulated")
+        if sd["role"] not in ROLES:
+            raise ValueError(f"{key}: kubernetes_sd role {sd['role']} is not emulated")
+        groups = out.setdefault(key, [])
+        for ns in _namespaces(sd, objs):
+            groups += ROLES[sd["role"]](objs, ns)
     return out
 
 
@@ -177,15 +280,16 @@ def _write(path: Path, text: str) -> bool:
 
 
 def write_targets(cfg: dict, workdir: Path, targets: dict[str, list[dict]]) -> None:
-    for job in cfg.get("scrape_configs") or []:
-        _write(sd_file(workdir, job["job_name"]), json.dumps(targets.get(job["job_name"], []), indent=1, sort_keys=True))
+    for key, _ in sd_sections(cfg):
+        _write(sd_file(workdir, key), json.dumps(targets.get(key, []), indent=1, sort_keys=True))
 
 
 def runnable(cfg: dict, rules: dict[str, str], workdir: Path, targets: dict[str, list[dict]] | None = None,
              alertmanager: str | None = None, sd_refresh: str = "1s") -> Path:
     """Write the generated config as Debian's Prometheus can load it (see the module docstring) and its
     rule files and file_sd files under `workdir`; the config's path. `alertmanager` (host:port): a static
-    Alertmanager, for a Prometheus object without spec.alerting (then the generated config has none)."""
+    Alertmanager, only for a caller that passes one and only when the generated config has no Alertmanagers
+    (a Prometheus object without spec.alerting); the generated ones are discovered like the scrape targets."""
     rules_dir = workdir / "rules"
     rules_dir.mkdir(parents=True, exist_ok=True)
     for old in rules_dir.glob("*"):
@@ -195,12 +299,12 @@ def runnable(cfg: dict, rules: dict[str, str], workdir: Path, targets: dict[str,
         _write(rules_dir / fname, text)
     cfg = copy.deepcopy(cfg)
     cfg["rule_files"] = [str(rules_dir / "*")]
-    for job in cfg.get("scrape_configs") or []:
-        job.pop("kubernetes_sd_configs")
-        path = sd_file(workdir, job["job_name"])
+    for key, section in list(sd_sections(cfg)):
+        section.pop("kubernetes_sd_configs", None)
+        path = sd_file(workdir, key)
         if targets is not None or not path.exists():
-            _write(path, json.dumps((targets or {}).get(job["job_name"], []), indent=1, sort_keys=True))
-        job["file_sd_configs"] = [{"files": [str(path)], "refresh_interval": sd_refresh}]
+            _write(path, json.dumps((targets or {}).get(key, []), indent=1, sort_keys=True))
+        section["file_sd_configs"] = [{"files": [str(path)], "refresh_interval": sd_refresh}]
     if alertmanager and not (cfg.get("alerting") or {}).get("alertmanagers"):
         cfg["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
     text = yaml.safe_dump(cfg, sort_keys=False).replace("$(SHARD)", SHARD).replace("$(POD_NAME)", "prometheus-0")

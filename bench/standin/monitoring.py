@@ -2,14 +2,16 @@
 
 Run inside the testbed's network namespace (docs/testbed.md), as the e2e tier and the demo's agent do:
 there Prometheus scrapes the sidecars and stand-ins at their pod IPs (<pod IP>:9400 and :30000) and sends
-alerts to Alertmanager. Prometheus and Alertmanager themselves listen on the namespace's 127.0.0.1.
-Two configurations:
+alerts to Alertmanager. Prometheus listens on the namespace's 127.0.0.1, Alertmanager on `am_host`
+(127.0.0.1 unless the caller gives it a pod IP of its own, as the e2e tier does). Two configurations:
 
 - `generated` (a kube_sd.Reloader; what the e2e tier runs): the configuration and rule files the real
   Prometheus Operator generated from the operator's PodMonitor and PrometheusRule and the chart's
   ServiceMonitor and PrometheusRule, each kubernetes_sd replaced by a file_sd with what it would discover
   (bench/standin/kube_sd.py), kept current as pods come and go and reloaded when the Operator rewrites it.
-  Scrape intervals are the objects' own (the PodMonitor's 15 s).
+  Scrape intervals are the objects' own (the PodMonitor's 15 s). Alertmanager is found as the generated
+  `alerting` section says (the Prometheus object's spec.alerting: its Service's Endpoints); a static one is
+  added only when the Reloader was given one (`Reloader(alertmanager=...)`) and the config has none.
 - hand-written (no `generated`; what the demo runs): one file_sd job over podmap's `targets.json` with
   `honor_labels`, the operator's /metrics as job vlm-operator, alerts/vlm-operator.rules.yaml.
 """
@@ -68,6 +70,7 @@ class Monitoring:
     scrape_interval: str = "2s"
     prom_port: int = 0
     am_port: int = 0
+    am_host: str = "127.0.0.1"  # where Alertmanager listens (a pod IP in the testbed's namespace)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     generated: Reloader | None = None
     generated_timeout: float = 90
@@ -78,7 +81,7 @@ class Monitoring:
 
     @property
     def alertmanager_url(self) -> str:
-        return f"http://127.0.0.1:{self.am_port}"
+        return f"http://{self.am_host}:{self.am_port}"
 
     def start(self) -> Monitoring:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -97,7 +100,7 @@ class Monitoring:
         (self.workdir / "am-data").mkdir(exist_ok=True)
         self.procs["alertmanager"] = subprocess.Popen(
             [_binary("prometheus-alertmanager", "alertmanager"), f"--config.file={cfg}",
-             f"--storage.path={self.workdir / 'am-data'}", f"--web.listen-address=127.0.0.1:{self.am_port}",
+             f"--storage.path={self.workdir / 'am-data'}", f"--web.listen-address={self.am_host}:{self.am_port}",
              "--cluster.listen-address="],
             stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,  # noqa: SIM115
         )
@@ -123,7 +126,7 @@ class Monitoring:
         cfg.write_text(yaml.safe_dump({
             "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.scrape_interval},
             "rule_files": [str(RULES)],
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.am_port}"]}]}]},
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"{self.am_host}:{self.am_port}"]}]}]},
             "scrape_configs": scrape,
         }))
         if not self.targets_file.exists():
@@ -138,7 +141,6 @@ class Monitoring:
 
     def _start_generated(self, gen: Reloader) -> None:
         gen.workdir = self.workdir / "generated"
-        gen.alertmanager = f"127.0.0.1:{self.am_port}"
         deadline = time.time() + self.generated_timeout
         while gen.cfg is None:
             try:

@@ -1,7 +1,9 @@
 """The real Prometheus Operator (built by hack/build-binaries.sh) next to the testbed, and the objects a
 kube-prometheus-stack install would have: a `Prometheus` selecting ServiceMonitors, PodMonitors and
-PrometheusRules by `release: <release>`, and the chart's own ServiceMonitor, metrics Service and
-PrometheusRule (helm template). Test and demo tooling, never shipped.
+PrometheusRules by `release: <release>` and sending alerts to the Alertmanager its `spec.alerting` names
+(a Service, port `web`, found through that Service's Endpoints), the Alertmanager's Service and a pod for it
+(kwok runs nothing in it: the caller's Alertmanager listens on that pod's IP), and the chart's own
+ServiceMonitor, metrics Service and PrometheusRule (helm template). Test and demo tooling, never shipped.
 
 The operator runs outside the cluster with the admin kubeconfig (it reads KUBECONFIG); what it generates
 for a Prometheus (the secret `prometheus-<name>` and the ConfigMaps `prometheus-<name>-rulefiles-N`) is
@@ -114,3 +116,29 @@ def prometheus_object(name: str, namespace: str, release: str = RELEASE, only_na
                  "serviceMonitorNamespaceSelector": where, "podMonitorNamespaceSelector": where,
                  "ruleNamespaceSelector": where, **spec},
     }
+
+
+ALERTMANAGER_PORT = "web"  # the port name kube-prometheus-stack's Prometheus names in spec.alerting
+
+
+def alerting(namespace: str, service: str) -> dict[str, Any]:
+    """spec.alerting of kube-prometheus-stack's Prometheus: its Alertmanager Service, by name and port name."""
+    return {"alertmanagers": [{"namespace": namespace, "name": service, "port": ALERTMANAGER_PORT,
+                               "pathPrefix": "/", "apiVersion": "v2"}]}
+
+
+def alertmanager_objects(name: str, namespace: str, port: int) -> list[dict[str, Any]]:
+    """The Alertmanager's Service `name` (port `web`) and a pod `<name>-0` with the Service's selector labels
+    and a `web` container port `port`, as the Alertmanager Operator's StatefulSet pod has them. kwok runs
+    nothing in the pod; the controller-manager fills the Service's Endpoints with its IP, where the caller's
+    Alertmanager listens."""
+    selector = {"app.kubernetes.io/name": "alertmanager", "alertmanager": name}
+    service = {"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": name, "namespace": namespace, "labels": {"release": RELEASE}},
+               "spec": {"selector": selector,
+                        "ports": [{"name": ALERTMANAGER_PORT, "port": 9093, "targetPort": ALERTMANAGER_PORT}]}}
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": f"{name}-0", "namespace": namespace, "labels": selector},
+           "spec": {"containers": [{"name": "alertmanager", "image": "quay.io/prometheus/alertmanager:e2e",
+                                    "ports": [{"name": ALERTMANAGER_PORT, "containerPort": port}]}]}}
+    return [service, pod]

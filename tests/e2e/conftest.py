@@ -26,9 +26,11 @@ from bench.standin import prom_operator as po
 from bench.standin.kube_sd import Reloader
 from bench.standin.monitoring import Monitoring
 from bench.standin.podmap import PodMapper
+from tests.cluster import wait_for
 from tests.operator_proc import OperatorProcess, free_port, install_crd, pod_network_here
 
 PROMETHEUS = "kps"  # the Prometheus object (kube-prometheus-stack's is <release>-prometheus)
+ALERTMANAGER = "kps-alertmanager"  # its Alertmanager's Service (kube-prometheus-stack's <release>-alertmanager)
 
 _HERE = Path(__file__).resolve().parent
 
@@ -89,20 +91,36 @@ def _operator_pod(name: str, namespace: str, port: int) -> dict:
 @pytest.fixture
 def monitoring(cluster, kube, namespace, podmap, prometheus_operator, tmp_path):
     """Alertmanager and Prometheus on the configuration the Prometheus Operator generated (see above).
-    `operator_env(monitoring)` is the environment the operator must run with for it."""
-    port = free_port()
-    client.CoreV1Api(kube).create_namespaced_pod(namespace, _operator_pod("vlm-operator-0", namespace, port))
+    `operator_env(monitoring)` is the environment the operator must run with for it.
+
+    Alertmanager is found as on a kube-prometheus-stack install: the Prometheus object's spec.alerting names
+    its Service (port `web`), the Operator generates a `kubernetes_sd_configs` (role endpoints) with keep
+    relabelings on that name and port, and the Service's Endpoints name a kwok pod's IP, where Alertmanager
+    listens. No static Alertmanager is configured: alerts reach it only through that discovery."""
+    core = client.CoreV1Api(kube)
+    port, am_port = free_port(), free_port()
+    core.create_namespaced_pod(namespace, _operator_pod("vlm-operator-0", namespace, port))
+    am_objs = po.alertmanager_objects(ALERTMANAGER, namespace, am_port)
     objs = po.chart_objects(cluster.bin_dir / "helm", namespace, "metrics.serviceMonitor.enabled=true",
                             f"monitoring.extraLabels.release={po.RELEASE}")
     # Rules are evaluated every 15 s (the Operator's default is 30 s): alerts reach Alertmanager sooner.
-    objs.append(po.prometheus_object(PROMETHEUS, namespace, evaluationInterval="15s"))
+    objs.append(po.prometheus_object(PROMETHEUS, namespace, evaluationInterval="15s",
+                                     alerting=po.alerting(namespace, ALERTMANAGER)))
     cluster.kubectl("apply", "-n", namespace, "-f", "-",
-                    stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
+                    stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [*am_objs, *objs]}))
+    am_pod = am_objs[1]["metadata"]["name"]
+    am_ip = wait_for(lambda: core.read_namespaced_pod(am_pod, namespace).status.pod_ip, 60,
+                     f"a pod IP for {am_pod}", interval=0.5)
     mon = Monitoring(tmp_path / "monitoring", podmap.targets_file, operator_metrics=f"127.0.0.1:{port}",
+                     am_host=am_ip, am_port=am_port,
                      generated=Reloader(kube, namespace, PROMETHEUS, tmp_path / "monitoring" / "generated"))
     try:
         mon.start()
-    except RuntimeError as e:
+        # Prometheus sends to what it discovered: the Endpoints' pod IP and the pod's `web` port.
+        want = f"http://{am_ip}:{am_port}/api/v2/alerts"
+        wait_for(lambda: [a["url"] for a in mon.api("alertmanagers")["activeAlertmanagers"]] == [want], 60,
+                 f"Prometheus sending to the discovered Alertmanager {want}", interval=1.0, ignore=(OSError,))
+    except (RuntimeError, AssertionError) as e:
         mon.stop()
         pytest.fail(f"could not start Prometheus/Alertmanager: {e}")
     yield mon
@@ -123,8 +141,8 @@ def make_operator(cluster, crd, namespace, tmp_path, podmap, prometheus_operator
 
     def start(**env: str) -> OperatorProcess:
         op = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log", dict(env))
+        started.append(op)  # before start(): one that fails to come up is stopped at teardown too
         op.start()
-        started.append(op)
         return op
 
     yield start
