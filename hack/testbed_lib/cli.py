@@ -1,4 +1,4 @@
-"""`hack/testbed up|down|status|env|exec`: bring the local control plane up, report on it, tear it down."""
+"""`hack/testbed up|down|restart|status|env|exec`: bring the local control plane up, report on it, restart parts of it, tear it down."""
 
 from __future__ import annotations
 
@@ -178,6 +178,23 @@ def down(layout: Layout, keep: bool) -> None:
     _say(f"removed {layout.run_dir}")
 
 
+def restart(layout: Layout, names: list[str], timeout: float) -> float:
+    """Stop the named components (SIGTERM, as a node's kubelet or systemd would), then `up`: they start
+    again on the same state (etcd's data dir, the certificates) and everything is waited for. Returns
+    seconds taken. For fault-injection tests: an API server or etcd restart under a running operator."""
+    unknown = [n for n in names if n not in components.names(layout)]
+    if unknown or not names:
+        raise TestbedError("restart", f"name components to restart, of {', '.join(components.names(layout))}"
+                           + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+    t0 = time.monotonic()
+    # Clients of the API server first, etcd last, as `down` does.
+    for name in reversed(components.names(layout)):
+        if name in names and procs.stop(layout, name):
+            _say(f"{name}: stopped")
+    up(layout, timeout)
+    return time.monotonic() - t0
+
+
 def status(layout: Layout) -> bool:
     healthy = True
     if layout.netns:
@@ -245,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     p_down = sub.add_parser("down", help="stop every component and remove the run dir")
     p_down.add_argument("--keep", action="store_true", help="keep state (etcd data, certs, logs)")
+    p_restart = sub.add_parser("restart", help="stop the named components, then start them again (up)")
+    p_restart.add_argument("components", nargs="+", help=f"of {', '.join([*components.ORDER, components.BRIDGE])}")
+    p_restart.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness")
     sub.add_parser("status", help="health of each component; exit 1 unless all are healthy")
     p_env = sub.add_parser("env", help="print `export KUBECONFIG=...` lines (or --json)")
     p_env.add_argument("--json", action="store_true")
@@ -262,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "down":
             with _locked(layout):
                 down(layout, args.keep)
+        elif args.cmd == "restart":
+            with _locked(layout):
+                took = restart(layout, args.components, args.timeout)
+            _say(f"restarted {', '.join(args.components)}; ready in {took:.1f}s")
         elif args.cmd == "status":
             return 0 if status(layout) else 1
         elif args.cmd == "env":
