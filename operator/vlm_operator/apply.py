@@ -88,10 +88,11 @@ class KubeAPI(Protocol):
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool: ...
 
     def patch_status(
-        self, namespace: str, name: str, current: Mapping[str, Any], new: Mapping[str, Any]
+        self, namespace: str, name: str, current: Mapping[str, Any], new: Mapping[str, Any],
+        resource_version: str | None = None,
     ) -> str | None: ...
 
-    def clear_annotation(self, namespace: str, name: str, key: str) -> None: ...
+    def clear_annotation(self, namespace: str, name: str, key: str) -> str | None: ...
 
     def free_gpus(self, product: str, resource: str = "nvidia.com/gpu") -> int: ...
 
@@ -162,29 +163,47 @@ class Kube:
             raise classify(e, f"get {kind} {namespace}/{name}") from e
 
     def patch_status(
-        self, namespace: str, name: str, current: Mapping[str, Any], new: Mapping[str, Any]
+        self, namespace: str, name: str, current: Mapping[str, Any], new: Mapping[str, Any],
+        resource_version: str | None = None,
     ) -> str | None:
         """Merge-patch the status subresource; keys we no longer set are nulled. No-op when equal. The
-        object's resourceVersion after the write ("" if the answer had none); None when nothing was written."""
+        object's resourceVersion after the write ("" if the answer had none); None when nothing was written.
+
+        With `resource_version` (that of the copy `current` was read from) the write is conditional: the
+        API server refuses it with 409 when the object changed since, so a status planned from an outdated
+        copy (a handler queued before another one's write, a standby replica whose cache lags the replica
+        it replaces) is never written, and its Events never posted; the reconcile is retried on a fresh copy."""
         patch = status_patch(current, new)
         if patch is None:
             return None
+        body: dict[str, Any] = {"status": patch}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
         try:
             out = self._call(
                 "PATCH",
                 f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status",
-                body={"status": patch},
+                body=body,
                 content_type="application/merge-patch+json",
             )
         except ApiException as e:
             if e.status == 404:  # deleted meanwhile
                 return None
+            if e.status == 409 and resource_version:
+                metrics.ERRORS.labels(reason="StaleCopy").inc()
+                raise TemporaryError(
+                    f"VLMService {namespace}/{name} changed since resourceVersion {resource_version}: "
+                    "status not written, reconciling again on a fresh copy",
+                    reason="StaleCopy",
+                    delay=1,
+                ) from e
             raise classify(e, f"patch status of VLMService {namespace}/{name}") from e
         return str(((out or {}).get("metadata") or {}).get("resourceVersion") or "")
 
-    def clear_annotation(self, namespace: str, name: str, key: str) -> None:
+    def clear_annotation(self, namespace: str, name: str, key: str) -> str | None:
+        """Remove one annotation; the object's resourceVersion after that (None when it is gone)."""
         try:
-            self._call(
+            out = self._call(
                 "PATCH",
                 f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}",
                 body={"metadata": {"annotations": {key: None}}},
@@ -193,6 +212,8 @@ class Kube:
         except ApiException as e:
             if e.status != 404:
                 raise classify(e, f"clear annotation on {namespace}/{name}") from e
+            return None
+        return str(((out or {}).get("metadata") or {}).get("resourceVersion") or "") or None
 
     def crd_exists(self, name: str) -> bool:
         try:

@@ -41,7 +41,7 @@ class Runtime:
     sidecars: signals.SidecarReader | None = None  # built from the settings when not given
     # uid -> when status.profiler was last recomputed (in memory: at most one read per interval per service)
     profiler_reads: dict[str, float] = field(default_factory=dict)
-    # uid -> the last status written (see `current`)
+    # uid -> the resourceVersion of the last status write (see `current`)
     written: dict[str, Written] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -65,32 +65,28 @@ class Runtime:
             self.profiler_reads.pop(uid, None)
             self.written.pop(uid, None)
 
-    def note_written(self, t: Target, resource_version: str, status: Mapping[str, Any]) -> None:
+    def note_written(self, t: Target, resource_version: str) -> None:
         rv = _rv(resource_version)
         with self._lock:
             if rv is None:
                 self.written.pop(t.uid, None)
             else:
-                self.written[t.uid] = Written(rv, t.generation, status)
+                self.written[t.uid] = Written(rv)
 
-    def current(self, t: Target) -> Target | None:
-        """`t` as of this operator's last status write; None when `t` is a stale copy with nothing new.
+    def current(self, t: Target) -> bool:
+        """False when `t` is a copy older than this operator's last status write of the same object.
 
         kopf hands each handler the body it had when the handler was queued. The create (or update) handler
         and the resync timer of one service can both be queued before the first of them writes; the second
-        then starts from the status before that write and would redo what was just done (a second
-        CanaryStarted, a rollout restarted). A body older than our last write of the same generation is
-        skipped (a fresh copy follows: the watch event of that write, the next timer). One older than our
-        write but with a newer spec is reconciled with the status we wrote, which is the one the API server
-        holds (the status is written by this operator; the plugin's writes are newer, hence not replaced)."""
+        would then start from the status before that write and redo what was just done (a second
+        CanaryStarted, a rollout restarted). Such a copy is skipped: a fresh one follows (the watch event of
+        that write, the next timer). Copies that predate another writer's change (a second replica, the
+        plugin) are caught by the API server instead: the status write is conditional on the copy's
+        resourceVersion (`KubeAPI.patch_status`)."""
         with self._lock:
             w = self.written.get(t.uid)
         rv = _rv(t.resource_version)
-        if w is None or rv is None or rv >= w.resource_version:
-            return t
-        if (t.generation or 0) <= (w.generation or 0):
-            return None
-        return replace(t, status=w.status)
+        return w is None or rv is None or rv >= w.resource_version
 
 
 @dataclass(frozen=True)
@@ -107,11 +103,9 @@ class Target:
 
 @dataclass(frozen=True)
 class Written:
-    """The status this operator last wrote for a service, and the resourceVersion that write made."""
+    """The resourceVersion this operator's last status write of a service made."""
 
     resource_version: int
-    generation: int | None
-    status: Mapping[str, Any]
 
 
 def _rv(text: str | None) -> int | None:
@@ -199,12 +193,10 @@ def _ipc_cache(
 
 
 def reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, *, now: float | None = None) -> None:
-    fresh = rt.current(t)
-    if fresh is None:
+    if not rt.current(t):
         log.debug("skipping a stale copy of %s/%s (resourceVersion %s)", t.namespace, t.name, t.resource_version)
         metrics.STALE_SKIPPED.inc()
         return
-    t = fresh
     started = time.monotonic()
     result = "ok"
     try:
@@ -220,10 +212,10 @@ def _write_status(rt: Runtime, t: Target, new: api.VLMServiceStatus, emit: Emit)
     """One status patch (none when nothing changed); Events for the conditions that flipped."""
     body = S.status_body(new)
     before = t.status.get("conditions") or []
-    rv = rt.kube.patch_status(t.namespace, t.name, t.status, body)
+    rv = rt.kube.patch_status(t.namespace, t.name, t.status, body, resource_version=t.resource_version)
     if rv is None:
         return False
-    rt.note_written(t, rv, body)
+    rt.note_written(t, rv)
     for ev in C.events_for(C.transitions(before, body["conditions"])):
         emit(*ev)
     return True
@@ -314,7 +306,9 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
                 None,
             )
     if action:
-        rt.kube.clear_annotation(t.namespace, t.name, rollout.ANNOTATION_ACTION)
+        rv = rt.kube.clear_annotation(t.namespace, t.name, rollout.ANNOTATION_ACTION)
+        if rv:  # our own write: the status below is conditional on the copy after it
+            t = replace(t, resource_version=rv)
 
     _record_metrics(t, plan, desired, decision)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from vlm_operator import api, builders
 from vlm_operator.apply import is_subset, status_patch
+from vlm_operator.errors import TemporaryError
 from vlm_operator.reconcile import Target
 from vlm_operator.status import Observed, PodInfo
 
@@ -52,6 +53,7 @@ class FakeKube:
     writes: list[Write] = field(default_factory=list)
     free_gpu_calls: int = 0
     revision: int = 0  # the last resourceVersion handed out
+    conflicts: int = 0  # conditional status writes refused (the copy was outdated)
     fail_next: list[Exception] = field(default_factory=list)  # raised by the next writes, in order
 
     # ------------------------------------------------------------- the KubeAPI the reconcile calls
@@ -91,7 +93,8 @@ class FakeKube:
         obj = self.objects.get((api_version, kind, namespace, name))
         return copy.deepcopy(obj) if obj is not None else None
 
-    def patch_status(self, namespace: str, name: str, current: Mapping[str, Any], new: Mapping[str, Any]) -> str | None:
+    def patch_status(self, namespace: str, name: str, current: Mapping[str, Any], new: Mapping[str, Any],
+                     resource_version: str | None = None) -> str | None:
         patch = status_patch(current, new)
         if patch is None:
             return None
@@ -100,6 +103,9 @@ class FakeKube:
             return None
         self._maybe_fail()
         obj = self.objects[key]
+        if resource_version and resource_version != obj["metadata"].get("resourceVersion"):
+            self.conflicts += 1
+            raise TemporaryError(f"{namespace}/{name} changed since {resource_version}", reason="StaleCopy", delay=1)
         obj["status"] = merge_patch(obj.get("status") or {}, patch)
         self.writes.append(Write("status", api.KIND, namespace, name, copy.deepcopy(patch)))
         return self._bump(obj)
@@ -110,13 +116,14 @@ class FakeKube:
         obj["metadata"]["resourceVersion"] = str(self.revision)
         return str(self.revision)
 
-    def clear_annotation(self, namespace: str, name: str, key: str) -> None:
+    def clear_annotation(self, namespace: str, name: str, key: str) -> str | None:
         obj = self.objects.get((f"{api.GROUP}/{api.VERSION}", api.KIND, namespace, name))
         if obj is None:
             return
         self._maybe_fail()
         (obj["metadata"].get("annotations") or {}).pop(key, None)
         self.writes.append(Write("annotation", api.KIND, namespace, name, key))
+        return self._bump(obj)
 
     def crd_exists(self, name: str) -> bool:
         return False

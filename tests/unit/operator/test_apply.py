@@ -123,3 +123,13 @@ def test_free_gpus_subtracts_requests_on_matching_nodes():
     assert apply.Kube(c, "m").free_gpus("H100") == 5
     assert "labelSelector=nvidia.com/gpu.product=H100" in c.calls[0][1]
     assert "spec.nodeName=n1" in c.calls[1][1]
+
+
+def test_a_conditional_status_write_carries_the_copy_s_resource_version_and_a_conflict_is_a_stale_copy():
+    c = FakeApiClient([Resp(200, b'{"metadata": {"resourceVersion": "8"}}'), Resp(409, b"{}", "Conflict")])
+    k = apply.Kube(c, "m")
+    assert k.patch_status("ns", "svc", {}, {"phase": "Ready"}, resource_version="7") == "8"
+    assert c.calls[0][3] == {"status": {"phase": "Ready"}, "metadata": {"resourceVersion": "7"}}
+    with pytest.raises(TemporaryError) as e:
+        k.patch_status("ns", "svc", {}, {"phase": "Pending"}, resource_version="7")
+    assert e.value.reason == "StaleCopy" and e.value.delay <= 1

@@ -259,7 +259,7 @@ def test_rollout_events_follow_the_status_so_a_failed_write_never_posts_them_twi
     assert c.status["rollout"]["phase"] == "Progressing"
 
 
-def test_a_stale_copy_queued_before_a_write_is_skipped_and_a_newer_spec_uses_the_written_status():
+def test_a_stale_copy_queued_before_a_write_is_skipped():
     """kopf queues the create (or update) handler and the resync timer with the body each had: the one that
     runs second must not start from the status before the first one's write (a second CanaryStarted, a
     rollout restarted)."""
@@ -277,13 +277,29 @@ def test_a_stale_copy_queued_before_a_write_is_skipped_and_a_newer_spec_uses_the
     assert [e[1] for e in c.events].count("CanaryStarted") == 1
     reconcile.reconcile(c.rt, queued_timer, c.kube.observed(c.name), emit, now=T0 + 31)
     assert len(c.kube.writes) == writes and [e[1] for e in c.events].count("CanaryStarted") == 1
-    # A copy older than the write but with a newer spec is reconciled, from the status that was written.
-    rollout_before = c.status["rollout"]
-    newer = reconcile.Target(**{**queued_timer.__dict__, "generation": queued_timer.generation + 1,
-                                "spec": {**ROLLOUT, "sglang": {"ipcCache": {"mode": "Off"}}, "replicas": 3}})
-    assert newer.status.get("rollout") is None  # the copy predates the canary
-    reconcile.reconcile(c.rt, newer, c.kube.observed(c.name), emit, now=T0 + 32)
-    assert c.status["rollout"]["startedAt"] == rollout_before["startedAt"]  # the same rollout, not a restart
-    assert [e[1] for e in c.events].count("CanaryStarted") == 1
-    # The current copy is reconciled as usual.
-    c.run(T0 + 45)
+    c.run(T0 + 45)  # the current copy is reconciled as usual
+    assert c.kube.conflicts == 0
+
+
+def test_a_copy_older_than_another_writers_change_never_writes_its_status_or_events():
+    """Another replica (or any other writer) changed the object after this copy was read: the status write
+    is conditional on the copy's resourceVersion, the API server refuses it, nothing is posted, and the
+    retry on a fresh copy plans from what the other writer recorded."""
+    c = Cluster(ROLLOUT, gpus=8)
+    c.run(T0)
+    c.kube.settle(c.name)
+    c.run(T0 + 15)
+    c.kube.update_spec(c.name, {**ROLLOUT, "sglang": {"ipcCache": {"mode": "Off"}}})
+    lagging = c.kube.target(c.name)  # a standby's cached copy
+    other = reconcile.Runtime(kube=c.kube, settings=Settings(), sidecars=c.reader)  # the active replica
+    theirs: list = []
+    reconcile.reconcile(other, c.kube.target(c.name), c.kube.observed(c.name), lambda *e: theirs.append(e),
+                        now=T0 + 30)
+    assert [e[1] for e in theirs].count("CanaryStarted") == 1
+    with pytest.raises(TemporaryError) as e:
+        reconcile.reconcile(c.rt, lagging, c.kube.observed(c.name), lambda *e: c.events.append(e), now=T0 + 31)
+    assert e.value.reason == "StaleCopy" and c.kube.conflicts == 1
+    assert "CanaryStarted" not in [ev[1] for ev in c.events]
+    c.run(T0 + 32)  # the retry, on a fresh copy
+    assert "CanaryStarted" not in [ev[1] for ev in c.events]
+    assert c.status["rollout"]["phase"] == "Progressing"
