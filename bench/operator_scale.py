@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -141,10 +142,33 @@ class Sidecars:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
+def metrics_text(op: OperatorProcess, timeout_s: float = 30.0, tries: int = 4) -> str:
+    """The operator's /metrics, waiting longer than the test helper does and retrying: on a loaded 2-core
+    machine a thousand services' series can take more than a few seconds to come."""
+    for attempt in range(tries):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=timeout_s) as r:
+                return r.read().decode()
+        except OSError as e:
+            if attempt == tries - 1:
+                raise
+            print(f"[bench] reading /metrics failed ({e}), again", file=sys.stderr)
+            time.sleep(2.0)
+    raise AssertionError("unreachable")
+
+
+def metric_sum(op: OperatorProcess, name: str) -> float:
+    total = 0.0
+    for line in metrics_text(op).splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def histogram(op: OperatorProcess, name: str) -> dict[float, float]:
     """le -> cumulative count, summed over label sets."""
     out: dict[float, float] = {}
-    for line in op.metrics().splitlines():
+    for line in metrics_text(op).splitlines():
         if line.startswith(f"{name}_bucket{{"):
             le_text = line.split('le="', 1)[1].split('"', 1)[0]
             le = float("inf") if le_text == "+Inf" else float(le_text)
@@ -177,7 +201,7 @@ def count_objects(api: client.ApiClient, path: str) -> int:
     resp.read()
     if resp.status != 200:
         raise RuntimeError(f"GET {path}: {resp.status} {resp.data[:200]!r}")
-    return len(json.loads(resp.data)["items"])
+    return len(json.loads(resp.data).get("items") or [])  # null when there are none yet
 
 
 def main() -> int:
@@ -241,7 +265,15 @@ def main() -> int:
               f"{rss_peak_kib(op.proc.pid) / 1024:.0f} MiB", file=sys.stderr)
 
         def profiled() -> tuple[int, int]:
-            items = co.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
+            for attempt in range(5):  # a full list of 1000 services can break off on a loaded API server
+                try:
+                    items = co.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _request_timeout=120)["items"]
+                    break
+                except Exception as e:
+                    if attempt == 4:
+                        raise
+                    print(f"[bench] service list failed ({e}), again", file=sys.stderr)
+                    time.sleep(3.0)
             st = [o.get("status") or {} for o in items]
             return (sum(1 for s in st if s.get("observedGeneration")),
                     sum(1 for s in st if (s.get("profiler") or {}).get("lastSampleTime")))
@@ -260,11 +292,11 @@ def main() -> int:
             time.sleep(2)
         t_profiled = time.time() - t0
         time.sleep(30)  # past the first-read burst: dead sidecars are now remembered
-        w0, h0 = op.metric_sum("vlm_operator_api_writes_total"), histogram(op, "vlm_operator_reconcile_duration_seconds")
-        c0, r0, s0 = cpu_seconds(op.proc.pid), op.metric_sum("vlm_operator_reconcile_duration_seconds_count"), time.time()
+        w0, h0 = metric_sum(op, "vlm_operator_api_writes_total"), histogram(op, "vlm_operator_reconcile_duration_seconds")
+        c0, r0, s0 = cpu_seconds(op.proc.pid), metric_sum(op, "vlm_operator_reconcile_duration_seconds_count"), time.time()
         time.sleep(a.steady)
-        w1, h1 = op.metric_sum("vlm_operator_api_writes_total"), histogram(op, "vlm_operator_reconcile_duration_seconds")
-        c1, r1, s1 = cpu_seconds(op.proc.pid), op.metric_sum("vlm_operator_reconcile_duration_seconds_count"), time.time()
+        w1, h1 = metric_sum(op, "vlm_operator_api_writes_total"), histogram(op, "vlm_operator_reconcile_duration_seconds")
+        c1, r1, s1 = cpu_seconds(op.proc.pid), metric_sum(op, "vlm_operator_reconcile_duration_seconds_count"), time.time()
         result = {
             "services": a.count,
             "sidecars_live": len(sidecars.servers) - len(sidecars.dead),
