@@ -21,6 +21,12 @@ arithmetic), the sidecar's average CPU in cores (its own plus py-spy's, from /pr
 py-spy's, sampled every 0.25 s: mean and max) and the sample rate py-spy achieved.
 
     python bench/sidecar_overhead.py [--rounds 5] [--cadence-rounds 3] [--threads 60] [--json out/sidecar_overhead.json]
+
+`--frontend`: the stand-in also runs its front end (bench/standin/frontend.py: the main process's asyncio loop,
+`--standin-cpu-workers` pool workers, the detokenizer; requests come through its HTTP server), and the cadence
+part interleaves three kinds of period: off, the sidecar sampling the schedulers only (VLM_FRONTEND_ROLES=""),
+and the sidecar sampling every role (its defaults): the front end's share of the sidecar's cost is the
+difference. Without it the sidecar samples the schedulers only, as before the front-end roles existed.
 """
 
 from __future__ import annotations
@@ -142,8 +148,9 @@ def get_json(url: str):
 
 
 def cadence_period(on: bool, standin_pid: int, port: int, seconds: float, interval: float, duration: float,
-                   rate: int, threads: int) -> dict:
-    """One period with (on) or without the real sidecar; loop rate from the stand-in's accounting."""
+                   rate: int, threads: int, frontend: bool = False) -> dict:
+    """One period with (on) or without the real sidecar; loop rate from the stand-in's accounting. `frontend`:
+    the sidecar samples the front-end roles too (else VLM_FRONTEND_ROLES="")."""
     side = None
     cpu0 = 0.0
     rss: list[int] = []
@@ -155,6 +162,7 @@ def cadence_period(on: bool, standin_pid: int, port: int, seconds: float, interv
                    VLM_PROFILE_DURATION=f"{duration:g}s", VLM_PROFILE_RATE=str(rate),
                    VLM_DISCOVERY_ROOT_PID=str(standin_pid), VLM_SGLANG_METRICS_URL=f"http://127.0.0.1:{port}/metrics",
                    PYTHONPATH=os.pathsep.join([str(ROOT / "sidecar"), env.get("PYTHONPATH", "")]))
+        env["VLM_FRONTEND_ROLES"] = "tokenizer_manager,tokenizer_worker,mm_processor,detokenizer" if frontend else ""
         side = subprocess.Popen([sys.executable, "-m", "vlm_sidecar"], env=env, stdout=subprocess.DEVNULL,
                                 stderr=open(os.environ.get("SIDECAR_LOG", os.devnull), "ab"))  # noqa: SIM115
         deadline = time.time() + 30
@@ -184,7 +192,11 @@ def cadence_period(on: bool, standin_pid: int, port: int, seconds: float, interv
     acc = accounting(port, start, end)
     ok = [w for w in windows if w.get("samples")]
     # py-spy's "Samples" counts stack traces: with --idle, one per Python thread per sample.
-    return {"mode": "on" if on else "off", "start": start, "end": end, "iterations": acc["iterations"],
+    fe = [w["frontend"] for w in windows if w.get("frontend")]
+    return {"mode": ("on+frontend" if frontend else "on") if on else "off", "start": start,
+            "frontend_windows": len(fe),
+            "frontend_processes": fe[-1]["roles"] and {r: v["processes"] for r, v in fe[-1]["roles"].items()}
+            if fe else None, "end": end, "iterations": acc["iterations"],
             "iter_per_s": acc["iterations"] / max(acc["loop_seconds"], 1e-9) if acc["iterations"] else 0.0,
             "loop_mean_seconds": acc["loop_mean_seconds"], "batches": acc.get("batches"),
             "sidecar_cpu_cores": cpu / (end - start) if on else 0.0,
@@ -203,9 +215,11 @@ def run_cadence(args, standin_pid: int, port: int) -> dict:
     rate = args.cadence_rate or rate
     seconds = interval * args.cadence_cycles
     periods = []
+    kinds = [(False, False), (True, False)] + ([(True, True)] if args.frontend else [])
     for r in range(args.cadence_rounds):
-        for on in ((False, True) if r % 2 == 0 else (True, False)):  # off/on, then on/off: no fixed order
-            p = cadence_period(on, standin_pid, port, seconds, interval, duration, rate, args.threads + 1)
+        order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]  # rotated: no kind always follows another
+        for on, fe in order:
+            p = cadence_period(on, standin_pid, port, seconds, interval, duration, rate, args.threads + 1, fe)
             p["round"] = r
             periods.append(p)
             print(f"cadence round {r} {p['mode']:3s} {p['iter_per_s']:8.2f} it/s  cpu {p['sidecar_cpu_cores']:.3f} "
@@ -215,7 +229,18 @@ def run_cadence(args, standin_pid: int, port: int) -> dict:
     paired = [p["iter_per_s"] / next(b["iter_per_s"] for b in periods if b["mode"] == "off"
                                      and b["round"] == p["round"]) - 1 for p in on]
     rates = [p["sample_rate_hz"] for p in on if p["sample_rate_hz"]]
+    fe = [p for p in periods if p["mode"] == "on+frontend"]
+    frontend = None
+    if fe:
+        fe_paired = [p["iter_per_s"] / next(b["iter_per_s"] for b in periods if b["mode"] == "off"
+                                            and b["round"] == p["round"]) - 1 for p in fe]
+        frontend = {"averaged_loss": -statistics.mean(fe_paired), "averaged_loss_per_round": [-x for x in fe_paired],
+                    "sidecar_cpu_cores_mean": statistics.mean(p["sidecar_cpu_cores"] for p in fe),
+                    "sidecar_rss_max_mib": max(p["rss_max_mib"] for p in fe),
+                    "processes": fe[-1]["frontend_processes"],
+                    "windows": [r for p in fe for r in p["window_results"]]}
     return {"interval_s": interval, "duration_s": duration, "rate_hz": rate, "threads": args.threads,
+            "frontend": frontend,
             "cycles_per_period": args.cadence_cycles, "rounds": args.cadence_rounds,
             "averaged_loss": -statistics.mean(paired), "averaged_loss_per_round": [-x for x in paired],
             "sidecar_cpu_cores_mean": statistics.mean(p["sidecar_cpu_cores"] for p in on),
@@ -237,6 +262,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=60, help="idle threads in the stand-in's scheduler")
     ap.add_argument("--cadence-rate", type=int, default=None, help="py-spy rate for the cadence part "
                     "(default: the operator's)")
+    ap.add_argument("--frontend", action="store_true",
+                    help="run the stand-in's front end and measure the sidecar with front-end sampling too")
     ap.add_argument("--json", default=str(ROOT / "out" / "sidecar_overhead.json"))
     ap.add_argument("standin_args", nargs="*", help="extra stand-in flags (after --)")
     args = ap.parse_args()
@@ -251,6 +278,12 @@ def main() -> int:
            # requests per prefill and runs fewer, longer iterations, so iterations/s would not measure speed.
            "--standin-prefill-ms", "0",
            "--standin-threads", str(args.threads), "--enable-metrics",
+           # The front end light enough to never be the bottleneck (2 images of 2 ms per request), and requests
+           # that never finish at a constant decode cost: iterations/s stays the scheduler's speed whenever the
+           # front end has delivered 8 (an emptied batch would make fast idle iterations, a growing one slower ones).
+           *(["--standin-frontend", "--standin-image-cost-ms", "2", "--standin-request-rate", "5",
+              "--standin-output-tokens", "100000000", "--standin-batch-per-req-ms", "0", "--standin-max-running", "8"]
+             if args.frontend else []),
            *args.standin_args]
     standin = subprocess.Popen(cmd, stdout=subprocess.PIPE)
     try:
@@ -317,6 +350,12 @@ def main() -> int:
         walls = [round(x, 1) for p in c["periods"] for x in p["window_wall_s"]]
         results = [r for p in c["periods"] for r in p["window_results"]]
         print(f"  achieved sample rate: {rate} (asked {c['rate_hz']} Hz); windows {results}, wall s {walls}")
+        if c["frontend"]:
+            f = c["frontend"]
+            per = ", ".join(f"{x * 100:+.2f}%" for x in f["averaged_loss_per_round"])
+            print(f"  with front-end sampling ({f['processes']}): loss {f['averaged_loss'] * 100:.2f}% (per round "
+                  f"{per}), sidecar CPU {f['sidecar_cpu_cores_mean']:.3f} cores, RSS max {f['sidecar_rss_max_mib']:.0f} "
+                  f"MiB, windows {f['windows']}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     print(f"\nwrote {args.json}")

@@ -146,6 +146,24 @@ def panels() -> list[dict]:
                 "reconciles {{result}}"),
         _target("sum by (reason) (rate(vlm_operator_errors_total[$__rate_interval]))", "errors {{reason}}", ref="B"),
         _target("sum(vlm_operator_managed_services)", "managed VLMServices", ref="C")], unit="short"))
+
+    out.append(_row(21, "SGLang front end: tokenizer loop, image processor pool, detokenizer", 57))
+    out.append(_panel(22, "Busy share per role", "timeseries", (0, 58, 12, 8), [
+        _target(f"avg by (revision, role) (vlm_process_busy_share_ratio{{{SEL}}})", "{{revision}} {{role}}")],
+        unit="percentunit", stack=False,
+        description="Share of each profiling window a role was busy (not waiting for work): tokenizer_manager / "
+                    "tokenizer_worker the asyncio loop, mm_processor the fraction of the processor pool busy, "
+                    "detokenizer its loop, scheduler 1 - its idle share. A front-end role near 100% while the "
+                    "scheduler's share is low: the front end is the bottleneck (VLMFrontendSaturated)."))
+    out.append(_panel(23, "Front-end saturation and processes", "timeseries", (12, 58, 12, 8), [
+        _target(f"sum by (role) (vlm_processes{{{SEL}}})", "processes {{role}}"),
+        _target(f"max by (pod, busiest) (vlm_frontend_busy_share_ratio{{{SEL}}})", "busiest {{pod}} {{busiest}}",
+                ref="B"),
+        _target(f"max by (pod) (vlm_frontend_saturated{{{SEL}}})", "saturated {{pod}}", ref="C")],
+        unit="short",
+        description="SGLang processes found per role; the busiest front-end role's busy share and the saturation "
+                    "signal (1: busiest role >= 90% busy while the scheduler idles >= 50%), per pod. Flamegraph "
+                    "per role: the sidecar's /profile/latest.svg?role=ROLE."))
     return out
 
 

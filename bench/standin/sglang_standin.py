@@ -36,6 +36,7 @@ import os
 import random
 import re
 import signal
+import struct
 import sys
 import threading
 import time
@@ -449,6 +450,16 @@ class StandinConfig:
     threads: int = 0  # extra idle threads per scheduler process (SGLang has ~60)
     disable_consecutive_prefill_overlap: bool = False  # SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP
     ipc_cache_broken: bool = False  # a cached pool handle never works: SGLang's uncached retry for every feature
+    # The front end (frontend.py): requests come from its HTTP server instead of the scheduler's own arrivals.
+    frontend: bool = False
+    frontend_port: int = 0
+    cpu_workers: int = 2  # SGLANG_CPU_WORKERS
+    io_workers: int = 4  # SGLANG_IO_WORKERS
+    image_cost_ms: float = 5.0
+    io_ms: float = 1.0
+    tokenize_ms: float = 0.3
+    mm_loop_ms: float = 0.2
+    detokenize_ms: float = 0.02
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -507,6 +518,22 @@ def build_parser() -> argparse.ArgumentParser:
     a("--standin-ipc-cache-broken", action="store_true",
       help="the pool-handle cache is on but a cached handle never works, so every feature takes SGLang's\n"
            "uncached retry and re-opens the handle (a pod told to cache that does not: IPCCacheActive NotObserved)")
+    a("--standin-frontend", action="store_true",
+      help="run SGLang's front end (frontend.py): an HTTP server on an asyncio loop in this process, an IO thread\n"
+           "pool and a forked process pool for images, a detokenizer process and a load generator posting\n"
+           "--standin-request-rate requests; the schedulers receive what it sends")
+    a("--standin-frontend-port", type=int, default=0, help="its HTTP port (0: any free port, announced)")
+    a("--standin-cpu-workers", type=int, default=int(os.environ.get("SGLANG_CPU_WORKERS", "2")),
+      help="process pool workers (env SGLANG_CPU_WORKERS)")
+    a("--standin-io-workers", type=int, default=int(os.environ.get("SGLANG_IO_WORKERS", "4")),
+      help="IO thread pool workers (env SGLANG_IO_WORKERS)")
+    a("--standin-image-cost-ms", type=float, default=5.0,
+      help="process-pool CPU per image (resize, normalize): above cpu-workers / (rate x images) the pool is\n"
+           "the bottleneck")
+    a("--standin-io-ms", type=float, default=1.0, help="IO pool wait per image")
+    a("--standin-tokenize-ms", type=float, default=0.3, help="loop CPU per request (tokenizing)")
+    a("--standin-mm-loop-ms", type=float, default=0.2, help="loop CPU per image in the processor's own code")
+    a("--standin-detokenize-ms", type=float, default=0.02, help="detokenizer CPU per request of a batch")
     a("--standin-stage-metrics", choices=("auto", "on", "off"), default="auto",
       help="serve sglang:scheduler_stage_seconds_total (auto: SGLang >= 0.5.20)")
     return p
@@ -538,6 +565,9 @@ def build_config(argv: list[str], environ: dict[str, str]) -> StandinConfig:
         idle_check_ms=ns.standin_idle_check_ms, threads=max(0, ns.standin_threads),
         disable_consecutive_prefill_overlap=env_bool(environ, "SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP", False),
         ipc_cache_broken=ns.standin_ipc_cache_broken,
+        frontend=ns.standin_frontend, frontend_port=ns.standin_frontend_port, cpu_workers=max(1, ns.standin_cpu_workers),
+        io_workers=max(1, ns.standin_io_workers), image_cost_ms=ns.standin_image_cost_ms, io_ms=ns.standin_io_ms,
+        tokenize_ms=ns.standin_tokenize_ms, mm_loop_ms=ns.standin_mm_loop_ms, detokenize_ms=ns.standin_detokenize_ms,
     )
 
 
@@ -642,8 +672,16 @@ class Scheduler:
     Truth: each stage's time is read at its call sites (outside any decorator), per iteration, and kept in a
     shared ring (end time, duration, seconds per stage, batch kind, flags) plus running totals."""
 
-    def __init__(self, cfg: StandinConfig, rank: int, acct, stats, ring=None) -> None:
+    def __init__(self, cfg: StandinConfig, rank: int, acct, stats, ring=None, inbox=None, detok=None) -> None:
         self.cfg = cfg
+        # With the front end: its requests arrive on `inbox` (frontend.REQ records), and rank 0 tells the
+        # detokenizer about each batch result on `detok` (dropped when its pipe is full: never blocks the loop).
+        self.inbox_fd = inbox.fileno() if inbox is not None else None
+        self.detok_fd = detok.fileno() if detok is not None and rank == 0 else None
+        for fd in (self.inbox_fd, self.detok_fd):
+            if fd is not None:
+                os.set_blocking(fd, False)
+        self.inbuf = b""
         self.rank = rank
         self.acct = acct  # shared array, this rank's slots at base
         self.base = rank * RANK_SLOTS
@@ -710,6 +748,8 @@ class Scheduler:
         return math.inf, int(seconds * self.spins_per_s)
 
     def _arrivals(self) -> list[Req]:
+        if self.inbox_fd is not None:
+            return self._frontend_arrivals()
         now = time.perf_counter()
         reqs = []
         while self.next_arrival <= now:
@@ -718,6 +758,17 @@ class Scheduler:
                             self.cfg.output_tokens, imgs))
             self.next_rid += 1
             self.next_arrival += self._gap()
+        return reqs
+
+    def _frontend_arrivals(self) -> list[Req]:
+        with contextlib.suppress(BlockingIOError):
+            self.inbuf += os.read(self.inbox_fd, 1 << 16)
+        reqs = []
+        size = FRONTEND_REQ.size
+        while len(self.inbuf) >= size:
+            rid, arrival, imgs = FRONTEND_REQ.unpack_from(self.inbuf)
+            self.inbuf = self.inbuf[size:]
+            reqs.append(Req(rid, arrival, imgs * self.cfg.features_per_image, self.cfg.output_tokens, imgs))
         return reqs
 
     # --- the SGLang stages -------------------------------------------------------------------------------
@@ -835,6 +886,9 @@ class Scheduler:
                 done.add(req.rid)
         if done:
             self.batch = [r for r in self.batch if r.rid not in done]
+        if self.detok_fd is not None:
+            with contextlib.suppress(BlockingIOError):
+                os.write(self.detok_fd, FRONTEND_DETOK.pack(self.iterations, len(batch)))
         if self.stats is not None:
             s = self.stats
             off = 2 * (NB + 2)
@@ -1002,10 +1056,13 @@ class Scheduler:
             t = now
 
 
-def run_scheduler_process(cfg: StandinConfig, rank: int, acct, stats, ring=None) -> None:
+def run_scheduler_process(cfg: StandinConfig, rank: int, acct, stats, ring=None, inbox=None, detok=None) -> None:
     """Entry point of one scheduler process (spawned, like SGLang's)."""
     set_title("sglang::scheduler" if cfg.tp == 1 else f"sglang::scheduler_TP{rank}")
-    sched = Scheduler(cfg, rank, acct, stats, ring)
+    if cfg.frontend:  # its pipes keep the front end's forked pool alive: never outlive a killed stand-in
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    sched = Scheduler(cfg, rank, acct, stats, ring, inbox, detok)
 
     def stop(_signum, _frame):
         sched.running = False
@@ -1025,6 +1082,10 @@ def run_scheduler_process(cfg: StandinConfig, rank: int, acct, stats, ring=None)
 
 # ---------------------------------------------------------------------------------------------------------
 # The server process: spawns schedulers, keeps accounting snapshots, serves HTTP
+
+
+FRONTEND_REQ = struct.Struct("<qdi")  # frontend.REQ: rid, arrival (perf_counter), images
+FRONTEND_DETOK = struct.Struct("<qi")  # frontend.DETOK: batch number, requests
 
 
 def window_accounting(snaps: list[tuple], tp: int, start: float | None, end: float | None):
@@ -1190,9 +1251,15 @@ class StandinServer:
         self.stopping = threading.Event()
         self.restarts = 0
         self.failed: str | None = None
+        self.frontend = None  # frontend.TokenizerManager with --standin-frontend
+        self.helpers: list = []  # the detokenizer and load generator processes
+        self.inboxes = [self.ctx.Pipe(duplex=False) for _ in range(cfg.tp)] if cfg.frontend else []
+        self.detok_pipe = self.ctx.Pipe(duplex=False) if cfg.frontend else None
 
     def spawn(self, rank: int) -> None:
-        p = self.ctx.Process(target=run_scheduler_process, args=(self.cfg, rank, self.acct, self.stats, self.ring),
+        extra = (self.inboxes[rank][0], self.detok_pipe[1]) if self.cfg.frontend else ()
+        p = self.ctx.Process(target=run_scheduler_process,
+                             args=(self.cfg, rank, self.acct, self.stats, self.ring, *extra),
                              name=f"scheduler-{rank}", daemon=True)
         p.start()
         self.procs[rank] = p
@@ -1274,6 +1341,12 @@ class StandinServer:
                     end = float(q["end"][0]) if "end" in q else None
                     body = server.accounting(start, end, q.get("durations", ["0"])[0] in ("1", "true"))
                     self._send(200, json.dumps(body))
+                elif url.path == "/standin/frontend" and server.frontend is not None:
+                    now = time.time()
+                    start = float(q["start"][0]) if "start" in q else now - 5
+                    end = float(q["end"][0]) if "end" in q else now
+                    detok = server.helpers[0].pid if server.helpers else None
+                    self._send(200, json.dumps(server.frontend.accounting(start, end, detok)))
                 elif url.path in ("/standin/info", "/get_server_info"):
                     cfg = asdict(server.cfg)
                     self._send(200, json.dumps({"config": cfg, "pids": server.pids(),
@@ -1284,7 +1357,40 @@ class StandinServer:
 
         return Handler
 
+    def start_frontend(self) -> dict:
+        """The front end's pool (forked from this process), detokenizer and load generator; what to announce."""
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import frontend  # next to this file; imported by name so the pool and spawned helpers can find its code
+
+        c = self.cfg
+        fcfg = frontend.FrontendConfig(
+            host=c.host, port=c.frontend_port, request_rate=c.request_rate, arrivals=c.arrivals,
+            images_per_request=c.images_per_request, cpu_workers=c.cpu_workers, io_workers=c.io_workers,
+            image_cost_ms=c.image_cost_ms, io_ms=c.io_ms, tokenize_ms=c.tokenize_ms, mm_loop_ms=c.mm_loop_ms,
+            detokenize_ms=c.detokenize_ms, seed=c.seed)
+        ring = frontend.IntervalRing(self.ctx)
+        self.frontend = frontend.TokenizerManager(fcfg, ring, [w.fileno() for _, w in self.inboxes])
+        port = self.frontend.bind()
+        detok = self.ctx.Process(target=frontend.run_detokenizer,
+                                 args=(ring, self.detok_pipe[0], c.detokenize_ms), name="detokenizer", daemon=True)
+        loadgen = self.ctx.Process(target=frontend.run_loadgen, args=(fcfg, port), name="loadgen", daemon=True)
+        for p in (detok, loadgen):
+            p.start()
+        self.helpers = [detok, loadgen]
+        # Announce once they carry their titles: until then they look like spawned pool workers.
+        deadline = time.time() + 120
+        for p, title in ((detok, b"sglang::detokenizer"), (loadgen, b"standin::loadgen")):
+            while time.time() < deadline and p.is_alive():
+                with contextlib.suppress(OSError), open(f"/proc/{p.pid}/cmdline", "rb") as f:
+                    if f.read().startswith(title):
+                        break
+                time.sleep(0.02)
+        return {"frontend_port": port, "frontend_pids": {"tokenizer_manager": os.getpid(),
+                                                         "mm_processor": self.frontend.worker_pids,
+                                                         "detokenizer": detok.pid, "loadgen": loadgen.pid}}
+
     def serve(self) -> int:
+        announce = self.start_frontend() if self.cfg.frontend else {}
         for rank in range(self.cfg.tp):
             self.spawn(rank)
         # Announce only once every scheduler has its title and runs its loop (heartbeat written), so
@@ -1304,9 +1410,15 @@ class StandinServer:
         print(json.dumps({"msg": "stand-in serving", "port": httpd.server_address[1], "pids": self.pids(),
                           "transport": self.cfg.path.transport, "cache": self.cfg.path.cache,
                           "ipc_cache_broken": self.cfg.ipc_cache_broken,
-                          "version": self.cfg.version}), flush=True)
-        self.stopping.wait()
+                          "version": self.cfg.version, **announce}), flush=True)
+        if self.frontend is not None:
+            self.frontend.run(self.stopping)  # the front end's loop on this MainThread, as SGLang's
+        else:
+            self.stopping.wait()
         httpd.shutdown()
+        for p in self.helpers:
+            if p.is_alive():
+                p.terminate()
         for p in self.procs:
             if p is not None and p.is_alive():
                 p.terminate()

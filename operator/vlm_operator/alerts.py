@@ -124,6 +124,17 @@ def rules(scope: str = "") -> list[dict[str, Any]]:
             "cache buys is lost. Check the SGLang version and the image's env against the flags.",
         ),
         alert(
+            "VLMFrontendSaturated",
+            f"max by (namespace, vlmservice, pod) (vlm_frontend_saturated{_sel('', scope)}) == 1",
+            "10m",
+            "warning",
+            "The SGLang front end of {{ $labels.pod }} is saturated while its scheduler idles",
+            "For 10 minutes the busiest front-end role (the tokenizer loop, the image processor pool or the "
+            "detokenizer) was busy at least 90% of each profiling window while the scheduler idled at least half "
+            "of it: requests wait before they reach the GPU. vlm_frontend_busy_share_ratio{busiest} names the "
+            "role, the sidecar's /profile/latest.svg?role=ROLE shows where its time goes.",
+        ),
+        alert(
             "VLMProfilerStale",
             f"max by (namespace, vlmservice, pod) (vlm_profiler_stale{_sel('', scope)}) == 1",
             "5m",

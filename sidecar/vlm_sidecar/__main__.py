@@ -13,7 +13,7 @@ import time
 
 from vlm_sidecar.collector import ProfileStore
 from vlm_sidecar.config import ConfigError, load_config
-from vlm_sidecar.discovery import discover
+from vlm_sidecar.discovery import discover, discover_roles
 from vlm_sidecar.log import configure as configure_logging
 from vlm_sidecar.log import event
 from vlm_sidecar.runner import Runner
@@ -31,9 +31,16 @@ def main(argv: list[str] | None = None) -> int:
     store = ProfileStore(cfg.history)
     sampler = PySpySampler(cfg.pyspy, cfg.rate_hz, cfg.duration_s, blocking=cfg.blocking,
                            timeout_slack_s=cfg.timeout_slack_s)
+    frontend_sampler = PySpySampler(cfg.pyspy, cfg.frontend_rate_hz, cfg.frontend_duration_s, blocking=cfg.blocking,
+                                    timeout_slack_s=cfg.timeout_slack_s)
     me = os.getpid()
-    runner = Runner(cfg, store, sampler,
-                    lambda: discover(cfg.proc_root, cfg.process_pattern, cfg.discovery_root_pid, me))
+
+    def find():
+        if cfg.frontend_roles:
+            return discover_roles(cfg.proc_root, cfg.process_pattern, cfg.discovery_root_pid, me, cfg.frontend_roles)
+        return discover(cfg.proc_root, cfg.process_pattern, cfg.discovery_root_pid, me)
+
+    runner = Runner(cfg, store, sampler, find, frontend_sampler=frontend_sampler)
     loop = threading.Thread(target=runner.run_forever, name="profiler", daemon=True)
     # A window can take interval + duration + timeout slack; past two intervals the data is stale.
     stale_after = 2 * cfg.interval_s + cfg.duration_s + cfg.timeout_slack_s

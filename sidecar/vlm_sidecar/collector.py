@@ -9,6 +9,10 @@
     vlm_profiler_stale{...,tp_rank="0"} 0.0
 
 Series without a rank (no target found yet) carry tp_rank="", which Prometheus reads as no label.
+The front-end series (vlm_sidecar.roles) carry tp_rank="" and a `role`:
+
+    vlm_process_busy_share_ratio{...,tp_rank="",role="mm_processor"} 0.97
+    vlm_frontend_saturated{...,tp_rank="",role="frontend"} 1.0
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from vlm_sidecar.model import STAGES, WindowSummary
+from vlm_sidecar.model import FRONTEND_ROLES, STAGES, WindowSummary
+from vlm_sidecar.roles import FrontendWindow
 
 LOOP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5,
                 math.inf)
@@ -44,6 +49,8 @@ class StoreSnapshot:
     windows_total: dict[tuple[str, str], float]
     errors_total: dict[tuple[str, str], float]
     windows: list[WindowSummary]
+    frontend: FrontendWindow | None = None
+    frontend_errors_total: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 class ProfileStore:
@@ -57,6 +64,9 @@ class ProfileStore:
         self._ranks: dict[int, RankState] = {}
         self._windows_total: dict[tuple[str, str], float] = {}
         self._errors_total: dict[tuple[str, str], float] = {}
+        self._frontend: deque[FrontendWindow] = deque(maxlen=history)
+        self._role_stacks: dict[tuple[int, str], dict[tuple[str, ...], float]] = {}
+        self._frontend_errors: dict[tuple[str, str], float] = {}
 
     def new_id(self) -> int:
         with self._lock:
@@ -101,6 +111,47 @@ class ProfileStore:
             if stacks:
                 self._stacks[w.id] = dict(stacks)
 
+    def count_frontend_error(self, role: str, kind: str) -> None:
+        with self._lock:
+            self._frontend_errors[(role, kind)] = self._frontend_errors.get((role, kind), 0.0) + 1
+
+    def add_frontend(self, fw: FrontendWindow, stacks: dict[str, dict[tuple[str, ...], float]],
+                     window_ids: list[int]) -> list[WindowSummary]:
+        """Record the front end of one window and attach it to that window's scheduler windows (returned)."""
+        fields = {"frontend": fw.to_json(), "frontend_busy_share": fw.busy_share,
+                  "frontend_saturated": fw.saturated}
+        ids = set(window_ids)
+        with self._lock:
+            if len(self._frontend) == self._frontend.maxlen:
+                old = self._frontend[0].id
+                for key in [k for k in self._role_stacks if k[0] == old]:
+                    del self._role_stacks[key]
+            self._frontend.append(fw)
+            for role, st in stacks.items():
+                if st:
+                    self._role_stacks[(fw.id, role)] = dict(st)
+            for i, w in enumerate(self._windows):
+                if w.id in ids:
+                    self._windows[i] = replace(w, **fields)
+            for rs in self._ranks.values():
+                if rs.last is not None and rs.last.id in ids:
+                    rs.last = replace(rs.last, **fields)
+                if rs.last_ok is not None and rs.last_ok.id in ids:
+                    rs.last_ok = replace(rs.last_ok, **fields)
+            return [w for w in self._windows if w.id in ids]
+
+    def frontend_windows(self) -> list[FrontendWindow]:
+        with self._lock:
+            return list(self._frontend)
+
+    def latest_role_stacks(self, role: str) -> tuple[FrontendWindow, dict[tuple[str, ...], float]] | None:
+        """The newest front-end window with stacks for `role` (its processes' role threads merged)."""
+        with self._lock:
+            for fw in reversed(self._frontend):
+                if (fw.id, role) in self._role_stacks:
+                    return fw, self._role_stacks[(fw.id, role)]
+        return None
+
     def windows(self) -> list[WindowSummary]:
         with self._lock:
             return list(self._windows)
@@ -120,7 +171,8 @@ class ProfileStore:
         with self._lock:
             ranks = {r: RankState(list(s.bucket_counts), s.loop_sum, s.loop_count, s.samples_total, s.last_ok,
                                   s.last, s.effective_rate_hz, dict(s.agreement)) for r, s in self._ranks.items()}
-            return StoreSnapshot(ranks, dict(self._windows_total), dict(self._errors_total), list(self._windows))
+            return StoreSnapshot(ranks, dict(self._windows_total), dict(self._errors_total), list(self._windows),
+                                 self._frontend[-1] if self._frontend else None, dict(self._frontend_errors))
 
 
 def is_stale(rs: RankState | None, now: float, stale_after_s: float) -> bool:
@@ -218,7 +270,62 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
     for (r, kind), v in sorted(snap.errors_total.items()):
         errors.add_metric(lv(r, kind), v)
     return [hist, stage, func, windows, samples, last_ts, errors, rate, stale, agree, agree_max,
-            *per_window.values()]
+            *per_window.values(), *frontend_families(snap, labels)]
+
+
+def frontend_families(snap: StoreSnapshot, labels: dict[str, str]):
+    """The roles' series, from the newest front-end window (none before the first one). Pure."""
+    names = [*labels, "tp_rank", "role"]
+    base = list(labels.values())
+
+    def lv(role: str, *extra: str) -> list[str]:
+        return [*base, "", role, *extra]
+
+    busy = GaugeMetricFamily("vlm_process_busy_share_ratio",
+                             "Share of the window a role's processes were busy (not waiting for work); scheduler: "
+                             "1 - its idle stage share. mm_processor: the fraction of the pool busy.", labels=names)
+    image = GaugeMetricFamily("vlm_frontend_image_processing_share_ratio",
+                              "Share of the tokenizer loop's time in the multimodal processor's own code, last window.",
+                              labels=names)
+    func = GaugeMetricFamily("vlm_process_function_share_ratio",
+                             "Share of a front-end role's time in a function (inclusive or self), last window.",
+                             labels=[*names, "function", "kind"])
+    procs = GaugeMetricFamily("vlm_processes", "SGLang processes found per role, last window.", labels=names)
+    saturated = GaugeMetricFamily("vlm_frontend_saturated",
+                                  "1 when the busiest front-end role was busy >= 90% of the window while the "
+                                  "scheduler idled >= 50%.", labels=names)
+    busiest = GaugeMetricFamily("vlm_frontend_busy_share_ratio",
+                                "Busy share of the busiest front-end role, last window.", labels=[*names, "busiest"])
+    last_ts = GaugeMetricFamily("vlm_frontend_last_window_timestamp_seconds",
+                                "End of the last window that sampled the front end (unix seconds).", labels=names)
+    errors = CounterMetricFamily("vlm_frontend_errors", "Front-end sampling errors by role and kind.",
+                                 labels=[*names, "kind"])
+    fw = snap.frontend
+    if fw is not None:
+        for role in FRONTEND_ROLES:
+            rsum = fw.roles.get(role)
+            if rsum is None:
+                continue
+            procs.add_metric(lv(role), rsum.processes)
+            if rsum.busy_share is not None:
+                busy.add_metric(lv(role), rsum.busy_share)
+            if rsum.image_processing_share is not None:
+                image.add_metric(lv(role), rsum.image_processing_share)
+            for fn, v in rsum.function_shares.items():
+                func.add_metric(lv(role, fn, "inclusive"), v)
+            for fn, v in rsum.self_shares.items():
+                func.add_metric(lv(role, fn, "self"), v)
+        if fw.scheduler_idle_share is not None:
+            busy.add_metric(lv("scheduler"), 1.0 - fw.scheduler_idle_share)
+        procs.add_metric(lv("scheduler"), sum(1 for rs in snap.ranks.values() if rs.last is not None))
+        if fw.saturated is not None:
+            saturated.add_metric(lv("frontend"), 1.0 if fw.saturated else 0.0)
+        if fw.busy_share is not None:
+            busiest.add_metric(lv("frontend", fw.busiest_role or ""), fw.busy_share)
+        last_ts.add_metric(lv("frontend"), fw.end)
+    for (role, kind), v in sorted(snap.frontend_errors_total.items()):
+        errors.add_metric(lv(role, kind), v)
+    return [busy, image, func, procs, saturated, busiest, last_ts, errors]
 
 
 class SidecarCollector:

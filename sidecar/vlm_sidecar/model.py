@@ -57,14 +57,21 @@ class ParsedTrace:
     error: str | None = None  # set when nothing usable came out
 
 
+# The SGLang processes the sidecar tells apart (the `role` label). Schedulers first; the rest make up the
+# request path's front end and back end around them (docs/sidecar.md, "Roles").
+ROLES = ("scheduler", "tokenizer_manager", "tokenizer_worker", "mm_processor", "detokenizer")
+FRONTEND_ROLES = ROLES[1:]
+
+
 @dataclass(frozen=True)
 class Target:
-    """A scheduler process found in /proc."""
+    """An SGLang process found in /proc: a scheduler (with its TP rank) or one of the FRONTEND_ROLES."""
 
     pid: int
     title: str
-    tp_rank: int
+    tp_rank: int  # schedulers only; 0 for the other roles
     start_ticks: int  # /proc/PID/stat starttime: tells a restarted process from a reused pid
+    role: str = "scheduler"
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,11 @@ class WindowSummary:
     feature_transport_share: float | None = None
     ipc_handle_reopen_share: float | None = None
     feature_transport_samples: int | None = None
+    # The front end sampled in the same window (vlm_sidecar.roles.FrontendWindow.to_json()); None when the
+    # sidecar did not sample it. Its busiest role's busy share and the saturation signal, flat for the gate.
+    frontend: dict | None = None
+    frontend_busy_share: float | None = None
+    frontend_saturated: bool | None = None
 
     def to_json(self) -> dict:
         """The /windows.json shape (keys are a contract with the canary gate)."""
@@ -142,4 +154,7 @@ class WindowSummary:
             # The functions this window exported (the watch list plus its top N by self time): a function
             # missing here is unknown for this window, not 0.
             "exported_functions": sorted(self.function_shares),
+            # Only where the front end was sampled in this window: older consumers see the old keys alone.
+            **({"role": "scheduler", "frontend": self.frontend, "frontend_busy_share": self.frontend_busy_share,
+                "frontend_saturated": self.frontend_saturated} if self.frontend is not None else {}),
         }

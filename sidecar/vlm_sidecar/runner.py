@@ -1,5 +1,9 @@
 """The sidecar's loop: every interval, find the schedulers, sample each for one window, store the result.
 
+The front-end processes the discovery returns (roles other than scheduler) are sampled in the same window,
+concurrently, by their own sampler (a lower rate); at most `max_pool_workers` multimodal pool workers per
+window, rotating through the pool. Their faults are counted per role and never fail the schedulers' window.
+
 Every fault ends as a counted error and a window marked stale, never as an exception out of the loop:
 py-spy missing, denied, crashing or hanging; the target exiting mid-window (its partial data is kept
 but marked stale) or restarting (the next window re-discovers it by title); truncated or garbage output.
@@ -14,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+from vlm_sidecar import roles as role_estimators
 from vlm_sidecar import sglang_metrics
 from vlm_sidecar.collector import ProfileStore
 from vlm_sidecar.config import SidecarConfig
@@ -68,10 +73,12 @@ class Runner:
     def __init__(self, cfg: SidecarConfig, store: ProfileStore, sampler,
                  discover: Callable[[], list[Target]],
                  scrape: Callable[[str], str] | None = sglang_metrics.fetch,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, frontend_sampler=None) -> None:
         self.cfg = cfg
         self.store = store
         self.sampler = sampler
+        self.frontend_sampler = frontend_sampler or sampler
+        self.known_frontend: dict[str, int] = {}
         self.discover = discover
         self.scrape = scrape if cfg.sglang_metrics_url else None
         self.clock = clock
@@ -141,18 +148,67 @@ class Runner:
                   tp_rank=target.tp_rank, pid=target.pid, result=result, errors=kinds, error=msg)
         return summary
 
+    def sample_frontend(self, target: Target) -> role_estimators.ProcessWindow | None:
+        """One front-end process's window; None when nothing usable came back (counted per role)."""
+        outcome = self.frontend_sampler.record(target.pid)
+        trace = parse_chrometrace(outcome.output) if outcome.output else None
+        result, kinds, _msg = judge(outcome, trace)
+        for kind in kinds:
+            self.store.count_frontend_error(target.role, kind)
+        if trace is None or result == "error":
+            return None
+        return role_estimators.process_window(trace, target.role, target.pid, result, outcome.ended)
+
+    def _pick_frontend(self, front: list[Target]) -> list[Target]:
+        """Every front-end process except the pool's workers beyond max_pool_workers, rotating per window."""
+        pool = [t for t in front if t.role == "mm_processor"]
+        rest = [t for t in front if t.role != "mm_processor"]
+        n = min(len(pool), self.cfg.max_pool_workers)
+        if n == 0:
+            return rest
+        k = (self.windows_done * n) % len(pool)
+        return rest + (pool[k:] + pool[:k])[:n]
+
+    def _note_frontend(self, front: list[Target]) -> None:
+        counts = {r: sum(1 for t in front if t.role == r) for r in self.cfg.frontend_roles}
+        if counts != self.known_frontend:
+            event("Found front end", **{r: c for r, c in counts.items()})
+        self.known_frontend = counts
+
     def run_window(self) -> list[WindowSummary]:
-        targets = self.discover()
+        found = self.discover()
+        targets = [t for t in found if t.role == "scheduler"]
+        front = [t for t in found if t.role != "scheduler" and t.role in self.cfg.frontend_roles]
         self._note_targets(targets)
         if not targets:
             self.store.count_window("no_target")
             self.store.count_error("no_target")
             return []
+        if front:
+            self._note_frontend(front)
+        sampled = self._pick_frontend(front)
         before = self._scrape()
-        with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="pyspy") as pool:
+        started = self.clock()
+        with ThreadPoolExecutor(max_workers=len(targets) + len(sampled), thread_name_prefix="pyspy") as pool:
+            front_futures = [(t, pool.submit(self.sample_frontend, t)) for t in sampled]
             results = list(pool.map(lambda t: self.sample_target(t, before), targets))
+            front_windows = [(t, f.result()) for t, f in front_futures]
+        if front:
+            results = self._attach_frontend(results, front, front_windows, started)
         self.windows_done += 1
         return results
+
+    def _attach_frontend(self, results: list[WindowSummary], front: list[Target],
+                         front_windows: list[tuple[Target, role_estimators.ProcessWindow | None]],
+                         started: float) -> list[WindowSummary]:
+        summaries, stacks = {}, {}
+        for role in self.cfg.frontend_roles:
+            found = sum(1 for t in front if t.role == role)
+            ws = [w for t, w in front_windows if t.role == role and w is not None]
+            summaries[role], stacks[role] = role_estimators.summarize_role(role, found, ws, self.cfg.top_n)
+        idle = [w.stage_shares["idle"] for w in results if w.result == "ok" and "idle" in w.stage_shares]
+        fw = role_estimators.frontend_window(self.store.new_id(), started, self.clock(), summaries, idle)
+        return self.store.add_frontend(fw, stacks, [w.id for w in results])
 
     # --- the loop ---------------------------------------------------------------------------------------
     def run_forever(self) -> None:
@@ -174,4 +230,6 @@ class Runner:
     def stop(self) -> None:
         self.stop_event.set()
         self.sampler.stop_all()
+        if self.frontend_sampler is not self.sampler:
+            self.frontend_sampler.stop_all()
 

@@ -3,8 +3,9 @@
 GET  /metrics                       Prometheus text, computed at scrape time
 GET  /healthz                       200 while the process serves and the profiling loop thread lives
 GET  /readyz                        same; never depends on finding a scheduler (the pod must stay Ready)
-GET  /profile/latest.svg            flamegraph of the newest window (?tp_rank=N, default 0)
-GET  /profile/latest.json           speedscope JSON (?format=collapsed for collapsed-stack text)
+GET  /profile/latest.svg            flamegraph of the newest window (?tp_rank=N, default 0; ?role=R for a
+                                    front-end role: its processes' role threads merged)
+GET  /profile/latest.json           speedscope JSON (?format=collapsed for collapsed-stack text; ?role=R too)
 GET  /profile/diff.svg?baseline=ID  newest window vs stored window ID
 POST /profile/diff.svg              newest window vs the collapsed stacks in the request body
 GET  /windows.json                  last N window summaries (?limit=N), oldest first
@@ -23,6 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from vlm_sidecar.collector import ProfileStore, SidecarCollector
 from vlm_sidecar.flamegraph import render_diff_svg, render_svg, to_speedscope
+from vlm_sidecar.model import FRONTEND_ROLES
 from vlm_sidecar.parser import format_collapsed, parse_collapsed
 
 MAX_BODY = 16 << 20
@@ -49,6 +51,9 @@ class SidecarHTTP:
             limit = _int(query, "limit", 0)
             ws = [w.to_json() for w in self.store.windows()]
             return 200, "application/json", json.dumps(ws[-limit:] if limit > 0 else ws).encode()
+        role = query.get("role", ["scheduler"])[0] or "scheduler"
+        if path in ("/profile/latest.svg", "/profile/latest.json") and role != "scheduler":
+            return self._role_profile(path, role, query)
         latest = self.store.latest_with_stacks(rank)
         if path == "/profile/latest.svg":
             if latest is None:
@@ -72,6 +77,21 @@ class SidecarHTTP:
                 return 404, "text/plain", f"no stored window {base_id}\n".encode()
             return self._diff(latest, base, f"window {base_id}")
         return 404, "text/plain", b"not found\n"
+
+    def _role_profile(self, path: str, role: str, query: dict[str, list[str]]) -> tuple[int, str, bytes]:
+        if role not in FRONTEND_ROLES:
+            return 400, "text/plain", f"unknown role {role[:40]!r} (scheduler, {', '.join(FRONTEND_ROLES)})\n".encode()
+        latest = self.store.latest_role_stacks(role)
+        if latest is None:
+            return 404, "text/plain", f"no {role} profile yet\n".encode()
+        fw, stacks = latest
+        summary = fw.roles.get(role)
+        title = f"window {fw.id} {role} ({summary.sampled if summary else 0} processes)"
+        if path == "/profile/latest.svg":
+            return 200, "image/svg+xml", render_svg(stacks, title).encode()
+        if query.get("format", ["speedscope"])[0] == "collapsed":
+            return 200, "text/plain", format_collapsed(stacks).encode()
+        return 200, "application/json", json.dumps(to_speedscope(stacks, title)).encode()
 
     def post(self, path: str, query: dict[str, list[str]], body: bytes) -> tuple[int, str, bytes]:
         if path != "/profile/diff.svg":

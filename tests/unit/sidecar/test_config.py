@@ -67,7 +67,7 @@ def test_every_flag_has_help_naming_its_variable():
     from vlm_sidecar.config import ENV_OF, build_parser
 
     actions = [a for a in build_parser({})._actions if a.option_strings and a.dest != "help"]
-    assert len(actions) == 17
+    assert len(actions) == 21
     for a in actions:
         flag = max(a.option_strings, key=len)
         assert a.help and f"[{ENV_OF[flag]}" in a.help, (flag, a.help)
