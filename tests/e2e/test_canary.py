@@ -141,7 +141,8 @@ def test_cache_off_rolled_back_and_harmless_change_promoted(kube, namespace, sta
     assert r["phase"] == "RolledBack", dump(r)
     named = {r.get("regressedStage"), r.get("regressedFunction")}
     assert named & {"process_input_requests", "handle_generate_request", "hash_feature", "reconstruct_on_target_device"}, dump(r)
-    assert warnings(kube, namespace, "CanaryRolledBack")
+    # The rollout's Events follow its status write (an operator stopped in between never posts them twice).
+    wait_for(lambda: warnings(kube, namespace, "CanaryRolledBack"), 30, "the CanaryRolledBack Event", interval=0.5)
 
     h = got[HARMLESS]
     assert h["phase"] == "Promoted", dump(h)

@@ -52,6 +52,9 @@ PANEL_EXCEPTIONS = {
                                                 "failed; nothing fails here",
     ("Operator reconciles and errors", "B"): "vlm_operator_errors_total{reason} only has series once a reconcile "
                                              "failed; nothing fails here",
+    ("Busy share per role", "A"): "front-end sampling (the per-role busy shares) is off by default "
+                                  "(VLM_FRONTEND_ROLES), as the operator's pods run it",
+    ("Front-end saturation and processes", "A"): "vlm_processes{role} comes with front-end sampling, off by default",
     ("Front-end saturation and processes", "B"): "the stand-in pods run no front end (no event loop to be busy)",
     ("Front-end saturation and processes", "C"): "the stand-in pods run no front end (no event loop to be busy)",
 }
