@@ -42,7 +42,7 @@ class Runtime:
     # uid -> when status.profiler was last recomputed (in memory: at most one read per interval per service)
     profiler_reads: dict[str, float] = field(default_factory=dict)
     # uid -> the resourceVersion of the last status write (see `current`)
-    written: dict[str, Written] = field(default_factory=dict)
+    written: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -71,7 +71,7 @@ class Runtime:
             if rv is None:
                 self.written.pop(t.uid, None)
             else:
-                self.written[t.uid] = Written(rv)
+                self.written[t.uid] = rv
 
     def current(self, t: Target) -> bool:
         """False when `t` is a copy older than this operator's last status write of the same object.
@@ -86,7 +86,7 @@ class Runtime:
         with self._lock:
             w = self.written.get(t.uid)
         rv = _rv(t.resource_version)
-        return w is None or rv is None or rv >= w.resource_version
+        return w is None or rv is None or rv >= w
 
 
 @dataclass(frozen=True)
@@ -99,13 +99,6 @@ class Target:
     status: Mapping[str, Any]
     annotations: Mapping[str, str]
     resource_version: str | None = None  # of the body this reconcile was handed
-
-
-@dataclass(frozen=True)
-class Written:
-    """The resourceVersion this operator's last status write of a service made."""
-
-    resource_version: int
 
 
 def _rv(text: str | None) -> int | None:
