@@ -72,13 +72,17 @@ def transitions(before: Sequence[dict], after: Sequence[dict]) -> list[dict]:
 
 
 IPC_NOT_OBSERVED_EVENT = "IPCCacheNotObserved"
+# Degraded reasons whose Event the rollout posts itself, with the verdict's message (rollout.py): the
+# condition's flip would post the same reason a second time.
+ROLLOUT_POSTED = frozenset({"CanaryRolledBack"})
 
 
 def events_for(transitions: Sequence[dict]) -> list[tuple[str, str, str]]:
     """Ready and Degraded flips become Events (type, reason, message): Warnings for trouble, Normal for
     recovery. Replicas still starting and an invalid spec (reported by its own condition) are not news.
     IPCCacheActive turning False/NotObserved (pods told to cache re-open IPC handles) is a Warning
-    `IPCCacheNotObserved`."""
+    `IPCCacheNotObserved`. A Degraded flip whose reason the rollout posts itself (CanaryRolledBack) is
+    not posted again."""
     out = []
     for c in transitions:
         text = f"{c['type']}={c['status']}: {c['message']}"
@@ -88,7 +92,7 @@ def events_for(transitions: Sequence[dict]) -> list[tuple[str, str, str]]:
         elif c["type"] == READY and c["status"] == "True":
             out.append(("Normal", c["reason"], text))
         elif (c["type"] == READY and c["status"] == "False" and c["reason"] != "ReplicasNotReady") or (
-            c["type"] == DEGRADED and c["status"] == "True" and c["reason"] != "InvalidSpec"
+            c["type"] == DEGRADED and c["status"] == "True" and c["reason"] not in ("InvalidSpec", *ROLLOUT_POSTED)
         ):
             out.append(("Warning", c["reason"], text))
     return out

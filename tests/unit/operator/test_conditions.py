@@ -46,12 +46,11 @@ def test_events_for_trouble_and_recovery_only():
         cond("Ready", "False", "ReplicasNotReady", "1/2"),  # pods starting: not news
         cond("Ready", "False", "Unschedulable", "no GPU"),
         cond("Degraded", "True", "InvalidSpec", "x"),  # the Ready=False InvalidSpec event says it
-        cond("Degraded", "True", "CanaryRolledBack", "slower"),
+        cond("Degraded", "True", "CanaryRolledBack", "slower"),  # the rollout's own Event says it
         cond("Degraded", "False", "AsExpected"),
         cond("Progressing", "True", "CanaryAnalysing"),
     ])
     assert evs == [
         ("Normal", "AllReplicasReady", "Ready=True: 2/2"),
         ("Warning", "Unschedulable", "Ready=False: no GPU"),
-        ("Warning", "CanaryRolledBack", "Degraded=True: slower"),
     ]
