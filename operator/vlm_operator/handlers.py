@@ -63,6 +63,7 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.level = logging.WARNING  # our own Events only; kopf still reports handler failures
     settings.watching.server_timeout = 300
     settings.execution.max_workers = HANDLER_THREADS
+    settings.peering.lifetime = SETTINGS.peering_lifetime_seconds  # used with --peering only
     cfg = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=cfg)

@@ -17,6 +17,7 @@
 | VLM_PROFILER_TOLERANCE      | 0.05                             | status.profiler: relative loop change shown |
 | VLM_PROFILER_REFRESH_SECONDS | 1800                            | status.profiler rewritten at least this often |
 | VLM_MONITORING_LABELS       | {} (JSON object)                 | extra labels on PodMonitor/PrometheusRule |
+| VLM_PEERING_LIFETIME_SECONDS | 60                              | --peering: a peer unseen this long is dead |
 
 Read by pydantic-settings: each field of `Settings` is the variable `VLM_<FIELD>` (empty counts as unset).
 `Settings.from_env()` raises `SettingsError` with one line per bad variable, naming it
@@ -101,6 +102,10 @@ class Settings(BaseSettings):
         0.05, ge=0, lt=1, description="status.profiler loopP50/loopP95 are rewritten when they move by more than this")
     profiler_refresh_seconds: float = Field(
         1800.0, gt=0, description="status.profiler is rewritten at least this often while windows arrive")
+    peering_lifetime_seconds: int = Field(
+        60, ge=15, le=3600,
+        description="with --peering: a replica not seen for this long is dead and a standby takes over "
+                    "(keep-alives every lifetime minus 5-10 s)")
     monitoring_labels: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=dict,
         description="extra labels on the PodMonitor and PrometheusRule the operator creates (JSON object), e.g. "

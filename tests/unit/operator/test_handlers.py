@@ -87,3 +87,25 @@ def test_malloc_arenas_limited_unless_the_environment_says(monkeypatch: pytest.M
     assert M._limit_malloc_arenas() is False
     monkeypatch.delenv("MALLOC_ARENA_MAX")
     assert M._limit_malloc_arenas() is True  # glibc (this image) accepts M_ARENA_MAX
+
+
+def test_startup_applies_the_operator_settings_to_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf's own settings come from the operator's: handler threads, our annotation prefix, and the peering
+    lifetime (VLM_PEERING_LIFETIME_SECONDS), which decides how soon a standby replica takes over."""
+
+    class FakeKube:
+        def __init__(self, *_: object) -> None:
+            pass
+
+        def crd_exists(self, _: str) -> bool:
+            return False
+
+    monkeypatch.setattr(H, "SETTINGS", H.SETTINGS.model_copy(update={"peering_lifetime_seconds": 20}))
+    monkeypatch.setattr(H.config, "load_incluster_config", lambda **_: None)
+    monkeypatch.setattr(H, "Kube", FakeKube)
+    settings, memo = kopf.OperatorSettings(), kopf.Memo()
+    assert settings.peering.lifetime == 60  # kopf's default, before
+    H.startup(settings=settings, memo=memo)
+    assert settings.peering.lifetime == 20
+    assert settings.execution.max_workers == H.HANDLER_THREADS
+    assert memo.rt.monitoring is False

@@ -90,6 +90,8 @@ def test_empty_values_are_unset_and_keywords_read_no_environment(monkeypatch):
     ({"VLM_PROFILER_PEERS": "[1]"}, "VLM_PROFILER_PEERS: must be a JSON list of NetworkPolicyPeer objects"),
     ({"VLM_NAMESPACES": "ok,Not_A_Namespace"}, "VLM_NAMESPACES: not a namespace name: 'Not_A_Namespace'"),
     ({"VLM_PROMETHEUS_URL": "prometheus:9090"}, "VLM_PROMETHEUS_URL: not an http(s) URL: 'prometheus:9090'"),
+    ({"VLM_PEERING_LIFETIME_SECONDS": "5"},
+     "VLM_PEERING_LIFETIME_SECONDS: must be greater than or equal to 15 (got '5')"),
 ])
 def test_a_bad_value_is_one_line_naming_the_variable(env, line):
     with pytest.raises(SettingsError) as e:
