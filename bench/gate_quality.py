@@ -610,6 +610,7 @@ def pod_windows(rng: np.random.Generator, noise: Noise, tree: Tree, sc: Scenario
         top = [tree.funcs[j] for j in order[:TOP_N]]
         exported = list(dict.fromkeys([*WATCH, *top]))
         idx = [tree.funcs.index(f) for f in exported]
+        left_out = np.delete(self_k, idx)  # the sidecar's bound for what it did not export
         out.append({
             "revision": revision, "pod": pod, "id": str(k), "tp_rank": 0,
             "start": float(ends[k] - cad.window_s), "end": float(ends[k]),
@@ -620,6 +621,7 @@ def pod_windows(rng: np.random.Generator, noise: Noise, tree: Tree, sc: Scenario
             "function_shares": {f: float(incl[k, j]) for f, j in zip(exported, idx, strict=True)},
             "self_shares": {f: float(self_k[j]) for f, j in zip(exported, idx, strict=True)},
             "exported_functions": exported,
+            "unexported_self_share_max": float(left_out.max()) if left_out.size else 0.0,
             "top_function": tree.funcs[int(order[0])],
             "stale": False, "error": None, "result": "ok",
             "ttft_seconds": float(ttft[k]), "itl_seconds": float(itl[k]), "throughput": float(thr[k]),

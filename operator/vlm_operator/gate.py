@@ -169,6 +169,10 @@ class Window:
     feature_transport_share: float | None = None
     ipc_handle_reopen_share: float | None = None
     feature_transport_samples: int | None = None
+    # Self shares of the exported functions, and the largest self share of any function the sidecar did
+    # not export (the bound that lets a function absent on one side still be compared). None: unknown.
+    self_shares: Mapping[str, float] = field(default_factory=dict)
+    unexported_self_share_max: float | None = None
 
     @classmethod
     def from_sidecar(cls, revision: str, pod: str, d: Any) -> Window:
@@ -210,6 +214,8 @@ class Window:
             feature_transport_share=_share(d.get("feature_transport_share")),
             ipc_handle_reopen_share=_share(d.get("ipc_handle_reopen_share")),
             feature_transport_samples=_nonnegative_int(d.get("feature_transport_samples")),
+            self_shares=_shares(d.get("self_shares")),
+            unexported_self_share_max=_share(d.get("unexported_self_share_max")),
         )
 
 
@@ -388,6 +394,20 @@ class _Unit:
         """Seconds per loop iteration inside each exported function (inclusive share x loop mean)."""
         loop = self.values["loop_latency"]
         return {k: v * loop for k, v in self.function_shares.items()} if loop else {}
+
+    @cached_property
+    def self_seconds(self) -> Mapping[str, float]:
+        """Seconds per loop iteration in each exported function's own code (self share x loop mean)."""
+        loop = self.values["loop_latency"]
+        return {k: v * loop for k, v in _mean_present([w.self_shares for w in self.windows]).items()} if loop else {}
+
+    @cached_property
+    def unexported_self_seconds(self) -> float | None:
+        """At most this many seconds per iteration in the own code of any function this unit's sidecar did
+        not export (the largest bound over its windows); None when a window did not say."""
+        loop = self.values["loop_latency"]
+        cuts = [w.unexported_self_share_max for w in self.windows]
+        return max(cuts) * loop if loop and cuts and None not in cuts else None
 
 
 _SCALAR_FIELDS = {
@@ -778,14 +798,39 @@ def _loop_wide(units: Sequence[_Unit]) -> set[str]:
     return {k for k, v in shares.items() if sum(v) / len(v) >= LOOP_WIDE_SHARE}
 
 
+def _grown_unexported_on_baseline(b: Sequence[_Unit], c: Sequence[_Unit], need: int) -> dict[str, tuple[float, float]]:
+    """Functions the canary's sidecars exported in at least `need` units and the baseline's in fewer (below
+    the baseline's top-N cut in most windows): name -> (a lower bound of their growth, canary mean time).
+    In a baseline unit that did not export one, its self time was at most the unit's stated bound for what
+    it left out (`unexported_self_share_max`), so the baseline mean is at most the mean of the values it has
+    and the bounds where it has none, and the self time grew by at least the canary mean minus that.
+    Nothing for a function when a baseline unit that left it out states no bound."""
+    on_b = _present_lists([u.function_seconds for u in b])
+    selfs = _present_lists([u.self_seconds for u in c])
+    incl = _present_lists([u.function_seconds for u in c])
+    out = {}
+    for k, v in selfs.items():
+        if len(v) < need or k not in incl or len(on_b.get(k, ())) >= need:
+            continue
+        upper = [u.self_seconds.get(k, u.unexported_self_seconds) for u in b]
+        if not upper or None in upper:
+            continue
+        out[k] = (sum(v) / len(v) - sum(upper) / len(upper), sum(incl[k]) / len(incl[k]))  # type: ignore[arg-type]
+    return out
+
+
 def regressed_function(b: Sequence[_Unit], c: Sequence[_Unit]) -> str | None:
     """The function whose time per iteration grew most on the canary, preferring the deepest of
-    near-ties; functions exported on only one side, and loop-wide frames, are not candidates."""
+    near-ties; loop-wide frames are not candidates. A function exported on one side only is compared
+    through the bound the other side's sidecar states for what it left out (a function only the
+    canary exported: its self-time growth is at least its canary self time minus the baseline's bound);
+    without that bound it is unknown there and not a candidate."""
     wide = _loop_wide(b) & _loop_wide(c)
     need = max(1, min(len(b), len(c)) // 2)
+    both = _growth([u.function_seconds for u in b], [u.function_seconds for u in c], min_units=need)
     grown = {
         k: v
-        for k, v in _growth([u.function_seconds for u in b], [u.function_seconds for u in c], min_units=need).items()
+        for k, v in {**_grown_unexported_on_baseline(b, c, need), **both}.items()
         if v[0] > 0 and k not in wide
     }
     if not grown:

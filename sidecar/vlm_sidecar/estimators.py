@@ -140,6 +140,15 @@ def select_functions(incl: dict[str, float], self_: dict[str, float], watch: Seq
     return list(dict.fromkeys([*watch, *top]))
 
 
+def unexported_max(self_: dict[str, float], chosen: Sequence[str]) -> float | None:
+    """The largest self share among the functions not exported (0.0 when none was left out; None with no
+    stack at all): every function missing from a window's export had at most this much of its time."""
+    if not self_:
+        return None
+    kept = set(chosen)
+    return max((v for k, v in self_.items() if k not in kept), default=0.0)
+
+
 def _quantile(sorted_vals: Sequence[float], q: float) -> float:
     """Linear-interpolated quantile of sorted values."""
     if len(sorted_vals) == 1:
@@ -400,5 +409,6 @@ def summarize(trace: ParsedTrace, *, window_id: int, tp_rank: int, pid: int | No
         top_function=top, stale=result != "ok", error=error, result=result, loop_samples=loop.samples_s,
         feature_transport_share=feature_share, ipc_handle_reopen_share=reopen_share,
         feature_transport_samples=feature_samples,
+        unexported_self_share_max=unexported_max(self_, chosen),
     )
     return summary, collapse_segments(segs)

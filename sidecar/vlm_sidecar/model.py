@@ -123,6 +123,9 @@ class WindowSummary:
     frontend: dict | None = None
     frontend_busy_share: float | None = None
     frontend_saturated: bool | None = None
+    # The largest self share of any function this window did not export (0.0: none was left out; None:
+    # no stack seen). A consumer comparing a function exported on one side only bounds the other side by it.
+    unexported_self_share_max: float | None = None
 
     def to_json(self) -> dict:
         """The /windows.json shape (keys are a contract with the canary gate)."""
@@ -154,6 +157,7 @@ class WindowSummary:
             # The functions this window exported (the watch list plus its top N by self time): a function
             # missing here is unknown for this window, not 0.
             "exported_functions": sorted(self.function_shares),
+            "unexported_self_share_max": self.unexported_self_share_max,
             # Only where the front end was sampled in this window: older consumers see the old keys alone.
             **({"role": "scheduler", "frontend": self.frontend, "frontend_busy_share": self.frontend_busy_share,
                 "frontend_saturated": self.frontend_saturated} if self.frontend is not None else {}),

@@ -332,10 +332,13 @@ def test_a_faster_canary_is_promoted_not_held_for_a_share_shift(speedup):
     assert abs(run_batch.delta) < 0.01  # its time per iteration did not change
 
 
-def _nested(revision: str, *, n: int, seed: int, hash_extra: float = 0.0, pods: int = 1, top_n: int = 3):
+def _nested(revision: str, *, n: int, seed: int, hash_extra: float = 0.0, pods: int = 1, top_n: int = 3,
+            bytes_extra: float = 0.0, bound: bool = False):
     """SGLang 0.5.2x-shaped windows: every stage runs under a decorator's `wrapper` frame (inclusive
-    share ~1), hash_feature under handle_generate_request under process_input_requests, and the
-    sidecar exports the watch list plus the top N by self time, a set that changes every window."""
+    share ~1), hash_feature (and its leaf _hash_bytes) under handle_generate_request under
+    process_input_requests, and the sidecar exports the watch list plus the top N by self time, a set
+    that changes every window. `bound`: windows carry self shares and the sidecar's bound for what it
+    left out (unexported_self_share_max), as the sidecar writes them."""
     rng = np.random.default_rng([seed, zlib.crc32(revision.encode())])
     out = []
     for p in range(pods):
@@ -346,14 +349,17 @@ def _nested(revision: str, *, n: int, seed: int, hash_extra: float = 0.0, pods: 
                 "handle_generate_request": 0.0005, "get_next_batch_to_run": 0.0012, "forward": 0.010,
                 "process_batch_result": 0.0024, "sample": 0.0009 * (1 + rng.uniform(0, 2)),
                 "detokenize_step": 0.0009 * (1 + rng.uniform(0, 2)), "wrapper": 0.0001,
+                "_hash_bytes": 0.0003 + 0.020 * bytes_extra,
             }
+            loop *= 1 + bytes_extra
             total = sum(self_t.values())
             sh = {f: v / total for f, v in self_t.items()}
             incl = {
                 "event_loop_overlap": 1.0, "wrapper": 0.99,
-                "process_input_requests": sh["hash_feature"] + sh["handle_generate_request"],
-                "handle_generate_request": sh["hash_feature"] + sh["handle_generate_request"],
-                "hash_feature": sh["hash_feature"], "run_batch": sh["forward"] + sh["sample"],
+                "process_input_requests": sh["hash_feature"] + sh["handle_generate_request"] + sh["_hash_bytes"],
+                "handle_generate_request": sh["hash_feature"] + sh["handle_generate_request"] + sh["_hash_bytes"],
+                "hash_feature": sh["hash_feature"] + sh["_hash_bytes"], "_hash_bytes": sh["_hash_bytes"],
+                "run_batch": sh["forward"] + sh["sample"],
                 "forward": sh["forward"], "sample": sh["sample"], "detokenize_step": sh["detokenize_step"],
                 "recv_requests": sh["recv_requests"], "get_next_batch_to_run": sh["get_next_batch_to_run"],
                 "process_batch_result": sh["process_batch_result"] + sh["detokenize_step"],
@@ -367,6 +373,9 @@ def _nested(revision: str, *, n: int, seed: int, hash_extra: float = 0.0, pods: 
             d = {"id": k, "end": T0 + (k + 1) * 10.0, "samples": 1000, "loop_mean_seconds": loop,
                  "loop_p95_seconds": loop * 1.5, "iterations": 500, "stage_shares": stages,
                  "function_shares": {f: incl.get(f, 0.0) for f in exported}, "stale": False}
+            if bound:
+                d["self_shares"] = {f: sh.get(f, 0.0) for f in exported}
+                d["unexported_self_share_max"] = max(v for f, v in sh.items() if f not in exported)
             out.append(Window.from_sidecar(revision, f"{revision}-{p}", d))
     return out
 
@@ -383,13 +392,33 @@ def test_a_regression_below_a_decorator_names_the_function_not_the_wrapper():
     assert d.regressed_stage == "process_input_requests"
 
 
-def test_a_function_exported_on_one_side_only_is_never_named():
-    base = _nested("stable", n=20, seed=33, pods=3, top_n=0)  # only the watch list and wrappers
-    can = _nested("canary", n=20, seed=34, hash_extra=0.10, top_n=4)
+@pytest.mark.parametrize("bound", [False, True], ids=["no-bound", "bound"])
+def test_a_function_exported_on_one_side_only_is_not_named_for_being_there(bound):
+    """`forward` is the hottest function on both sides but only the canary's sidecar exports it: without
+    the baseline's bound it is unknown there; with it, its growth is bounded by ~0 (its canary self time
+    minus the baseline's bound, which is forward's own share), so it is not named either."""
+    base = _nested("stable", n=20, seed=33, pods=3, top_n=0, bound=bound)  # only the watch list and wrappers
+    can = _nested("canary", n=20, seed=34, hash_extra=0.10, top_n=4, bound=bound)
     d = run(base, can)
     assert d.verdict == "Rollback"
     assert d.regressed_function in ("hash_feature",)
     assert d.regressed_function not in ("forward", "wrapper", "event_loop_overlap")
+
+
+def test_a_regression_in_a_function_only_the_canary_exported_is_named_through_the_bound():
+    """_hash_bytes (a leaf below the watched hash_feature) is below the baseline's top-N cut in every
+    window and at the top on the canary. With the baseline's bound for what it left out, its self-time
+    growth is known to be at least canary minus bound, and it is named; without the bound it cannot be
+    compared and its caller is the deepest function both sides exported."""
+    # Top 6 exported: the bound (the largest self share left out, recv_requests' ~4%) is tight enough.
+    base, can = (_nested("stable", n=30, seed=35, pods=3, bound=True, top_n=6),
+                 _nested("canary", n=30, seed=36, bytes_extra=0.30, bound=True, top_n=6))
+    assert not any("_hash_bytes" in w.function_shares for w in base)
+    assert all("_hash_bytes" in w.function_shares for w in can)
+    d = run(base, can)
+    assert (d.verdict, d.regressed_function) == ("Rollback", "_hash_bytes"), d.message
+    strip = [replace(w, unexported_self_share_max=None) for w in base]
+    assert run(strip, can).regressed_function == "hash_feature"
 
 
 def test_tp_ranks_of_one_pod_count_once():

@@ -14,6 +14,7 @@ from vlm_sidecar.estimators import (
     select_functions,
     stage_runs,
     stage_shares,
+    unexported_max,
 )
 from vlm_sidecar.model import LOOP_STAGES, ParsedTrace, Segment
 
@@ -119,6 +120,16 @@ def test_function_shares_inclusive_self_and_recursion():
     assert self_["hash_feature"] == pytest.approx(0.5) and self_["run_batch"] == pytest.approx(0.5)
     assert "process_input_requests" not in self_
     assert select_functions(incl, self_, ["reconstruct_on_target_device"], 1)[0] == "reconstruct_on_target_device"
+
+
+def test_unexported_max_bounds_every_function_left_out():
+    self_ = {"run_batch": 0.6, "hash_feature": 0.25, "recv_requests": 0.1, "_publish": 0.05}
+    chosen = select_functions({}, self_, ["hash_feature"], 1)
+    assert chosen == ["hash_feature", "run_batch"]
+    assert unexported_max(self_, chosen) == pytest.approx(0.1)  # recv_requests, the largest left out
+    assert all(v <= unexported_max(self_, chosen) for k, v in self_.items() if k not in chosen)
+    assert unexported_max(self_, list(self_)) == 0.0  # nothing left out
+    assert unexported_max({}, []) is None  # no stack: unknown, not 0
 
 
 def test_loop_from_exact_transitions():
