@@ -79,6 +79,11 @@ def _replace_flag(args: list[str], flag: str, value: str) -> list[str]:
     return out
 
 
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().rstrip(b"\0")
+    return dict(kv.split("=", 1) for kv in raw.decode(errors="surrogateescape").split("\0") if "=" in kv)
+
+
 @dataclass
 class Mapped:
     pod: str
@@ -135,6 +140,26 @@ class PodMapper:
             for name in list(self.mapped):
                 self._kill(self.mapped.pop(name))
             self._write()
+
+    def restart_sidecar(self, pod_prefix: str, down_s: float = 4.0) -> str | None:
+        """SIGKILL the sidecar of the first mapped pod named `pod_prefix`..., and start it again after `down_s`
+        with the same command line and environment, as the kubelet restarts a crashed container (the stand-in,
+        SGLang's container, keeps running). The pod's name, or None when no such pod is mapped, or when the pod
+        went away meanwhile (then nothing is started: a sidecar outliving its pod would hold its address)."""
+        with self._lock:
+            m = next((m for name, m in self.mapped.items() if name.startswith(pod_prefix)), None)
+            if m is None:
+                return None
+            cmd, env = m.sidecar.args, _environ(m.sidecar.pid)
+            os.killpg(m.sidecar.pid, signal.SIGKILL)
+            m.sidecar.wait(10)
+        time.sleep(down_s)
+        with self._lock:
+            if self.mapped.get(m.pod) is not m:
+                return None
+            log = open(self.workdir / f"{m.pod}.sidecar.log", "ab")  # noqa: SIM115 - closed with the process
+            m.sidecar = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return m.pod
 
     def sync(self) -> None:
         pods = client.CoreV1Api(self.api).list_namespaced_pod(
