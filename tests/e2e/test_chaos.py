@@ -160,7 +160,8 @@ def install_peering(cluster, namespace: str) -> None:
     assert {c["metadata"]["name"] for c in crds} == {"kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"}, docs
     assert [p["metadata"]["namespace"] for p in peerings] == [namespace], docs
     for c in crds:
-        cluster.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(c))
+        # The chart tests leave these CRDs behind (helm.sh/resource-policy: keep, as in a cluster): take them over.
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump(c))
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                     "crd/kopfpeerings.kopf.dev", "crd/clusterkopfpeerings.kopf.dev")
     cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(peerings[0]))

@@ -157,7 +157,9 @@ def test_cluster_wide_install_crd_and_permission_matrix(cluster, kube, namespace
     assert crd.metadata.labels["app.kubernetes.io/component"] == "crds"
     assert set(spec_properties(crd.to_dict())) == set(crdgen.build_crd()["spec"]["versions"][0]["schema"][
         "openAPIV3Schema"]["properties"]["spec"]["properties"])
-    assert any(c.type == "Established" and c.status == "True" for c in crd.status.conditions)
+    # helm install returns once the CRD is created; the API server marks it Established a moment later.
+    wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in client.ApiextensionsV1Api(kube)
+                         .read_custom_resource_definition(CRD_NAME).status.conditions or []), 30, "CRD Established")
 
     sa, ns, other = release.sa, namespace, other_namespace
     allowed = [
