@@ -821,10 +821,10 @@ def _grown_unexported_on_baseline(b: Sequence[_Unit], c: Sequence[_Unit], need: 
 
 def regressed_function(b: Sequence[_Unit], c: Sequence[_Unit]) -> str | None:
     """The function whose time per iteration grew most on the canary, preferring the deepest of
-    near-ties; loop-wide frames are not candidates. A function exported on one side only is compared
-    through the bound the other side's sidecar states for what it left out (a function only the
-    canary exported: its self-time growth is at least its canary self time minus the baseline's bound);
-    without that bound it is unknown there and not a candidate."""
+    near-ties; loop-wide frames are not candidates. A function the baseline's sidecars (mostly) did not
+    export is compared through the bound they state for what they left out: its self-time growth is at
+    least its canary self time minus that bound. Without the bound it is unknown there and not a
+    candidate; so is a function only the baseline exported (it can only have shrunk or stayed)."""
     wide = _loop_wide(b) & _loop_wide(c)
     need = max(1, min(len(b), len(c)) // 2)
     both = _growth([u.function_seconds for u in b], [u.function_seconds for u in c], min_units=need)
