@@ -59,6 +59,7 @@ class FrontendConfig:
     cpu_workers: int = 2  # SGLANG_CPU_WORKERS
     io_workers: int = 4  # SGLANG_IO_WORKERS
     image_cost_ms: float = 5.0  # pool CPU per image
+    convert_ms: float = 0.0  # pool CPU per image in convert_color, after resize/normalize (a planted regression)
     io_ms: float = 1.0  # IO pool per image (a wait)
     tokenize_ms: float = 0.3  # loop CPU per request
     mm_loop_ms: float = 0.2  # loop CPU per image in the processor's own code
@@ -152,9 +153,20 @@ def normalize(img):
     return (img - img.mean()) / (img.std() + 1e-6)
 
 
-def preprocess_image(cost_ms: float, seed: int) -> int:
-    """Resize and normalize a small image until the image's cost is spent (wall time: exact under contention).
-    A running task is in the ring from its start (end open), so a window's truth counts it."""
+def convert_color(img, ms: float) -> int:
+    """An extra per-image step (a colour conversion a release adds): numpy work for `ms` of wall time."""
+    end = time.perf_counter() + ms / 1e3
+    rounds = 0
+    while time.perf_counter() < end:
+        img = img[..., ::-1] * np.float32(0.5) + np.float32(0.25)
+        rounds += 1
+    return rounds
+
+
+def preprocess_image(cost_ms: float, seed: int, convert_ms: float = 0.0) -> int:
+    """Resize and normalize a small image until the image's cost is spent (wall time: exact under contention),
+    then `convert_ms` in convert_color. A running task is in the ring from its start (end open), so a window's
+    truth counts it."""
     slot = _RING.add(time.time(), math.inf, TAG_POOL) if _RING is not None else None
     end = time.perf_counter() + cost_ms / 1e3
     img = np.random.default_rng(seed).random((96, 96, 3), dtype=np.float32)
@@ -162,6 +174,8 @@ def preprocess_image(cost_ms: float, seed: int) -> int:
     while time.perf_counter() < end:
         img = normalize(resize(img))
         rounds += 1
+    if convert_ms > 0:
+        rounds += convert_color(img, convert_ms)
     if slot is not None:
         _RING.close(slot, time.time())
     return rounds
@@ -195,7 +209,8 @@ class BaseMultimodalProcessor:
         await asyncio.gather(*loads)
         t0 = time.time()
         self._process_and_collect_mm_items(n_images)
-        futs = [asyncio.wrap_future(self.cpu_executor.submit(self.preprocess, self.cfg.image_cost_ms, seed + i))
+        futs = [asyncio.wrap_future(self.cpu_executor.submit(self.preprocess, self.cfg.image_cost_ms, seed + i,
+                                                               self.cfg.convert_ms))
                 for i in range(n_images)]
         self.ring.add(t0, time.time(), self.tag)
         out = await asyncio.gather(*futs)

@@ -456,6 +456,7 @@ class StandinConfig:
     cpu_workers: int = 2  # SGLANG_CPU_WORKERS
     io_workers: int = 4  # SGLANG_IO_WORKERS
     image_cost_ms: float = 5.0
+    image_convert_ms: float = 0.0
     io_ms: float = 1.0
     tokenize_ms: float = 0.3
     mm_loop_ms: float = 0.2
@@ -530,6 +531,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--standin-image-cost-ms", type=float, default=5.0,
       help="process-pool CPU per image (resize, normalize): above cpu-workers / (rate x images) the pool is\n"
            "the bottleneck")
+    a("--standin-image-convert-ms", type=float, default=0.0,
+      help="process-pool CPU per image in a further step, convert_color (a release that adds one: the\n"
+           "front-end regression the canary gate names)")
     a("--standin-io-ms", type=float, default=1.0, help="IO pool wait per image")
     a("--standin-tokenize-ms", type=float, default=0.3, help="loop CPU per request (tokenizing)")
     a("--standin-mm-loop-ms", type=float, default=0.2, help="loop CPU per image in the processor's own code")
@@ -566,7 +570,8 @@ def build_config(argv: list[str], environ: dict[str, str]) -> StandinConfig:
         disable_consecutive_prefill_overlap=env_bool(environ, "SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP", False),
         ipc_cache_broken=ns.standin_ipc_cache_broken,
         frontend=ns.standin_frontend, frontend_port=ns.standin_frontend_port, cpu_workers=max(1, ns.standin_cpu_workers),
-        io_workers=max(1, ns.standin_io_workers), image_cost_ms=ns.standin_image_cost_ms, io_ms=ns.standin_io_ms,
+        io_workers=max(1, ns.standin_io_workers), image_cost_ms=ns.standin_image_cost_ms,
+        image_convert_ms=ns.standin_image_convert_ms, io_ms=ns.standin_io_ms,
         tokenize_ms=ns.standin_tokenize_ms, mm_loop_ms=ns.standin_mm_loop_ms, detokenize_ms=ns.standin_detokenize_ms,
     )
 
@@ -1366,7 +1371,7 @@ class StandinServer:
         fcfg = frontend.FrontendConfig(
             host=c.host, port=c.frontend_port, request_rate=c.request_rate, arrivals=c.arrivals,
             images_per_request=c.images_per_request, cpu_workers=c.cpu_workers, io_workers=c.io_workers,
-            image_cost_ms=c.image_cost_ms, io_ms=c.io_ms, tokenize_ms=c.tokenize_ms, mm_loop_ms=c.mm_loop_ms,
+            image_cost_ms=c.image_cost_ms, convert_ms=c.image_convert_ms, io_ms=c.io_ms, tokenize_ms=c.tokenize_ms, mm_loop_ms=c.mm_loop_ms,
             detokenize_ms=c.detokenize_ms, seed=c.seed)
         ring = frontend.IntervalRing(self.ctx)
         self.frontend = frontend.TokenizerManager(fcfg, ring, [w.fileno() for _, w in self.inboxes])

@@ -151,7 +151,7 @@ def rules(scope: str = "") -> list[dict[str, Any]]:
             "critical",
             "Canary {{ $labels.revision }} of {{ $labels.namespace }}/{{ $labels.vlmservice }} was rolled back "
             "({{ $labels.signal }}, function {{ $labels.function }})",
-            "The canary made the SGLang scheduler slower: signal {{ $labels.signal }} regressed and "
+            "The canary made SGLang slower: signal {{ $labels.signal }} regressed and "
             "{{ $labels.function }} grew most. The stable revision keeps serving; see status.rollout.",
         ),
     ]

@@ -488,6 +488,15 @@ class TelemetrySpec(KubeModel):
         description="Functions whose share is always exported (besides the top N).",
         max_length=32,
     )
+    frontend_roles: list[Literal["tokenizer_manager", "tokenizer_worker", "mm_processor", "detokenizer"]] = Field(
+        default_factory=list,
+        description="SGLang front-end roles the sidecar samples besides the schedulers (the main server process's "
+        "TokenizerManager loop, tokenizer workers, the image processor pool, the detokenizer): their busy shares "
+        "are exported, gated (maxRegression.frontendBusy) and watched by VLMFrontendSaturated. Off by default: "
+        "sampling every role costs the sidecar several times its scheduler-only CPU (docs/sidecar.md).",
+        max_length=4,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
     image: str | None = Field(None, description="Sidecar image override.", pattern=IMAGE_PATTERN, max_length=512)
     network_policy: Literal["Auto", "On", "Off"] = Field(
         "Auto",
@@ -523,6 +532,14 @@ class MaxRegression(KubeModel):
         5.0,
         description="Allowed growth of one scheduler stage's time per loop iteration, in percent of the baseline's "
         "loop time (share x loop latency, so a canary that is faster overall never fails it).",
+        ge=0,
+        le=100,
+    )
+    frontend_busy: float = Field(
+        10.0,
+        description="Allowed growth of one front-end role's busy share (tokenizer manager, tokenizer workers, "
+        "image processor pool, detokenizer), in points; compared only where both revisions' sidecars sample "
+        "the front end (telemetry.frontend).",
         ge=0,
         le=100,
     )

@@ -183,6 +183,8 @@ def _sidecar_container(spec: VLMServiceSpec, image: str) -> dict[str, Any]:
             {"name": "VLM_PROFILE_DURATION", "value": t.duration},
             {"name": "VLM_PROFILE_RATE", "value": str(t.rate)},
             {"name": "VLM_WATCH_FUNCTIONS", "value": ",".join(t.watch_functions)},
+            # Only when set: the default pod template (and so every existing revision) stays as it was.
+            *([{"name": "VLM_FRONTEND_ROLES", "value": ",".join(t.frontend_roles)}] if t.frontend_roles else []),
             {"name": "VLM_SGLANG_METRICS_URL", "value": f"http://127.0.0.1:{SGLANG_PORT}/metrics"},
             _field_env("POD_NAME", "metadata.name"),
             _field_env("POD_NAMESPACE", "metadata.namespace"),

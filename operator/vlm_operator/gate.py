@@ -84,7 +84,13 @@ SIGNALS: Mapping[str, _Spec] = {
     # Time per iteration in one stage (share x loop mean), divided by the baseline's loop mean: a
     # difference of 0.05 means the stage now takes 5% of the old loop time more per iteration.
     "stage_time": _Spec("linear", True, "StageTimeRegressed", "time per iteration"),
+    # Busy share of one front-end role (FRONTEND_ROLES; the sidecar samples them when told to): the fraction
+    # of the role's time not waiting for work, at the traffic both revisions share. A difference of 0.10 means
+    # the role is busy 10 points more of the time. Compared only where both revisions sampled the role.
+    "frontend_busy": _Spec("linear", True, "FrontendBusyRegressed", "front-end busy share", required=False),
 }
+# The SGLang processes around the scheduler whose busy share the gate compares (sidecar vlm_sidecar.roles).
+FRONTEND_ROLES = ("tokenizer_manager", "tokenizer_worker", "mm_processor", "detokenizer")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,6 +179,8 @@ class Window:
     # not export (the bound that lets a function absent on one side still be compared). None: unknown.
     self_shares: Mapping[str, float] = field(default_factory=dict)
     unexported_self_share_max: float | None = None
+    # The front end sampled in the same window (the entry's `frontend.roles`), by role; empty: not sampled.
+    frontend: Mapping[str, RoleSample] = field(default_factory=dict)
 
     @classmethod
     def from_sidecar(cls, revision: str, pod: str, d: Any) -> Window:
@@ -216,7 +224,34 @@ class Window:
             feature_transport_samples=_nonnegative_int(d.get("feature_transport_samples")),
             self_shares=_shares(d.get("self_shares")),
             unexported_self_share_max=_share(d.get("unexported_self_share_max")),
+            frontend=_roles(d.get("frontend")),
         )
+
+
+@dataclass(frozen=True)
+class RoleSample:
+    """One front-end role in one window: its busy share and its threads' function shares (of their time)."""
+
+    busy_share: float
+    function_shares: Mapping[str, float] = field(default_factory=dict)
+    self_shares: Mapping[str, float] = field(default_factory=dict)
+    unexported_self_share_max: float | None = None
+
+
+def _roles(v: Any) -> dict[str, RoleSample]:
+    """The sampled front-end roles of a `/windows.json` entry's `frontend` object (roles without a busy
+    share, unknown roles and malformed values are left out)."""
+    roles = v.get("roles") if isinstance(v, Mapping) else None
+    if not isinstance(roles, Mapping):
+        return {}
+    out = {}
+    for role in FRONTEND_ROLES:
+        r = roles.get(role)
+        busy = _share(r.get("busy_share")) if isinstance(r, Mapping) else None
+        if busy is not None:
+            out[role] = RoleSample(busy, _shares(r.get("function_shares")), _shares(r.get("self_shares")),
+                                   _share(r.get("unexported_self_share_max")))
+    return out
 
 
 @dataclass(frozen=True)
@@ -225,7 +260,8 @@ class GatePolicy:
 
     max_regression: signal -> allowed worsening. Latencies (loop_latency, loop_p95, ttft, itl): relative
         increase (0.03 = 3% slower). throughput: relative drop. stage_time: growth of one stage's time
-        per iteration, as a fraction of the baseline's loop time (0.05 = 5 points).
+        per iteration, as a fraction of the baseline's loop time (0.05 = 5 points). frontend_busy: growth
+        of one front-end role's busy share (0.10 = 10 points).
     confidence: 1 - the false-rollback budget of the whole rollout (spent over steps, looks, signals).
     steps: canary steps of the rollout; each step gets an equal part of the budget.
     min_samples: analysis units (pod windows, TP ranks merged) per revision before any verdict.
@@ -303,6 +339,7 @@ class GatePolicy:
                 "itl": m.itl / 100,
                 "throughput": m.throughput / 100,
                 "stage_time": m.stage_time / 100,
+                "frontend_busy": m.frontend_busy / 100,
             },
             confidence=a.confidence,
             steps=len(spec.rollout.steps),
@@ -408,6 +445,38 @@ class _Unit:
         loop = self.values["loop_latency"]
         cuts = [w.unexported_self_share_max for w in self.windows]
         return max(cuts) * loop if loop and cuts and None not in cuts else None
+
+
+    @cached_property
+    def fns(self) -> _Fns:
+        """The scheduler's exported functions, in seconds per loop iteration."""
+        return _Fns(self.function_seconds, self.self_seconds, self.unexported_self_seconds, self.function_shares)
+
+    @cached_property
+    def frontend_busy(self) -> Mapping[str, float]:
+        """Busy share per sampled front-end role (TP ranks' copies of one front-end window averaged)."""
+        return _mean_present([{r: x.busy_share for r, x in w.frontend.items()} for w in self.windows])
+
+    def role_fns(self, role: str) -> _Fns | None:
+        """One front-end role's exported functions, as shares of its threads' time; None: not sampled."""
+        got = [w.frontend[role] for w in self.windows if role in w.frontend]
+        if not got:
+            return None
+        incl = _mean_present([x.function_shares for x in got])
+        cuts = [x.unexported_self_share_max for x in got]
+        return _Fns(incl, _mean_present([x.self_shares for x in got]), None if None in cuts else max(cuts), incl)
+
+
+@dataclass(frozen=True)
+class _Fns:
+    """One unit's exported functions for attribution: inclusive and self time, in one unit of time per side
+    (scheduler: seconds per loop iteration; front-end role: share of its time); `cut`: at most this much self
+    time in any function left out of the export (None: unknown); `shares`: inclusive shares (loop-wide test)."""
+
+    incl: Mapping[str, float]
+    self_: Mapping[str, float]
+    cut: float | None
+    shares: Mapping[str, float]
 
 
 _SCALAR_FIELDS = {
@@ -599,6 +668,18 @@ def _instances(
                         _pods(b), _pods(c),
                         tuple(_per_loop(u.stage_seconds, k, loop_ref) for u in ref), _pods(ref),
                         _ends(b), _ends(c),
+                    )
+                )
+        elif family == "frontend_busy":
+            for role in FRONTEND_ROLES:
+                vb = tuple(u.frontend_busy.get(role) for u in b)
+                vc = tuple(u.frontend_busy.get(role) for u in c)
+                if not any(v is not None for v in vb) or not any(v is not None for v in vc):
+                    continue  # compared only where both revisions sampled the role
+                out.append(
+                    _Instance(
+                        family, f"{family}:{role}", vb, vc, _pods(b), _pods(c),
+                        tuple(u.frontend_busy.get(role) for u in ref), _pods(ref), _ends(b), _ends(c),
                     )
                 )
     return out
@@ -793,41 +874,40 @@ def _present_lists(maps: Sequence[Mapping[str, float]]) -> dict[str, list[float]
 _NEAR_MAX_GROWTH = 0.8
 
 
-def _loop_wide(units: Sequence[_Unit]) -> set[str]:
-    shares = _present_lists([u.function_shares for u in units])
+def _loop_wide(views: Sequence[_Fns]) -> set[str]:
+    shares = _present_lists([v.shares for v in views])
     return {k for k, v in shares.items() if sum(v) / len(v) >= LOOP_WIDE_SHARE}
 
 
-def _grown_unexported_on_baseline(b: Sequence[_Unit], c: Sequence[_Unit], need: int) -> dict[str, tuple[float, float]]:
+def _grown_unexported_on_baseline(b: Sequence[_Fns], c: Sequence[_Fns], need: int) -> dict[str, tuple[float, float]]:
     """Functions the canary's sidecars exported in at least `need` units and the baseline's in fewer (below
     the baseline's top-N cut in most windows): name -> (a lower bound of their growth, canary mean time).
     In a baseline unit that did not export one, its self time was at most the unit's stated bound for what
     it left out (`unexported_self_share_max`), so the baseline mean is at most the mean of the values it has
     and the bounds where it has none, and the self time grew by at least the canary mean minus that.
     Nothing for a function when a baseline unit that left it out states no bound."""
-    on_b = _present_lists([u.function_seconds for u in b])
-    selfs = _present_lists([u.self_seconds for u in c])
-    incl = _present_lists([u.function_seconds for u in c])
+    on_b = _present_lists([v.incl for v in b])
+    selfs = _present_lists([v.self_ for v in c])
+    incl = _present_lists([v.incl for v in c])
     out = {}
     for k, v in selfs.items():
         if len(v) < need or k not in incl or len(on_b.get(k, ())) >= need:
             continue
-        upper = [u.self_seconds.get(k, u.unexported_self_seconds) for u in b]
+        upper = [u.self_.get(k, u.cut) for u in b]
         if not upper or None in upper:
             continue
         out[k] = (sum(v) / len(v) - sum(upper) / len(upper), sum(incl[k]) / len(incl[k]))  # type: ignore[arg-type]
     return out
 
 
-def regressed_function(b: Sequence[_Unit], c: Sequence[_Unit]) -> str | None:
-    """The function whose time per iteration grew most on the canary, preferring the deepest of
-    near-ties; loop-wide frames are not candidates. A function the baseline's sidecars (mostly) did not
-    export is compared through the bound they state for what they left out: its self-time growth is at
-    least its canary self time minus that bound. Without the bound it is unknown there and not a
-    candidate; so is a function only the baseline exported (it can only have shrunk or stayed)."""
+def _most_grown(b: Sequence[_Fns], c: Sequence[_Fns]) -> str | None:
+    """The function whose time grew most on the canary, preferring the deepest of near-ties; frames around
+    (nearly) all of the time on both sides are not candidates (see regressed_function)."""
+    if not (b and c):
+        return None
     wide = _loop_wide(b) & _loop_wide(c)
     need = max(1, min(len(b), len(c)) // 2)
-    both = _growth([u.function_seconds for u in b], [u.function_seconds for u in c], min_units=need)
+    both = _growth([v.incl for v in b], [v.incl for v in c], min_units=need)
     grown = {
         k: v
         for k, v in {**_grown_unexported_on_baseline(b, c, need), **both}.items()
@@ -838,6 +918,21 @@ def regressed_function(b: Sequence[_Unit], c: Sequence[_Unit]) -> str | None:
     top = max(g for g, _ in grown.values())
     near = [(t, -g, k) for k, (g, t) in grown.items() if g >= _NEAR_MAX_GROWTH * top]
     return min(near)[2]
+
+
+def regressed_function(b: Sequence[_Unit], c: Sequence[_Unit]) -> str | None:
+    """The scheduler function whose time per iteration grew most on the canary, preferring the deepest of
+    near-ties; loop-wide frames are not candidates. A function the baseline's sidecars (mostly) did not
+    export is compared through the bound they state for what they left out: its self-time growth is at
+    least its canary self time minus that bound. Without the bound it is unknown there and not a
+    candidate; so is a function only the baseline exported (it can only have shrunk or stayed)."""
+    return _most_grown([u.fns for u in b], [u.fns for u in c])
+
+
+def regressed_role_function(b: Sequence[_Unit], c: Sequence[_Unit], role: str) -> str | None:
+    """The same for one front-end role: the function whose share of the role's time grew most (the role's
+    own frames around all of its time, `_process_worker` or the event loop's `run`, are not candidates)."""
+    return _most_grown([f for u in b if (f := u.role_fns(role))], [f for u in c if (f := u.role_fns(role))])
 
 
 def regressed_stage(b: Sequence[_Unit], c: Sequence[_Unit]) -> str | None:
@@ -918,9 +1013,12 @@ def decide(
         )
     )
 
-    def attribution() -> tuple[str | None, str | None]:
+    def attribution(signal: str | None = None) -> tuple[str | None, str | None]:
+        """(function, stage) that grew most; for a front-end signal the role's function and no stage."""
         if not (b.units and c.units):
             return None, None
+        if signal is not None and _family(signal) == "frontend_busy":
+            return regressed_role_function(b.units, c.units, signal.split(":", 1)[1]), None
         return regressed_function(b.units, c.units), regressed_stage(b.units, c.units)
 
     decision = _judge(policy, b, c, signals, elapsed, step_duration_s, attribution)
@@ -935,15 +1033,17 @@ def _judge(
     signals: tuple[SignalResult, ...],
     elapsed: float,
     step_duration_s: float,
-    attribution: Callable[[], tuple[str | None, str | None]],
+    attribution: Callable[..., tuple[str | None, str | None]],
 ) -> Decision:
     failed = [s for s in signals if s.verdict == "fail"]
     if failed:
         # Evidence gathered while the canary ran stays evidence even if its profiler went stale since.
         worst = max(failed, key=_severity)
-        fn, stage = attribution()
+        fn, stage = attribution(worst.name)
         msg = f"{_describe(worst)}"
-        if stage or fn:
+        if _family(worst.name) == "frontend_busy":
+            msg += f"; grew most: {worst.name.split(':', 1)[1]} function {fn or 'n/a'}"
+        elif stage or fn:
             msg += f"; grew most: stage {stage or 'n/a'}, function {fn or 'n/a'}"
         return Decision("Rollback", SIGNALS[_family(worst.name)].reason, msg, signals, fn, stage)
 
@@ -1007,7 +1107,7 @@ def _at_max_duration(
     why: str,
     *,
     data_missing: bool,
-    attribution: Callable[[], tuple[str | None, str | None]],
+    attribution: Callable[..., tuple[str | None, str | None]],
 ) -> Decision:
     reason = "MaxDurationReached"
     action = policy.on_inconclusive

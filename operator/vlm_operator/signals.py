@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from http.client import HTTPException
 from typing import Any
 
-from .gate import Window
+from .gate import FRONTEND_ROLES, Window
 
 log = logging.getLogger("vlm_operator.signals")
 SIDECAR_PORT = 9400
@@ -373,6 +373,53 @@ _WINDOW_GAUGES = {
 _KEY = "pod, revision, tp_rank"
 
 
+# A front-end window ends just after the scheduler windows it ran beside (the sidecar summarizes it last).
+_FRONTEND_ATTACH_S = 10.0
+
+
+def _attach_frontend(series: Callable[..., list[dict[str, Any]]], windows: dict[tuple[str, str, str, float],
+                                                                                dict[str, Any]]) -> None:
+    """Give each scheduler window the front-end window sampled beside it (`frontend.roles`, as the sidecar's
+    /windows.json has it: busy shares and inclusive function shares per role), when the sidecar samples the
+    front end. The front-end gauges describe the newest front-end window, identified by
+    `vlm_frontend_last_window_timestamp_seconds`; each is read at the first step that shows it."""
+    ends = series("vlm_frontend_last_window_timestamp_seconds", by="pod, revision")
+    if not ends:
+        return  # front-end sampling is off: no further queries
+    at: dict[tuple[str, str], dict[float, float]] = {}  # (pod, revision) -> {t: front-end window end}
+    for sr in ends:
+        k = (sr["metric"].get("pod", ""), sr["metric"].get("revision", ""))
+        first: dict[float, float] = {}
+        for t, v in sr["values"]:
+            first.setdefault(float(v), float(t))
+        at[k] = {t: end for end, t in first.items()}
+    roles: dict[tuple[str, str, float], dict[str, dict[str, Any]]] = {}
+
+    def put(sr: Mapping[str, Any], apply: Callable[[dict[str, Any], float], None]) -> None:
+        m = sr["metric"]
+        role = m.get("role", "")
+        by_t = at.get((m.get("pod", ""), m.get("revision", "")))
+        if role not in FRONTEND_ROLES or not by_t:
+            return
+        for t, v in sr["values"]:
+            end = by_t.get(float(t))
+            if end is not None and v not in ("NaN", "+Inf", "-Inf"):
+                apply(roles.setdefault((m["pod"], m["revision"], end), {}).setdefault(role, {}), float(v))
+
+    for sr in series("vlm_process_busy_share_ratio", by="pod, revision, role"):
+        put(sr, lambda r, v: r.__setitem__("busy_share", v))
+    for sr in series("vlm_process_function_share_ratio", ',kind="inclusive"', by="pod, revision, role, function"):
+        fn = sr["metric"].get("function", "")
+        put(sr, lambda r, v, fn=fn: r.setdefault("function_shares", {}).__setitem__(fn, v))
+    by_pod: dict[tuple[str, str], list[float]] = {}
+    for pod, revision, end in roles:
+        by_pod.setdefault((pod, revision), []).append(end)
+    for (pod, revision, _rank, end), d in windows.items():
+        near = [e for e in by_pod.get((pod, revision), ()) if end - 1.0 <= e <= end + _FRONTEND_ATTACH_S]
+        if near:
+            d["frontend"] = {"roles": roles[(pod, revision, min(near))]}
+
+
 def from_prometheus(
     base: str, namespace: str, service: str, revisions: Sequence[str], *, since: float, now: float, step: float
 ) -> list[Window]:
@@ -433,6 +480,7 @@ def from_prometheus(
     for sr in series("vlm_scheduler_function_share_ratio", ',kind="inclusive"', by=f"{_KEY}, function"):
         fn = sr["metric"].get("function", "")
         assign(sr, lambda d, v, fn=fn: d["function_shares"].__setitem__(fn, v))
+    _attach_frontend(series, windows)
     out = []
     for (pod, revision, rank, end), d in sorted(windows.items()):
         if "loop_mean_seconds" not in d:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from vlm_sidecar.estimators import function_shares, select_functions
+from vlm_sidecar.estimators import function_shares, select_functions, unexported_max
 from vlm_sidecar.model import FRONTEND_ROLES, ParsedTrace, Segment
 from vlm_sidecar.parser import collapse_segments, function_name
 
@@ -138,13 +138,17 @@ class RoleSummary:
     # time the shares describe, shorter than the window by py-spy's start and write.
     observed_seconds: float | None = None
     sampled_until: float | None = None
+    # The largest self share of a function not exported (0.0 when none was left out, None without samples):
+    # the canary gate's bound for a function one revision's export left out.
+    unexported_self_share_max: float | None = None
 
     def to_json(self) -> dict:
         return {"processes": self.processes, "sampled": self.sampled, "pids": list(self.pids),
                 "observed_seconds": self.observed_seconds, "sampled_until": self.sampled_until,
                 "busy_share": self.busy_share, "busy_share_max": self.busy_share_max,
                 "image_processing_share": self.image_processing_share,
-                "function_shares": dict(self.function_shares), "self_shares": dict(self.self_shares)}
+                "function_shares": dict(self.function_shares), "self_shares": dict(self.self_shares),
+                "unexported_self_share_max": self.unexported_self_share_max}
 
 
 def summarize_role(role: str, found: int, windows: Iterable[ProcessWindow], top_n: int,
@@ -164,7 +168,8 @@ def summarize_role(role: str, found: int, windows: Iterable[ProcessWindow], top_
         image_processing_share=image, function_shares={f: incl.get(f, 0.0) for f in chosen},
         self_shares={f: self_.get(f, 0.0) for f in chosen},
         observed_seconds=sum(w.observed_us for w in ws) / len(ws) / 1e6 if ws else None,
-        sampled_until=max((w.ended for w in ws if w.ended is not None), default=None))
+        sampled_until=max((w.ended for w in ws if w.ended is not None), default=None),
+        unexported_self_share_max=unexported_max(self_, chosen))
     return summary, collapse_segments(segs)
 
 

@@ -34,6 +34,14 @@ def _window_values(pod: str, k: int) -> dict[str, float]:
     return {"loop": base + k * 1e-5, "ttft": 0.5 + k / 1000, "share": 0.5 + k / 1000}
 
 
+FE_POD, FE_LAG = "svc-canary-b", 4.0
+
+
+def _frontend_values(k: int) -> dict[str, float]:
+    """Busy shares per role of front-end window k (the scheduler role is not a front-end role: left out)."""
+    return {"mm_processor": 0.3 + k / 1000, "tokenizer_manager": 0.1 + k / 1000, "scheduler": 0.9}
+
+
 def _openmetrics(scrape_every: float, *, phase: float) -> str:
     """The sidecar's per-window gauges as scraped every `scrape_every` s. Window k ends at
     T0 + k * WINDOW_EVERY; a scrape at time t sees the last window that ended at or before t."""
@@ -61,6 +69,23 @@ def _openmetrics(scrape_every: float, *, phase: float) -> str:
             put("vlm_scheduler_stage_share_ratio", v["share"], ',stage="run_batch"')
             put("vlm_scheduler_stage_share_ratio", 1 - v["share"], ',stage="idle"')
             put("vlm_scheduler_function_share_ratio", 0.1, ',function="hash_feature",kind="inclusive"')
+            # The canary's sidecar samples the front end: its window ends FE_LAG s after the scheduler's, so a
+            # scrape in between still shows the previous one (tp_rank="", a role per series).
+            kf = k if t >= end + FE_LAG else k - 1
+            if pod == FE_POD and kf >= 0:
+                fl = f'namespace="ml",vlmservice="svc",pod="{pod}",revision="{rev}",tp_rank=""'
+                fe = _frontend_values(kf)
+
+                def putf(name: str, value: float, extra: str, fl=fl, t=t) -> None:
+                    fams.setdefault(name, []).append(f"{name}{{{fl}{extra}}} {value} {t:.3f}")
+
+                putf("vlm_frontend_last_window_timestamp_seconds", T0 + kf * WINDOW_EVERY + FE_LAG, ',role="frontend"')
+                for role, busy in fe.items():
+                    putf("vlm_process_busy_share_ratio", busy, f',role="{role}"')
+                putf("vlm_process_function_share_ratio", fe["mm_processor"] / 2,
+                     ',role="mm_processor",function="convert_color",kind="inclusive"')
+                putf("vlm_process_function_share_ratio", 0.01,
+                     ',role="mm_processor",function="convert_color",kind="self"')
         t += scrape_every
     lines = []
     for name, samples in fams.items():
@@ -138,6 +163,30 @@ def test_one_observation_per_window_at_the_shipped_cadence(prometheus):
             assert w.stage_shares["run_batch"] == pytest.approx(v["share"])
             assert w.function_shares == {"hash_feature": pytest.approx(0.1)}
             assert w.revision == PODS[pod] and not w.stale
+
+
+def test_front_end_windows_join_the_scheduler_windows_they_ran_beside(prometheus):
+    """Each canary window gets the front-end window that ended FE_LAG s after it (not the one the scrape showed
+    at the same instant, which lags by a window), with its busy shares and inclusive function shares; the
+    stable pod's sidecar samples no front end and its windows have none."""
+    base, scrape = prometheus
+    ws = signals.from_prometheus(base, "ml", "svc", ["rev1", "rev2"], since=T0, now=T0 + N_WINDOWS * WINDOW_EVERY + 20,
+                                 step=WINDOW_EVERY / 3)
+    assert all(w.frontend == {} for w in ws if w.pod != FE_POD)
+    mine = [w for w in ws if w.pod == FE_POD]
+    assert len(mine) == N_WINDOWS
+    last_scrape = max(T0 + 3.0 + j * scrape for j in range(int(N_WINDOWS * WINDOW_EVERY / scrape) + 1)
+                      if T0 + 3.0 + j * scrape < T0 + N_WINDOWS * WINDOW_EVERY)
+    for w in mine:
+        k = round((w.end - T0) / WINDOW_EVERY)
+        want = _frontend_values(k)
+        if w.end + FE_LAG > last_scrape:  # its front-end window was never scraped
+            assert w.frontend == {}, (scrape, k)
+            continue
+        assert set(w.frontend) == {"mm_processor", "tokenizer_manager"}, (scrape, k)
+        assert w.frontend["mm_processor"].busy_share == pytest.approx(want["mm_processor"]), (scrape, k)
+        assert w.frontend["tokenizer_manager"].busy_share == pytest.approx(want["tokenizer_manager"]), (scrape, k)
+        assert w.frontend["mm_processor"].function_shares == {"convert_color": pytest.approx(want["mm_processor"] / 2)}
 
 
 def test_slower_scrape_than_windows_loses_windows_but_never_duplicates(prometheus):

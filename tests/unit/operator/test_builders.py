@@ -278,3 +278,17 @@ def test_sidecar_uid_follows_telemetry_run_as_user():
     sc = _containers(_desired({"model": {"path": "m"}, "telemetry": {"runAsUser": 1000}}))["profiler"]["securityContext"]
     assert sc["runAsUser"] == 1000 and sc["runAsNonRoot"] is True
     assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+
+
+def test_front_end_sampling_reaches_the_sidecar_only_when_asked_for():
+    def env(spec):
+        d = _desired(spec)
+        return d.revision, {e["name"]: e.get("value") for e in _containers(d)["profiler"]["env"]}
+
+    rev, plain = env({"model": {"path": "m"}})
+    assert "VLM_FRONTEND_ROLES" not in plain  # the default pod template, and so its revision, is unchanged
+    assert rev == env({"model": {"path": "m"}, "telemetry": {"frontendRoles": []}})[0]
+    rev2, on = env({"model": {"path": "m"}, "telemetry": {"frontendRoles": ["mm_processor", "tokenizer_manager"]}})
+    assert on["VLM_FRONTEND_ROLES"] == "mm_processor,tokenizer_manager" and rev2 != rev
+    with pytest.raises(ValueError, match="frontendRoles"):  # the CRD's enum refuses it first
+        _desired({"model": {"path": "m"}, "telemetry": {"frontendRoles": ["scheduler"]}})

@@ -686,3 +686,91 @@ def test_fresh_baseline_uses_the_stable_pods_to_know_how_much_pods_differ():
     real = _offset_pods("canary", [0.0], n=30, seed=63, effect=0.25)
     assert decide(fresh, real, POLICY, started_at=T0, now=T0 + 301, step_duration_s=STEP,
                   spread_reference=stable).verdict == "Rollback"
+
+
+# -- the front end (maxRegression.frontendBusy) ---------------------------------------------------
+
+FE_POLICY = replace(POLICY, max_regression={"loop_latency": 0.03, "stage_time": 0.05, "frontend_busy": 0.10})
+
+
+def _pool(busy: float, convert: float, cut: float | None) -> dict:
+    """The image processor pool's role entry: workers `busy` of the time, `convert` of it in convert_color
+    (a step only the canary has, so only its sidecar exports it), the rest in resize and normalize."""
+    work = busy - convert
+    fns = {"_process_worker": 1.0, "preprocess_image": busy, "normalize": 0.55 * work, "resize": 0.4 * work,
+           "get": 1.0 - busy}
+    selfs = {"normalize": 0.55 * work, "resize": 0.4 * work, "get": 1.0 - busy}
+    if convert > 0:
+        fns["convert_color"] = selfs["convert_color"] = convert
+    return {"busy_share": busy, "function_shares": fns, "self_shares": selfs, "unexported_self_share_max": cut}
+
+
+def with_frontend(ws: list[Window], *, busy: float, convert: float = 0.0, loop_busy: float = 0.2,
+                  sd: float = 0.02, seed: int = 0, cut: float | None = 0.01) -> list[Window]:
+    """The same windows with a front end sampled beside each: pool busy share `busy` (+ window noise), the
+    tokenizer loop `loop_busy`."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for w in ws:
+        b = min(1.0, max(0.0, busy + rng.normal(0, sd)))
+        roles = {"mm_processor": _pool(b, min(convert, b), cut),
+                 "tokenizer_manager": {"busy_share": loop_busy + rng.normal(0, sd / 2),
+                                       "function_shares": {"run": 1.0, "handle_generate_request": loop_busy}}}
+        out.append(Window.from_sidecar(w.revision, w.pod, {
+            "id": w.id, "tp_rank": w.tp_rank, "end": w.end, "samples": w.samples,
+            "loop_mean_seconds": w.loop_mean_seconds, "loop_p95_seconds": w.loop_p95_seconds,
+            "iterations": w.iterations, "stage_shares": dict(w.stage_shares),
+            "function_shares": dict(w.function_shares), "frontend": {"id": 1, "roles": roles}}))
+    return out
+
+
+def test_a_slower_image_preprocessing_is_rolled_back_naming_the_front_end_function():
+    """The scheduler is unchanged; the canary's pool spends 12 more points of its time per image in a new
+    convert_color step, which only the canary's sidecar exports (compared through the baseline's bound)."""
+    base = with_frontend(windows("stable", n=30, pods=3, seed=41), busy=0.30, seed=1)
+    can = with_frontend(windows("canary", n=30, seed=42), busy=0.42, convert=0.12, seed=2)
+    d = run(base, can, FE_POLICY)
+    assert (d.verdict, d.reason) == ("Rollback", "FrontendBusyRegressed"), d.message
+    assert (d.regressed_function, d.regressed_stage) == ("convert_color", None)
+    assert "front-end busy share of mm_processor" in d.message and "mm_processor function convert_color" in d.message
+    sig = {s.name: s for s in d.signals}
+    assert sig["frontend_busy:mm_processor"].delta == pytest.approx(0.12, abs=0.02)
+    assert sig["frontend_busy:tokenizer_manager"].verdict != "fail"
+    assert sig["loop_latency"].verdict != "fail"
+    # Without the baseline's bound, convert_color cannot be compared: the deepest frame both exported grew.
+    assert run([replace(w, frontend={r: replace(x, unexported_self_share_max=None) for r, x in w.frontend.items()})
+                for w in base], can, FE_POLICY).regressed_function == "preprocess_image"
+
+
+def test_a_faster_front_end_is_promoted():
+    base = with_frontend(windows("stable", n=30, pods=3, seed=43, sd=0.01), busy=0.40, seed=3)
+    can = with_frontend(windows("canary", n=30, seed=44, sd=0.01), busy=0.20, seed=4)
+    d = run(base, can, FE_POLICY)
+    assert (d.verdict, d.reason) == ("Promote", "NoRegression"), d.message
+    assert next(s for s in d.signals if s.name == "frontend_busy:mm_processor").verdict == "pass"
+
+
+def test_a_front_end_sampled_on_one_side_only_is_not_compared_and_costs_nothing():
+    """Front-end sampling turned on with the canary (telemetry.frontendRoles is part of the pod template):
+    the baseline has no front-end windows, so the family is left out, as it is when nobody samples it."""
+    base = windows("stable", n=30, pods=3, seed=45, sd=0.01)
+    can = windows("canary", n=30, seed=46, sd=0.01)
+    plain = run(base, can, FE_POLICY)
+    one_side = run(base, with_frontend(can, busy=0.9, seed=5), FE_POLICY)
+    assert (plain.verdict, one_side.verdict) == ("Promote", "Promote")
+    assert not any(s.name.startswith("frontend_busy") for s in [*plain.signals, *one_side.signals])
+    without = run(base, can, POLICY)
+    assert plain.signals[0].ci_low == without.signals[0].ci_low  # no budget spent on an absent family
+
+
+def test_from_sidecar_reads_the_front_end_roles_and_drops_garbage():
+    good = Window.from_sidecar("r", "p", {"frontend": {"roles": {
+        "mm_processor": _pool(0.3, 0.0, 0.01), "detokenizer": {"busy_share": 0.05},
+        "scheduler": {"busy_share": 0.9},  # not a front-end role
+        "tokenizer_worker": {"busy_share": "high"}, "bogus": {"busy_share": 0.5}}}})
+    assert set(good.frontend) == {"mm_processor", "detokenizer"}
+    assert good.frontend["mm_processor"].busy_share == 0.3
+    assert good.frontend["mm_processor"].unexported_self_share_max == 0.01
+    assert good.frontend["detokenizer"].function_shares == {}
+    for junk in (None, [], {"roles": []}, {"roles": {"mm_processor": 3}}, {"roles": {"mm_processor": {"busy_share": -1}}}):
+        assert Window.from_sidecar("r", "p", {"frontend": junk}).frontend == {}
