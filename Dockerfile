@@ -50,6 +50,16 @@ RUN python -m venv /opt/vlm \
  && /opt/vlm/bin/pip install --no-cache-dir --no-index "${whl}" \
  && /opt/vlm/bin/pip check
 
+# ---- pyspy: the sidecar's py-spy, 0.4.3 from its crates.io source (sha256-pinned) with
+# hack/patches/py-spy-0.4.3-vlm.patch (`record --main-thread`, no per-sample scan of every OS thread),
+# built with its own Cargo.lock by the same script CI uses (docs/sidecar.md, "CPU cost"). It replaces
+# the PyPI wheel's binary in the sidecar image; the output format is the same.
+FROM rust:1.95.0-bookworm AS pyspy
+WORKDIR /build
+COPY hack/build-pyspy.sh hack/
+COPY hack/patches/ hack/patches/
+RUN bash hack/build-pyspy.sh /out/py-spy /build/work
+
 # ---- operator: non-root, nothing writable needed (readOnlyRootFilesystem in the chart) ----
 FROM ${PYTHON_IMAGE} AS operator
 # Global ARGs are not in scope after FROM until declared again (for the base.name label).
@@ -98,6 +108,7 @@ LABEL org.opencontainers.image.title="vlm-sidecar" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 COPY --from=sidecar-venv /opt/vlm /opt/vlm
+COPY --from=pyspy /out/py-spy /opt/vlm/bin/py-spy
 ENV PATH=/opt/vlm/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1

@@ -48,9 +48,17 @@ sys.path.insert(0, str(ROOT / "sidecar"))
 from vlm_sidecar.config import DEFAULT_DURATION_S, DEFAULT_RATE_HZ  # noqa: E402
 from vlm_sidecar.estimators import summarize  # noqa: E402
 from vlm_sidecar.parser import parse_chrometrace  # noqa: E402
-from vlm_sidecar.sampler import PySpySampler  # noqa: E402
+from vlm_sidecar.sampler import PySpySampler, supports_main_thread  # noqa: E402
 
 MODES = ("none", "nonblocking", "blocking")
+
+
+def default_pyspy() -> str | None:
+    """The py-spy the sidecar image ships (built by hack/build-binaries.sh), when it was built here."""
+    out = subprocess.run(["bash", str(ROOT / "hack" / "build-binaries.sh"), "--print-pyspy-dir"],
+                         capture_output=True, text=True, check=False).stdout.strip()
+    path = Path(out) / "py-spy" if out else None
+    return str(path) if path and os.access(path, os.X_OK) else None
 
 
 def free_port() -> int:
@@ -77,14 +85,14 @@ def self_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def run_segment(mode: str, pid: int, port: int, duration: float, rate: int) -> dict:
+def run_segment(mode: str, pid: int, port: int, duration: float, rate: int, pyspy: str | None = None) -> dict:
     c0, s0 = children_cpu(), self_cpu()
     start = time.time()
     samples = None
     if mode == "none":
         time.sleep(duration)
     else:
-        sampler = PySpySampler(None, rate, duration, blocking=(mode == "blocking"))
+        sampler = PySpySampler(pyspy, rate, duration, blocking=(mode == "blocking"))
         out = sampler.record(pid)
         if out.output:
             summarize(parse_chrometrace(out.output), window_id=1, tp_rank=0, pid=pid, start=out.started,
@@ -148,9 +156,11 @@ def get_json(url: str):
 
 
 def cadence_period(on: bool, standin_pid: int, port: int, seconds: float, interval: float, duration: float,
-                   rate: int, threads: int, frontend: bool = False) -> dict:
+                   rate: int, threads: int, frontend: bool = False, pyspy: str | None = None,
+                   label: str | None = None) -> dict:
     """One period with (on) or without the real sidecar; loop rate from the stand-in's accounting. `frontend`:
-    the sidecar samples the front-end roles too (else VLM_FRONTEND_ROLES="")."""
+    the sidecar samples the front-end roles too (else VLM_FRONTEND_ROLES=""). `pyspy`: the py-spy binary the
+    sidecar runs (VLM_PYSPY); `label`: the period's mode name instead of on / on+frontend."""
     side = None
     cpu0 = 0.0
     rss: list[int] = []
@@ -163,6 +173,8 @@ def cadence_period(on: bool, standin_pid: int, port: int, seconds: float, interv
                    VLM_DISCOVERY_ROOT_PID=str(standin_pid), VLM_SGLANG_METRICS_URL=f"http://127.0.0.1:{port}/metrics",
                    PYTHONPATH=os.pathsep.join([str(ROOT / "sidecar"), env.get("PYTHONPATH", "")]))
         env["VLM_FRONTEND_ROLES"] = "tokenizer_manager,tokenizer_worker,mm_processor,detokenizer" if frontend else ""
+        if pyspy:
+            env["VLM_PYSPY"] = pyspy
         side = subprocess.Popen([sys.executable, "-m", "vlm_sidecar"], env=env, stdout=subprocess.DEVNULL,
                                 stderr=open(os.environ.get("SIDECAR_LOG", os.devnull), "ab"))  # noqa: SIM115
         deadline = time.time() + 30
@@ -193,7 +205,7 @@ def cadence_period(on: bool, standin_pid: int, port: int, seconds: float, interv
     ok = [w for w in windows if w.get("samples")]
     # py-spy's "Samples" counts stack traces: with --idle, one per Python thread per sample.
     fe = [w["frontend"] for w in windows if w.get("frontend")]
-    return {"mode": ("on+frontend" if frontend else "on") if on else "off", "start": start,
+    return {"mode": (label or ("on+frontend" if frontend else "on")) if on else "off", "start": start,
             "frontend_windows": len(fe),
             "frontend_processes": fe[-1]["roles"] and {r: v["processes"] for r, v in fe[-1]["roles"].items()}
             if fe else None, "end": end, "iterations": acc["iterations"],
@@ -215,11 +227,17 @@ def run_cadence(args, standin_pid: int, port: int) -> dict:
     rate = args.cadence_rate or rate
     seconds = interval * args.cadence_cycles
     periods = []
-    kinds = [(False, False), (True, False)] + ([(True, True)] if args.frontend else [])
+    # (on, front end, py-spy, label)
+    kinds = [(False, False, None, None), (True, False, args.pyspy, None)]
+    kinds += [(True, True, args.pyspy, None)] if args.frontend else []
+    kinds += [(True, False, args.compare_pyspy, "on+compare")] if args.compare_pyspy else []
     for r in range(args.cadence_rounds):
         order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]  # rotated: no kind always follows another
-        for on, fe in order:
-            p = cadence_period(on, standin_pid, port, seconds, interval, duration, rate, args.threads + 1, fe)
+        for on, fe, pyspy, label in order:
+            # py-spy's Samples count one stack per sampled thread per round: with --main-thread, one.
+            sampled = 1 if pyspy and supports_main_thread(pyspy) else args.threads + 1
+            p = cadence_period(on, standin_pid, port, seconds, interval, duration, rate, sampled, fe,
+                               pyspy, label)
             p["round"] = r
             periods.append(p)
             print(f"cadence round {r} {p['mode']:3s} {p['iter_per_s']:8.2f} it/s  cpu {p['sidecar_cpu_cores']:.3f} "
@@ -239,7 +257,20 @@ def run_cadence(args, standin_pid: int, port: int) -> dict:
                     "sidecar_rss_max_mib": max(p["rss_max_mib"] for p in fe),
                     "processes": fe[-1]["frontend_processes"],
                     "windows": [r for p in fe for r in p["window_results"]]}
+    cmp = [p for p in periods if p["mode"] == "on+compare"]
+    compare = None
+    if cmp:
+        c_paired = [p["iter_per_s"] / next(b["iter_per_s"] for b in periods if b["mode"] == "off"
+                                           and b["round"] == p["round"]) - 1 for p in cmp]
+        c_rates = [p["sample_rate_hz"] for p in cmp if p["sample_rate_hz"]]
+        compare = {"pyspy": args.compare_pyspy, "averaged_loss": -statistics.mean(c_paired),
+                   "averaged_loss_per_round": [-x for x in c_paired],
+                   "sidecar_cpu_cores_mean": statistics.mean(p["sidecar_cpu_cores"] for p in cmp),
+                   "sidecar_rss_max_mib": max(p["rss_max_mib"] for p in cmp),
+                   "sample_rate_hz_mean": statistics.mean(c_rates) if c_rates else None,
+                   "windows": [r for p in cmp for r in p["window_results"]]}
     return {"interval_s": interval, "duration_s": duration, "rate_hz": rate, "threads": args.threads,
+            "native_threads": args.native_threads, "pyspy": args.pyspy, "compare": compare,
             "frontend": frontend,
             "cycles_per_period": args.cadence_cycles, "rounds": args.cadence_rounds,
             "averaged_loss": -statistics.mean(paired), "averaged_loss_per_round": [-x for x in paired],
@@ -260,6 +291,13 @@ def main() -> int:
     ap.add_argument("--cadence-rounds", type=int, default=3, help="off/on pairs at the operator's cadence (0: skip)")
     ap.add_argument("--cadence-cycles", type=int, default=2, help="sampling intervals per off or on period")
     ap.add_argument("--threads", type=int, default=60, help="idle threads in the stand-in's scheduler")
+    ap.add_argument("--native-threads", type=int, default=0,
+                    help="native idle threads in the stand-in's scheduler (CUDA, NCCL, OpenMP in a real one)")
+    ap.add_argument("--pyspy", default=default_pyspy(),
+                    help="the py-spy the sidecar runs (default: the sidecar image's build from "
+                         "hack/build-binaries.sh when built, else py-spy on PATH)")
+    ap.add_argument("--compare-pyspy", default=None,
+                    help="a second py-spy (e.g. the PyPI wheel's) measured in its own interleaved periods")
     ap.add_argument("--cadence-rate", type=int, default=None, help="py-spy rate for the cadence part "
                     "(default: the operator's)")
     ap.add_argument("--frontend", action="store_true",
@@ -277,7 +315,8 @@ def main() -> int:
            # Every iteration the same decode step: with the prefill/decode mix a slowed loop takes in more
            # requests per prefill and runs fewer, longer iterations, so iterations/s would not measure speed.
            "--standin-prefill-ms", "0",
-           "--standin-threads", str(args.threads), "--enable-metrics",
+           "--standin-threads", str(args.threads), "--standin-native-threads", str(args.native_threads),
+           "--enable-metrics",
            # The front end light enough to never be the bottleneck (2 images of 2 ms per request), and requests
            # that never finish at a constant decode cost: iterations/s stays the scheduler's speed whenever the
            # front end has delivered 8 (an emptied batch would make fast idle iterations, a growing one slower ones).
@@ -294,7 +333,7 @@ def main() -> int:
         for r in range(args.rounds):
             order = MODES[r % 3:] + MODES[: r % 3]  # rotate so no mode always follows another
             for mode in order:
-                seg = run_segment(mode, pid, port, args.duration, args.rate)
+                seg = run_segment(mode, pid, port, args.duration, args.rate, args.pyspy)
                 seg["round"] = r
                 segments.append(seg)
                 print(f"round {r} {mode:12s} {seg['iter_per_s']:8.2f} it/s", file=sys.stderr, flush=True)
@@ -341,7 +380,8 @@ def main() -> int:
         c = cadence
         print(f"\nat the operator's cadence ({c['duration_s']:g} s windows every {c['interval_s']:g} s at "
               f"{c['rate_hz']} Hz), real vlm-sidecar vs none, {c['rounds']} interleaved off/on rounds of "
-              f"{c['cycles_per_period']} intervals, stand-in with {c['threads']} idle threads:")
+              f"{c['cycles_per_period']} intervals, stand-in with {c['threads']} idle Python threads and "
+              f"{c['native_threads']} native ones; py-spy {c['pyspy'] or 'on PATH'}:")
         per = ", ".join(f"{x * 100:+.2f}%" for x in c["averaged_loss_per_round"])
         rate = f"{c['sample_rate_hz_mean']:.0f} Hz" if c["sample_rate_hz_mean"] else "n/a"
         print(f"  loop throughput loss averaged: {c['averaged_loss'] * 100:.2f}% (per round {per})")
@@ -356,6 +396,13 @@ def main() -> int:
             print(f"  with front-end sampling ({f['processes']}): loss {f['averaged_loss'] * 100:.2f}% (per round "
                   f"{per}), sidecar CPU {f['sidecar_cpu_cores_mean']:.3f} cores, RSS max {f['sidecar_rss_max_mib']:.0f} "
                   f"MiB, windows {f['windows']}")
+        if c["compare"]:
+            f = c["compare"]
+            per = ", ".join(f"{x * 100:+.2f}%" for x in f["averaged_loss_per_round"])
+            rate = f"{f['sample_rate_hz_mean']:.0f} Hz" if f["sample_rate_hz_mean"] else "n/a"
+            print(f"  with py-spy {f['pyspy']}: loss {f['averaged_loss'] * 100:.2f}% (per round {per}), sidecar CPU "
+                  f"{f['sidecar_cpu_cores_mean']:.3f} cores, RSS max {f['sidecar_rss_max_mib']:.0f} MiB, rate {rate}, "
+                  f"windows {f['windows']}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     print(f"\nwrote {args.json}")

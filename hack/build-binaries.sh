@@ -6,7 +6,7 @@
 # module (docs/testbed.md). Binaries live outside the repo, keyed by
 # version, so a second run is a no-op and nothing built is ever committed.
 #
-# Usage: hack/build-binaries.sh [--print-dir]
+# Usage: hack/build-binaries.sh [--print-dir | --print-pyspy-dir]
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.34.4}"
@@ -18,6 +18,8 @@ CACHE="${VLM_CACHE:-$HOME/.cache/vlm-operator}"
 BIN="$CACHE/bin"
 
 if [[ "${1:-}" == "--print-dir" ]]; then echo "$BIN"; exit 0; fi
+# The directory holding only the sidecar's py-spy (build_pyspy), for PATH.
+if [[ "${1:-}" == "--print-pyspy-dir" ]]; then echo "$CACHE/pyspy"; exit 0; fi
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 command -v go >/dev/null || { echo "[build-binaries] go not found; need Go >= 1.24 (k8s $K8S_VERSION)" >&2; exit 1; }
@@ -167,7 +169,19 @@ build_prometheus_operator() {
   ln -sfn "$crds" "$CACHE/prometheus-operator-crds"
 }
 
+build_pyspy() {
+  # The sidecar image's py-spy (hack/build-pyspy.sh: crates.io source plus hack/patches/py-spy-*-vlm.patch),
+  # keyed by the patch's hash; tests/conftest.py puts it first on PATH, so the tests sample with it.
+  local key; key="0.4.3-vlm-$(sha256sum "$(dirname "$0")/patches/py-spy-0.4.3-vlm.patch" | cut -c1-12)"
+  if ! have py-spy "$key"; then
+    bash "$(dirname "$0")/build-pyspy.sh" "$BIN/py-spy-$key" "$CACHE/src/py-spy"
+  fi
+  mkdir -p "$CACHE/pyspy"
+  ln -sf "$BIN/py-spy-$key" "$CACHE/pyspy/py-spy"
+}
+
 start=$(date +%s)
+build_pyspy
 build_etcd
 build_goinstall kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
 kwok_stages

@@ -1,5 +1,6 @@
 """Shared pytest configuration: loads the control-plane fixtures (tests/cluster.py) for every tier."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -17,5 +18,14 @@ for _p in reversed(_PKGS):
     sys.path.insert(0, _p)
 for _m in [m for m in sys.modules if m.split(".")[0] in ("vlm_operator", "vlm_sidecar")]:
     del sys.modules[_m]
+
+# Sample with the py-spy the sidecar image ships (hack/build-binaries.sh builds it; `make test` runs that
+# first): first on PATH, for this process and every sidecar, stand-in and benchmark it starts.
+# tests/unit/sidecar/test_sampler.py fails, with the command to run, when it was not built.
+_PYSPY_DIR = Path.home() / ".cache" / "vlm-operator" / "pyspy"
+if "VLM_CACHE" in os.environ:
+    _PYSPY_DIR = Path(os.environ["VLM_CACHE"]) / "pyspy"
+if (_PYSPY_DIR / "py-spy").exists() and str(_PYSPY_DIR) not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = f"{_PYSPY_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
 
 pytest_plugins = ["tests.cluster"]

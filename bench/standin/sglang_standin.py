@@ -448,6 +448,7 @@ class StandinConfig:
     ingest_ms: float = 0.05  # ingest_requests' own bookkeeping (0.5.20+), counted as "other"
     idle_check_ms: float = 0.05  # check_memory / invariant checks inside the idle method
     threads: int = 0  # extra idle threads per scheduler process (SGLang has ~60)
+    native_threads: int = 0  # native (non-Python) idle threads per scheduler process
     disable_consecutive_prefill_overlap: bool = False  # SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP
     ipc_cache_broken: bool = False  # a cached pool handle never works: SGLang's uncached retry for every feature
     # The front end (frontend.py): requests come from its HTTP server instead of the scheduler's own arrivals.
@@ -502,6 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--standin-threads", type=int, default=0,
       help="idle threads per scheduler process, waiting on events/conditions/queues (SGLang has ~60):\n"
            "what py-spy has to walk on every sample")
+    a("--standin-native-threads", type=int, default=0,
+      help="native threads per scheduler process (pthreads blocked in pause(); CUDA, NCCL and OpenMP threads\n"
+           "in a real scheduler): listed in /proc/PID/task, not Python threads")
     a("--standin-hash-feature-ms", type=float, default=0.3)
     a("--standin-ttft-delay-ms", type=float, default=0.0,
       help="extra time before each request's first token, outside the scheduler loop (a slow front end: "
@@ -567,6 +571,7 @@ def build_config(argv: list[str], environ: dict[str, str]) -> StandinConfig:
         prefill_ms=ns.standin_prefill_ms, prefill_per_req_ms=ns.standin_prefill_per_req_ms,
         text_prefill_ms=ns.standin_text_prefill_ms, sample_ms=ns.standin_sample_ms, ingest_ms=ns.standin_ingest_ms,
         idle_check_ms=ns.standin_idle_check_ms, threads=max(0, ns.standin_threads),
+        native_threads=max(0, ns.standin_native_threads),
         disable_consecutive_prefill_overlap=env_bool(environ, "SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP", False),
         ipc_cache_broken=ns.standin_ipc_cache_broken,
         frontend=ns.standin_frontend, frontend_port=ns.standin_frontend_port, cpu_workers=max(1, ns.standin_cpu_workers),
@@ -618,6 +623,27 @@ class Batch:
 
 KIND_CODE = {None: 0, "decode": 1, "prefill": 2}
 KIND_NAMES = ("idle", "decode", "prefill")
+
+
+def start_native_threads(n: int) -> int:
+    """N native threads (pthreads blocked in pause(), never holding the GIL), as most of a real scheduler's
+    threads are (CUDA, NCCL, OpenMP, gloo): in /proc/PID/task but not in the interpreter's thread list.
+    Returns how many started."""
+    if n <= 0:
+        return 0
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.pthread_create.argtypes = [ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_void_p,
+                                    ctypes.c_void_p]
+    start = ctypes.cast(libc.pause, ctypes.c_void_p)  # void *(*)(void *): pause ignores the argument
+    started = 0
+    for _ in range(n):
+        tid = ctypes.c_ulong()
+        if libc.pthread_create(ctypes.byref(tid), None, start, None) != 0:
+            break
+        started += 1
+    return started
 
 
 def start_idle_threads(n: int) -> list[threading.Thread]:
@@ -716,6 +742,7 @@ class Scheduler:
             owner = self.request_receiver if name == "recv_requests" else self
             setattr(owner, name, types.MethodType(decorate_stage(func, name, self.shape.wrappers), owner))
         self.idle_threads = start_idle_threads(cfg.threads)
+        self.native_threads = start_native_threads(cfg.native_threads)
         self.spins_per_s = calibrate_spins() if cfg.cost_model == "work" else None
         if cfg.transport == "cuda":
             self.transport = load_cuda_transport(cfg.path.cache, cfg.feature_bytes, rank)

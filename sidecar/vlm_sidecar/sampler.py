@@ -1,15 +1,18 @@
 """Runs one py-spy window against one pid and classifies what went wrong.
 
-`py-spy record --nonblocking --idle -f chrometrace -d DURATION -r RATE -p PID -o FILE`:
+`py-spy record --nonblocking --idle --nolineno -f chrometrace -d DURATION -r RATE -p PID -o FILE`:
 nonblocking so the scheduler is never paused (blocking mode costs loop throughput, see
 bench/sidecar_overhead.py); idle so a sleeping scheduler is sampled as idle instead of its last busy
-stack being stretched over the gap; chrometrace because it is the only format that keeps time.
+stack being stretched over the gap; chrometrace because it is the only format that keeps time;
+`--main-thread` where the py-spy has it (the sidecar image's build: `supports_main_thread`), so py-spy's
+cost does not grow with the target's other threads.
 py-spy writes its output only at the end: SIGINT makes it write, SIGTERM would lose it, so a window
 that overruns gets SIGINT first and SIGKILL only after a grace period.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -81,13 +84,30 @@ def classify_failure(returncode: int | None, stderr: str, target_alive: bool) ->
     return None
 
 
+@functools.cache
+def supports_main_thread(pyspy: str) -> bool:
+    """True when this py-spy has `record --main-thread` (the sidecar image's build, hack/build-pyspy.sh): it
+    then reads only each process's main thread, where SGLang runs every loop the sidecar measures (the
+    scheduler's, the TokenizerManager's uvloop, a pool worker's, the detokenizer's), instead of walking every
+    Python thread on every sample. A py-spy without it (the PyPI wheel) samples every thread, as before."""
+    try:
+        out = subprocess.run([pyspy, "record", "--help"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--main-thread" in out.stdout
+
+
 class PySpySampler:
     """One window per call to `record`; safe to call from several threads (one per TP rank)."""
 
     def __init__(self, pyspy: str | None, rate_hz: int, duration_s: float, *, blocking: bool = False,
                  idle: bool = True, timeout_slack_s: float = 10.0, grace_s: float = 5.0,
-                 clock: Callable[[], float] = time.time, pid_alive: Callable[[int], bool] | None = None) -> None:
+                 clock: Callable[[], float] = time.time, pid_alive: Callable[[int], bool] | None = None,
+                 main_thread: bool | None = None) -> None:
         self.pyspy = find_pyspy(pyspy)
+        # None: whenever the binary supports it.
+        self.main_thread = (supports_main_thread(self.pyspy) if self.pyspy else False) if main_thread is None \
+            else main_thread
         self.rate_hz = rate_hz
         self.duration_s = duration_s
         self.blocking = blocking
@@ -101,12 +121,16 @@ class PySpySampler:
 
     def command(self, pid: int, out: str) -> list[str]:
         # py-spy's -d takes whole seconds; a window shorter than 1 s is rounded up.
+        # --nolineno: the sidecar reads function and file names only; line numbers cost py-spy a read of the
+        # code object's line table per frame per sample (about 15% of its CPU on the 0.5.23 stand-in).
         cmd = [self.pyspy or "py-spy", "record", "-p", str(pid), "-o", out, "-f", "chrometrace",
-               "-r", str(self.rate_hz), "-d", str(max(1, round(self.duration_s)))]
+               "-r", str(self.rate_hz), "-d", str(max(1, round(self.duration_s))), "--nolineno"]
         if not self.blocking:
             cmd.append("--nonblocking")
         if self.idle:
             cmd.append("--idle")
+        if self.main_thread:
+            cmd.append("--main-thread")
         return cmd
 
     def record(self, pid: int) -> SampleOutcome:

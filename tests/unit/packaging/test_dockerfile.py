@@ -105,7 +105,18 @@ def test_stages_and_pinned_base_images():
 def test_each_image_copies_only_its_own_virtualenv():
     for target in TARGETS:
         copies = [i["value"] for i in _stages()[target] if i["instruction"] == "COPY"]
-        assert copies == [f"--from={target}-venv /opt/vlm /opt/vlm"], (target, copies)
+        # The sidecar's py-spy: the pyspy stage's build replaces the wheel's binary (same path, PATH's first).
+        extra = ["--from=pyspy /out/py-spy /opt/vlm/bin/py-spy"] if target == "sidecar" else []
+        assert copies == [f"--from={target}-venv /opt/vlm /opt/vlm", *extra], (target, copies)
+
+
+def test_the_sidecars_py_spy_is_built_by_the_script_ci_builds_it_with():
+    """The pyspy stage runs hack/build-pyspy.sh, which hack/build-binaries.sh runs for the tests: the image's
+    py-spy and the one the tests sample with come from one script, one pinned crate and one patch."""
+    assert _runs("pyspy").split()[:3] == ["bash", "hack/build-pyspy.sh", "/out/py-spy"]
+    assert "build-pyspy.sh" in (REPO / "hack" / "build-binaries.sh").read_text()
+    script = (REPO / "hack" / "build-pyspy.sh").read_text()
+    assert re.search(r"^PYSPY_SHA256=[0-9a-f]{64}$", script, re.M)
 
 
 def _runs(stage: str) -> str:
@@ -227,6 +238,8 @@ def test_sidecar_image_documents_why_it_is_root():
 def test_py_spy_pin_is_the_measured_sampler():
     # bench/ and docs/sidecar.md measured py-spy 0.4.3; moving the pin means measuring again.
     assert _lock("sidecar")["py-spy"][0] == _lock("operator")["py-spy"][0] == "0.4.3"
+    # ... and the image's own build of it is the same release.
+    assert re.search(r"^PYSPY_VERSION=0\.4\.3$", (REPO / "hack" / "build-pyspy.sh").read_text(), re.M)
 
 
 def _dockerignore() -> list[tuple[bool, str]]:
@@ -259,7 +272,7 @@ def _copies(stage: list[dict]) -> list[tuple[list[str], str]]:
 
 
 def test_copied_files_exist_and_survive_dockerignore():
-    for srcs, _ in (c for s in ("build", "operator-venv", "sidecar-venv") for c in _copies(_stages()[s])):
+    for srcs, _ in (c for s in ("build", "operator-venv", "sidecar-venv", "pyspy") for c in _copies(_stages()[s])):
         for src in srcs:
             assert (REPO / src).exists(), src
             assert _sent_to_docker(src.rstrip("/")), f"{src} is excluded by .dockerignore"
