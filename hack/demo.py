@@ -97,6 +97,11 @@ def agent() -> None:
 
     netns.enter(ns)  # this thread, and every thread and process started from here on
     os.environ["KUBECONFIG"] = info["KUBECONFIG"]
+    # The sidecars sample with the py-spy the sidecar image ships (built by `make setup`), as the tests do.
+    pyspy_dir = subprocess.run(["bash", str(REPO / "hack" / "build-binaries.sh"), "--print-pyspy-dir"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    if (Path(pyspy_dir) / "py-spy").exists():
+        os.environ["PATH"] = f"{pyspy_dir}{os.pathsep}{os.environ.get('PATH', '')}"
     api = config.new_client_from_config(config_file=os.environ["KUBECONFIG"])
     pm = PodMapper(api, NAMESPACE, RUN / "pods").start()
     mon = Monitoring(RUN / "monitoring", pm.targets_file, operator_metrics=f"127.0.0.1:{op_port}",
