@@ -511,6 +511,14 @@ class TelemetrySpec(KubeModel):
         le=2147483647,
     )
 
+    @field_validator("frontend_roles")
+    @classmethod
+    def _roles_once(cls, v: list[str]) -> list[str]:
+        # The CRD's x-kubernetes-list-type: set refuses a repeated role; so does the model.
+        if len(set(v)) != len(v):
+            raise ValueError(f"a role may appear once: {v}")
+        return v
+
     @model_validator(mode="after")
     def _window_fits(self) -> TelemetrySpec:
         if parse_duration(self.duration) > parse_duration(self.interval):

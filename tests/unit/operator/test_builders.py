@@ -292,3 +292,5 @@ def test_front_end_sampling_reaches_the_sidecar_only_when_asked_for():
     assert on["VLM_FRONTEND_ROLES"] == "mm_processor,tokenizer_manager" and rev2 != rev
     with pytest.raises(ValueError, match="frontendRoles"):  # the CRD's enum refuses it first
         _desired({"model": {"path": "m"}, "telemetry": {"frontendRoles": ["scheduler"]}})
+    with pytest.raises(ValueError, match="a role may appear once"):  # the CRD's list-type set refuses it too
+        _desired({"model": {"path": "m"}, "telemetry": {"frontendRoles": ["mm_processor", "mm_processor"]}})
