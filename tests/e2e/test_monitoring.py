@@ -217,7 +217,17 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     full_p, full_s = (decide([w for w in src.values() if w.end <= t_verdict]) for src in (prom, side))
     print(f"verdicts on each source's own windows: prometheus {full_p.verdict}/{full_p.reason}, "
           f"sidecars {full_s.verdict}/{full_s.reason}")
-    assert full_p.verdict == full_s.verdict == vp.verdict == "Rollback", (full_p, full_s, vp, dump(r))
+    # The two sources agree on their own windows as on the shared ones. Re-deciding here is not the operator's
+    # look: it sees every window that had ended by the verdict, more than the operator had read by then (the
+    # sidecars are read on after it), and one more window can move a borderline look from Rollback to Continue
+    # (a CI run on a loaded host: the operator rolled back for StageTimeRegressed, the re-decision on 61
+    # windows said Continue, loop +24%). What the operator did is asserted above; here: never a promotion,
+    # and the loop regression the canary carries is seen by both sources.
+    assert full_p.verdict == full_s.verdict and full_p.verdict in ("Rollback", "Continue"), (full_p, full_s, vp,
+                                                                                         dump(r))
+    for d in (full_p, full_s, vp):
+        loop = next(x for x in d.signals if x.name == "loop_latency")
+        assert loop.delta is not None and loop.delta > policy.max_regression["loop_latency"], (d, dump(r))
 
     # (b) The alerts, from the generated rule files, in Alertmanager with their labels.
     ext = {"prometheus": f"{namespace}/{PROMETHEUS}"}  # the generated config's external label

@@ -9,6 +9,7 @@ import inspect
 import os
 
 import pytest
+from vlm_operator.status import REOPEN_FRACTION
 from vlm_sidecar import ipc
 from vlm_sidecar.collector import ProfileStore, build_families
 from vlm_sidecar.config import SidecarConfig
@@ -145,6 +146,10 @@ def test_pyspy_on_the_standin_sees_reopens_only_where_the_cache_does_not_work(st
     assert w.feature_transport_samples and w.feature_transport_samples >= 3  # features were seen either way
     reopened = w.ipc_handle_reopen_share / w.feature_transport_share
     if cache:
-        assert reopened < 0.05, w
+        # A working cache re-opens nothing, but one window sees only 10-40 feature samples, and a sample that
+        # lands in reconstruct_on_target_device's own code (the 0.5.10-0.5.17 inline shape) reads as a
+        # re-open: one such sample in 20 is 0.05 (two CI runs of 0.5.15 read 0.052 and 0.068). The bound is
+        # the operator's NotObserved threshold (status.REOPEN_FRACTION), far below the cache-off cases.
+        assert reopened < REOPEN_FRACTION, w
     else:
         assert reopened > 0.5, w
