@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PY ?= python3
 PYTEST_ARGS ?=
 
-.PHONY: setup deps binaries lint crds test test-unit test-integration test-e2e demo demo-down bench testbed-up testbed-down
+.PHONY: setup deps binaries tools lint crds test test-unit test-integration test-e2e demo demo-down bench testbed-up testbed-down
 
 setup: deps binaries
 
@@ -15,6 +15,9 @@ deps:
 
 binaries:
 	bash hack/build-binaries.sh
+
+tools:
+	bash hack/build-binaries.sh --stage tools
 
 crds:
 	$(PY) -m vlm_operator.crdgen
@@ -29,7 +32,9 @@ lint:
 
 # Unit (fast and slow), SGLang wheel compatibility, integration and e2e tiers, in that order
 # (pyproject.toml's testpaths: the py-spy measurements run before the control plane starts).
-test: setup lint
+# Only the tools the unit tier needs are built in front; the control plane's binaries are built by the
+# test session in the background (nice 19) while the unit tier runs (tests/binaries.py).
+test: deps tools lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit:

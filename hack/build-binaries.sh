@@ -6,7 +6,14 @@
 # module (docs/testbed.md). Binaries live outside the repo, keyed by
 # version, so a second run is a no-op and nothing built is ever committed.
 #
-# Usage: hack/build-binaries.sh [--print-dir | --print-pyspy-dir]
+# Usage: hack/build-binaries.sh [--print-dir | --print-pyspy-dir | --stage tools|cluster|all]
+#   tools:   the sidecar's py-spy and helm (the unit tier needs them)
+#   cluster: etcd, kwok, kube-apiserver/-controller-manager/-scheduler, kubectl, the Prometheus Operator
+#            (the integration and e2e tiers; `make test` builds these in the background, at the lowest CPU
+#            priority, while the unit tier runs: tests/binaries.py)
+#   all:     both (the default)
+# Concurrent runs serialise on a lock in the cache, so a second run waits for the first and then finds
+# everything built.
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.34.4}"
@@ -20,6 +27,9 @@ BIN="$CACHE/bin"
 if [[ "${1:-}" == "--print-dir" ]]; then echo "$BIN"; exit 0; fi
 # The directory holding only the sidecar's py-spy (build_pyspy), for PATH.
 if [[ "${1:-}" == "--print-pyspy-dir" ]]; then echo "$CACHE/pyspy"; exit 0; fi
+STAGE=all
+if [[ "${1:-}" == "--stage" ]]; then STAGE="${2:-}"; fi
+case "$STAGE" in tools|cluster|all) ;; *) echo "[build-binaries] unknown stage '$STAGE' (tools, cluster, all)" >&2; exit 2;; esac
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 command -v go >/dev/null || { echo "[build-binaries] go not found; need Go >= 1.24 (k8s $K8S_VERSION)" >&2; exit 1; }
@@ -30,6 +40,8 @@ if ! printf '1.24\n%s\n' "${gov%%[!0-9.]*}" | sort -V -C; then
   echo "[build-binaries] Go $gov is too old; need >= 1.24 for k8s $K8S_VERSION" >&2; exit 1
 fi
 mkdir -p "$BIN" "$CACHE/src"
+exec 9>"$CACHE/build.lock"
+flock 9
 log() { printf '[build-binaries] %s\n' "$*" >&2; }
 
 have() { [[ -x "$BIN/$1-$2" ]]; }
@@ -181,11 +193,15 @@ build_pyspy() {
 }
 
 start=$(date +%s)
-build_pyspy
-build_etcd
-build_goinstall kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
-kwok_stages
-build_goinstall helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
-build_k8s
-build_prometheus_operator
-log "binaries ready in $BIN ($(( $(date +%s) - start ))s)"
+if [[ "$STAGE" != cluster ]]; then
+  build_pyspy
+  build_goinstall helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+fi
+if [[ "$STAGE" != tools ]]; then
+  build_etcd
+  build_goinstall kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
+  kwok_stages
+  build_k8s
+  build_prometheus_operator
+fi
+log "binaries ready in $BIN ($STAGE; $(( $(date +%s) - start ))s)"

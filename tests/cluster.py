@@ -31,6 +31,8 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from tests import binaries
+
 REPO = Path(__file__).resolve().parents[1]
 TESTBED = REPO / "hack" / "testbed"
 if str(REPO / "hack") not in sys.path:
@@ -159,6 +161,16 @@ def home_network() -> Iterator[None]:
         yield
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Tests that need the control plane were collected: build its binaries behind the unit tier."""
+    if any("cluster" in getattr(item, "fixturenames", ()) for item in session.items):
+        binaries.start_background()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    binaries.stop_background()
+
+
 @pytest.fixture(autouse=True)
 def _home_network(request: pytest.FixtureRequest) -> Iterator[None]:
     """A test without `cluster` runs in the session's own namespace, even after a cluster test moved it."""
@@ -176,6 +188,11 @@ def cluster() -> Iterator[Cluster]:
     A testbed that a pytest session started is stopped by the last session using it (unless
     VLM_TESTBED_KEEP=1); one started by hand with `hack/testbed up` is left running.
     """
+    built = binaries.ensure()
+    if built.returncode != 0:
+        pytest.fail("the control-plane binaries are missing and could not be built (hack/build-binaries.sh "
+                    f"--stage cluster; integration tests need them and are not skipped):\n{built.stderr[-6000:]}",
+                    pytrace=False)
     info = json.loads(_testbed("env", "--json").stdout)
     run_dir = Path(info["VLM_TESTBED_DIR"])
     # Register before looking: a session ending now then sees us and leaves the testbed up.

@@ -219,6 +219,13 @@ def test_faults_in_every_phase_end_with_the_undisturbed_verdicts(cluster, kube, 
         holds = {n: rec.hold(lambda r, n=n: r.method == "DELETE" and r.path.endswith(f"/deployments/{n}-canary"),
                              once=False)
                  for n in (PROMOTING, ROLLINGBACK)}
+        # From the moment a service's DELETE is first held, its status writes are held too: the held DELETE times
+        # out after 30 s on a slow run, the reconcile is retried, and the retry would record the verdict
+        # (Promoted/PromotionApplied) before the kill. Registered now, gated on the hit, so no write slips
+        # through between the hit and the test noticing it (the pause below can take longer than 30 s).
+        for n, h in holds.items():
+            rec.hold(lambda r, n=n, h=h: h.hit.is_set() and r.method == "PATCH"
+                     and r.path.endswith(f"/{PLURAL}/{n}/status"), once=False)
         for name in (PROMOTING, ROLLINGBACK, PAUSED):
             patch(kube, namespace, CHANGES[name], name=name)
         _wait_phase(kube, namespace, PAUSED, {"Analysing"}, 90)
@@ -229,10 +236,6 @@ def test_faults_in_every_phase_end_with_the_undisturbed_verdicts(cluster, kube, 
             if not h.hit.wait(180):
                 states = {n: rollout(kube, namespace, n) for n in CHANGES}
                 raise AssertionError(f"{name} reached no verdict:\n{dump(states)}\n{op.log_tail()}")
-            # From here its status writes are held too: the held DELETE times out after 30 s on a slow run, the
-            # reconcile is retried, and the retry would record the verdict (Promoted/PromotionApplied) before
-            # the kill. The operator is blocked on the DELETE until then, so no status write slips between.
-            rec.hold(lambda r, n=name: r.method == "PATCH" and r.path.endswith(f"/{PLURAL}/{n}/status"), once=False)
             mark(f"{name}: canary DELETE held")
 
         # Analysing: started only now, so its 80 s step is still running through the takeover and the restarts.
