@@ -493,7 +493,8 @@ class TelemetrySpec(KubeModel):
         description="SGLang front-end roles the sidecar samples besides the schedulers (the main server process's "
         "TokenizerManager loop, tokenizer workers, the image processor pool, the detokenizer): their busy shares "
         "are exported, gated (maxRegression.frontendBusy) and watched by VLMFrontendSaturated. Off by default: "
-        "sampling every role costs the sidecar several times its scheduler-only CPU (docs/sidecar.md).",
+        "its false-rollback rate is not measured yet, and each role gated spends part of the rollout's "
+        "false-rollback budget (docs/canary-analysis.md).",
         max_length=4,
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
@@ -546,8 +547,8 @@ class MaxRegression(KubeModel):
     frontend_busy: float = Field(
         10.0,
         description="Allowed growth of one front-end role's busy share (tokenizer manager, tokenizer workers, "
-        "image processor pool, detokenizer), in points; compared only where both revisions' sidecars sample "
-        "the front end (telemetry.frontend).",
+        "image processor pool, detokenizer), in points, each pod's share scaled to the baseline's request rate; "
+        "compared only where both revisions' sidecars sample the front end (telemetry.frontendRoles).",
         ge=0,
         le=100,
     )

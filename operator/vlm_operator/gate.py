@@ -85,8 +85,9 @@ SIGNALS: Mapping[str, _Spec] = {
     # difference of 0.05 means the stage now takes 5% of the old loop time more per iteration.
     "stage_time": _Spec("linear", True, "StageTimeRegressed", "time per iteration"),
     # Busy share of one front-end role (FRONTEND_ROLES; the sidecar samples them when told to): the fraction
-    # of the role's time not waiting for work, at the traffic both revisions share. A difference of 0.10 means
-    # the role is busy 10 points more of the time. Compared only where both revisions sampled the role.
+    # of the role's time not waiting for work, scaled to the baseline's request rate (_busy_at_reference_rate)
+    # so a pod that got more traffic is not read as slower. A difference of 0.10 means the role would be busy
+    # 10 points more of the time at the same traffic. Compared only where both revisions sampled the role.
     "frontend_busy": _Spec("linear", True, "FrontendBusyRegressed", "front-end busy share", required=False),
 }
 # The SGLang processes around the scheduler whose busy share the gate compares (sidecar vlm_sidecar.roles).
@@ -113,6 +114,11 @@ def _num(v: Any) -> float | None:
 def _positive(v: Any) -> float | None:
     f = _num(v)
     return f if f is not None and f > 0 else None
+
+
+def _nonnegative(v: Any) -> float | None:
+    f = _num(v)
+    return f if f is not None and f >= 0 else None
 
 
 def _count(v: Any) -> int:
@@ -169,6 +175,9 @@ class Window:
     itl_seconds: float | None = None
     throughput: float | None = None
     tp_rank: int = 0
+    # Requests per second that reached their first token in the window (SGLang's TTFT histogram count);
+    # 0.0: none did; None: unknown (no SGLang metrics, an older sidecar).
+    request_rate: float | None = None
     iterations: int | None = None
     # The CUDA IPC feature transport (sidecar vlm_sidecar.ipc): share of the scheduler's time in it, the
     # share re-opening IPC handles, and the samples in it. None: unknown (an older sidecar, a bad value).
@@ -217,6 +226,7 @@ class Window:
             ttft_seconds=_positive(pick("ttft_seconds")),
             itl_seconds=_positive(pick("itl_seconds")),
             throughput=_positive(pick("throughput")),
+            request_rate=_nonnegative(pick("request_rate")),
             tp_rank=_count(d.get("tp_rank")),
             iterations=None if _num(iterations) is None else _count(iterations),
             feature_transport_share=_share(d.get("feature_transport_share")),
@@ -261,7 +271,7 @@ class GatePolicy:
     max_regression: signal -> allowed worsening. Latencies (loop_latency, loop_p95, ttft, itl): relative
         increase (0.03 = 3% slower). throughput: relative drop. stage_time: growth of one stage's time
         per iteration, as a fraction of the baseline's loop time (0.05 = 5 points). frontend_busy: growth
-        of one front-end role's busy share (0.10 = 10 points).
+        of one front-end role's busy share at the baseline's request rate (0.10 = 10 points).
     confidence: 1 - the false-rollback budget of the whole rollout (spent over steps, looks, signals).
     steps: canary steps of the rollout; each step gets an equal part of the budget.
     min_samples: analysis units (pod windows, TP ranks merged) per revision before any verdict.
@@ -451,6 +461,11 @@ class _Unit:
     def fns(self) -> _Fns:
         """The scheduler's exported functions, in seconds per loop iteration."""
         return _Fns(self.function_seconds, self.self_seconds, self.unexported_self_seconds, self.function_shares)
+
+    @cached_property
+    def request_rate(self) -> float | None:
+        """Requests per second in this pod's window (its TP ranks read the same SGLang counters)."""
+        return _mean([w.request_rate for w in self.windows])
 
     @cached_property
     def frontend_busy(self) -> Mapping[str, float]:
@@ -672,17 +687,42 @@ def _instances(
                 )
         elif family == "frontend_busy":
             for role in FRONTEND_ROLES:
-                vb = tuple(u.frontend_busy.get(role) for u in b)
-                vc = tuple(u.frontend_busy.get(role) for u in c)
+                busy = _busy_at_reference_rate(role, b, c, ref)
+                vb, vc = tuple(busy(u) for u in b), tuple(busy(u) for u in c)
                 if not any(v is not None for v in vb) or not any(v is not None for v in vc):
                     continue  # compared only where both revisions sampled the role
                 out.append(
                     _Instance(
                         family, f"{family}:{role}", vb, vc, _pods(b), _pods(c),
-                        tuple(u.frontend_busy.get(role) for u in ref), _pods(ref), _ends(b), _ends(c),
+                        tuple(busy(u) for u in ref), _pods(ref), _ends(b), _ends(c),
                     )
                 )
     return out
+
+
+def _busy_at_reference_rate(
+    role: str, b: Sequence[_Unit], c: Sequence[_Unit], ref: Sequence[_Unit]
+) -> Callable[[_Unit], float | None]:
+    """A front-end role's busy share per unit, at the baseline's request rate.
+
+    A front end's busy share is its work per request times the requests it gets: a pod that happens to get
+    more traffic (uneven balancing, a client pinned to it) is busier without being slower. So each unit's
+    share is scaled to the baseline's median request rate: busy x rate_ref / rate, "how busy this pod
+    would be at the baseline's traffic", still in points of busy share (the margin's unit). A unit with no
+    request in its window has no per-request cost and is left out. Where a unit that sampled the role has
+    no request rate at all (no SGLang metrics, an older sidecar), no unit is scaled: the raw shares are
+    compared, as both revisions then share one Service's traffic only on average."""
+    units = [u for u in (*b, *c, *ref) if role in u.frontend_busy]
+    rates = sorted(r for u in b if role in u.frontend_busy and (r := u.request_rate) is not None and r > 0)
+    if not rates or any(u.request_rate is None for u in units):
+        return lambda u: u.frontend_busy.get(role)
+    rate_ref = rates[len(rates) // 2]
+
+    def busy(u: _Unit) -> float | None:
+        v, r = u.frontend_busy.get(role), u.request_rate
+        return None if v is None or not r else v * rate_ref / r
+
+    return busy
 
 
 def _pods(units: Sequence[_Unit]) -> tuple[str, ...]:

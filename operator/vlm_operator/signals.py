@@ -366,6 +366,7 @@ _WINDOW_GAUGES = {
     "vlm_sglang_window_ttft_seconds": "ttft_seconds",
     "vlm_sglang_window_itl_seconds": "itl_seconds",
     "vlm_sglang_window_generation_tokens_per_second": "throughput",
+    "vlm_sglang_window_requests_per_second": "request_rate",
     "vlm_profiler_stale": "stale",
     "vlm_scheduler_feature_transport_share_ratio": "feature_transport_share",
     "vlm_scheduler_ipc_handle_reopen_share_ratio": "ipc_handle_reopen_share",

@@ -228,6 +228,9 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
                                          "Mean inter-token latency (SGLang's histogram), last window.", labels=names),
         "throughput": GaugeMetricFamily("vlm_sglang_window_generation_tokens_per_second",
                                         "Generation throughput (SGLang's token counter), last window.", labels=names),
+        "request_rate": GaugeMetricFamily("vlm_sglang_window_requests_per_second",
+                                          "Requests that reached their first token per second (SGLang's TTFT "
+                                          "histogram count), last window.", labels=names),
         "feature_transport_share": GaugeMetricFamily(
             "vlm_scheduler_feature_transport_share_ratio",
             "Share of scheduler time in the CUDA IPC multimodal feature transport, last window.", labels=names),

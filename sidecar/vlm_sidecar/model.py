@@ -109,10 +109,12 @@ class WindowSummary:
     result: str = "ok"
     loop_samples: tuple[float, ...] = ()
     sglang_stage_shares: dict[str, float] | None = None
-    # From SGLang's /metrics at the window's edges: mean TTFT and ITL (seconds), generation tokens/s.
+    # From SGLang's /metrics at the window's edges: mean TTFT and ITL (seconds), generation tokens/s, and
+    # requests/s (those that reached their first token: the TTFT histogram's count; 0.0 when none did).
     ttft_seconds: float | None = None
     itl_seconds: float | None = None
     throughput: float | None = None
+    request_rate: float | None = None
     # CUDA IPC feature transport (vlm_sidecar.ipc): share of the scheduler thread's time in it, the part
     # of that re-opening IPC handles (both shares of the whole thread), and the samples in it. None: unknown.
     feature_transport_share: float | None = None
@@ -151,6 +153,7 @@ class WindowSummary:
             "ttft_seconds": self.ttft_seconds,
             "itl_seconds": self.itl_seconds,
             "throughput": self.throughput,
+            "request_rate": self.request_rate,
             "feature_transport_share": self.feature_transport_share,
             "ipc_handle_reopen_share": self.ipc_handle_reopen_share,
             "feature_transport_samples": self.feature_transport_samples,

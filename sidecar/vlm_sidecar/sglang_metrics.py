@@ -118,10 +118,12 @@ def stages_of(parsed: dict[str, float]) -> dict[str, float] | None:
 
 
 def request_signals(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
-    """The window's mean TTFT and ITL (seconds) and generation throughput (tokens/s) from two scrapes.
+    """The window's mean TTFT and ITL (seconds), generation throughput (tokens/s) and request rate
+    (requests/s: requests that reached their first token, the TTFT histogram's count) from two scrapes.
 
-    Only what moved is reported: no request finished its first token in the window -> no ttft. A counter
-    that went backwards (SGLang restarted) yields nothing.
+    Only what moved is reported: no request finished its first token in the window -> no ttft (the request
+    rate is then 0.0, a real observation: the gate's front-end comparison needs it). A counter that went
+    backwards (SGLang restarted) yields nothing.
     """
     out: dict[str, float] = {}
     for key in ("ttft", "itl"):
@@ -129,6 +131,8 @@ def request_signals(before: dict[str, float], after: dict[str, float], seconds: 
         ds = after.get(f"{key}_sum", 0.0) - before.get(f"{key}_sum", 0.0)
         if f"{key}_count" in after and dc > 0 and ds >= 0:
             out[f"{key}_seconds"] = ds / dc
+        if key == "ttft" and "ttft_count" in after and "ttft_count" in before and dc >= 0 and seconds > 0:
+            out["request_rate"] = dc / seconds
     if "generation_tokens" in after and "generation_tokens" in before and seconds > 0:
         d = after["generation_tokens"] - before["generation_tokens"]
         if d >= 0:

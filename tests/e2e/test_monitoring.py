@@ -194,8 +194,12 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
         p, s = prom[k], side[k]
         assert p.revision == s.revision, k
         assert math.isclose(p.loop_mean_seconds or 0, s.loop_mean_seconds or 0, rel_tol=1e-6), (k, p, s)
+        # SGLang's request rate (the front-end gate's scale) reaches Prometheus under the name the source reads.
+        assert (p.request_rate is None) == (s.request_rate is None), (k, p.request_rate, s.request_rate)
+        assert math.isclose(p.request_rate or 0, s.request_rate or 0, rel_tol=1e-6), (k, p, s)
         for stage, v in s.stage_shares.items():
             assert math.isclose(p.stage_shares.get(stage, -1), v, rel_tol=1e-6, abs_tol=1e-9), (k, stage)
+    assert any((side[k].request_rate or 0) > 0 for k in both), "no shared window carried SGLang's request rate"
     policy = gate.GatePolicy.from_spec(api.parse_spec(kube_get(kube, namespace)["spec"]))
     step_s = 90.0
     fresh = {p for p, role in roles.items() if role == B.ROLE_BASELINE}

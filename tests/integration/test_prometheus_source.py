@@ -31,7 +31,7 @@ PODS = {"svc-stable-a": "rev1", "svc-canary-b": "rev2"}
 def _window_values(pod: str, k: int) -> dict[str, float]:
     """A distinct, checkable value per pod and window."""
     base = 0.020 if PODS[pod] == "rev1" else 0.024
-    return {"loop": base + k * 1e-5, "ttft": 0.5 + k / 1000, "share": 0.5 + k / 1000}
+    return {"loop": base + k * 1e-5, "ttft": 0.5 + k / 1000, "share": 0.5 + k / 1000, "rate": 3.0 + k / 100}
 
 
 FE_POD, FE_LAG = "svc-canary-b", 4.0
@@ -65,6 +65,7 @@ def _openmetrics(scrape_every: float, *, phase: float) -> str:
             put("vlm_scheduler_window_loop_p95_seconds", v["loop"] * 1.5)
             put("vlm_scheduler_window_iterations", 250)
             put("vlm_sglang_window_ttft_seconds", v["ttft"])
+            put("vlm_sglang_window_requests_per_second", v["rate"])
             put("vlm_profiler_stale", 0)
             put("vlm_scheduler_stage_share_ratio", v["share"], ',stage="run_batch"')
             put("vlm_scheduler_stage_share_ratio", 1 - v["share"], ',stage="idle"')
@@ -160,6 +161,7 @@ def test_one_observation_per_window_at_the_shipped_cadence(prometheus):
             v = _window_values(pod, k)
             assert w.loop_mean_seconds == pytest.approx(v["loop"])
             assert w.ttft_seconds == pytest.approx(v["ttft"])
+            assert w.request_rate == pytest.approx(v["rate"])
             assert w.stage_shares["run_batch"] == pytest.approx(v["share"])
             assert w.function_shares == {"hash_feature": pytest.approx(0.1)}
             assert w.revision == PODS[pod] and not w.stale

@@ -750,6 +750,52 @@ def test_a_faster_front_end_is_promoted():
     assert next(s for s in d.signals if s.name == "frontend_busy:mm_processor").verdict == "pass"
 
 
+def with_rate(ws: list[Window], rate: float, sd: float = 0.0, seed: int = 0) -> list[Window]:
+    """The windows with a request rate (requests/s reaching their first token), optionally noisy."""
+    rng = np.random.default_rng(seed)
+    return [replace(w, request_rate=max(0.0, rate + rng.normal(0, sd)) if sd else rate) for w in ws]
+
+
+def test_a_canary_busier_only_because_it_got_more_traffic_is_not_rolled_back():
+    """The canary pod gets 1.6x the baseline's requests (uneven balancing): its pool is busy 0.48 instead of
+    0.30, at the same cost per request. Scaled to the baseline's request rate it is as busy as the baseline;
+    the raw shares (what a sidecar without SGLang's counters gives) would read +18 points and roll back."""
+    base = with_frontend(windows("stable", n=30, pods=3, seed=47, sd=0.01), busy=0.30, seed=6)
+    can = with_frontend(windows("canary", n=30, seed=48, sd=0.01), busy=0.48, seed=7)
+    d = run(with_rate(base, 10.0, sd=0.3, seed=8), with_rate(can, 16.0, sd=0.5, seed=9), FE_POLICY)
+    assert (d.verdict, d.reason) == ("Promote", "NoRegression"), d.message
+    sig = next(s for s in d.signals if s.name == "frontend_busy:mm_processor")
+    assert sig.verdict == "pass" and abs(sig.delta) < 0.03, sig
+    raw = run(base, can, FE_POLICY)
+    assert (raw.verdict, raw.reason) == ("Rollback", "FrontendBusyRegressed"), raw.message
+
+
+def test_a_front_end_slower_per_request_at_less_traffic_is_still_rolled_back():
+    """The canary gets 0.7x the requests and costs 1.8x per request: raw busy share 0.30 -> 0.38 (+8 points,
+    inside the margin), at the baseline's traffic 0.54 (+24 points): rolled back."""
+    base = with_frontend(windows("stable", n=30, pods=3, seed=49, sd=0.01), busy=0.30, seed=10)
+    can = with_frontend(windows("canary", n=30, seed=50, sd=0.01), busy=0.378, convert=0.1, seed=11)
+    d = run(with_rate(base, 10.0), with_rate(can, 7.0), FE_POLICY)
+    assert (d.verdict, d.reason) == ("Rollback", "FrontendBusyRegressed"), d.message
+    sig = next(s for s in d.signals if s.name == "frontend_busy:mm_processor")
+    assert sig.delta == pytest.approx(0.24, abs=0.03), sig
+    assert run(base, can, FE_POLICY).reason != "FrontendBusyRegressed"  # the raw shares would let it through
+
+
+def test_front_end_shares_are_scaled_only_when_every_window_has_a_request_rate():
+    """One canary window without a rate (an older sidecar, SGLang's /metrics unreachable): the raw shares are
+    compared, all of them; a window with no request at all has no per-request cost and is left out."""
+    base = with_rate(with_frontend(windows("stable", n=30, pods=3, seed=51, sd=0.01), busy=0.30, seed=12), 10.0)
+    can = with_rate(with_frontend(windows("canary", n=30, seed=52, sd=0.01), busy=0.48, seed=13), 16.0)
+    mixed = run(base, [replace(can[0], request_rate=None), *can[1:]], FE_POLICY)
+    assert mixed.reason == "FrontendBusyRegressed", mixed.message
+    idle = run(base, [replace(can[0], request_rate=0.0), *can[1:]], FE_POLICY)
+    assert idle.verdict == "Promote", idle.message
+    assert Window.from_sidecar("r", "p", {"request_rate": 0}).request_rate == 0.0
+    assert Window.from_sidecar("r", "p", {"request_rate": -1}).request_rate is None
+    assert Window.from_sidecar("r", "p", {"sglang": {"request_rate": "2.5"}}).request_rate == 2.5
+
+
 def test_a_front_end_sampled_on_one_side_only_is_not_compared_and_costs_nothing():
     """Front-end sampling turned on with the canary (telemetry.frontendRoles is part of the pod template):
     the baseline has no front-end windows, so the family is left out, as it is when nobody samples it."""

@@ -1,4 +1,4 @@
-"""Request signals per window from SGLang's /metrics (TTFT, ITL, throughput): the stand-in's real text."""
+"""Request signals per window from SGLang's /metrics (TTFT, ITL, throughput, request rate): the stand-in's real text."""
 
 from __future__ import annotations
 
@@ -32,11 +32,13 @@ def test_window_means_and_throughput_from_two_scrapes():
     assert sig["ttft_seconds"] == pytest.approx(2.4 / 4)  # labels summed: the non-streaming series did not move
     assert sig["itl_seconds"] == pytest.approx(12.5 / 500)
     assert sig["throughput"] == pytest.approx(600 / 5.0)
+    assert sig["request_rate"] == pytest.approx(4 / 5.0)  # requests that reached their first token, per second
 
 
 def test_nothing_moved_or_restart_gives_nothing():
     a = scrape(10, 5.0, 1000, 20.0, 5000)
-    assert sglang_metrics.request_signals(a, a, 5.0) == {"throughput": 0.0}
+    # No request in the window: a request rate of 0 (an observation), no TTFT (nothing to average).
+    assert sglang_metrics.request_signals(a, a, 5.0) == {"throughput": 0.0, "request_rate": 0.0}
     restarted = scrape(1, 0.2, 10, 0.1, 30)
     assert sglang_metrics.request_signals(a, restarted, 5.0) == {}
     assert sglang_metrics.request_signals({}, {}, 5.0) == {}
@@ -48,3 +50,28 @@ def test_names_are_the_checked_table():
     assert sglang_metrics.parse("# nothing\n") == {}
     with pytest.raises(sglang_metrics.ScrapeError):
         sglang_metrics.parse("sglang:x{ 1\n")
+
+
+def test_every_per_window_gauge_is_read_by_the_gates_prometheus_source():
+    """The request rate (and every other per-window value) the sidecar exports is one the operator's
+    Prometheus source reads into the same Window field: a renamed gauge on either side fails here."""
+    from vlm_operator import signals
+    from vlm_sidecar.collector import ProfileStore, build_families
+    from vlm_sidecar.model import WindowSummary
+
+    store = ProfileStore()
+    w = WindowSummary(id=1, tp_rank=0, pid=1, start=0.0, end=5.0, samples=5000, loop_mean_seconds=0.02,
+                      loop_p50_seconds=0.02, loop_p95_seconds=0.03, iterations=250, stage_shares={},
+                      function_shares={}, self_shares={}, top_function=None, stale=False, error=None,
+                      ttft_seconds=0.4, itl_seconds=0.02, throughput=900.0, request_rate=3.5,
+                      feature_transport_share=0.08, ipc_handle_reopen_share=0.07, feature_transport_samples=400)
+    store.add_window(w, None, 1000.0)
+    fams = {f.name: f for f in build_families(store.snapshot(), {"pod": "p"}, 6.0, 60.0)}
+    assert [s.value for s in fams["vlm_sglang_window_requests_per_second"].samples] == [3.5]
+    exported = {n for n in fams if n.startswith(("vlm_scheduler_window_", "vlm_sglang_window_"))
+                or n in ("vlm_scheduler_feature_transport_share_ratio", "vlm_scheduler_ipc_handle_reopen_share_ratio")}
+    read = set(signals._WINDOW_GAUGES) - {"vlm_profiler_stale"}
+    assert exported == read, (exported ^ read)
+    for name, field in signals._WINDOW_GAUGES.items():
+        if name != "vlm_profiler_stale":
+            assert [s.value for s in fams[name].samples] == [pytest.approx(float(getattr(w, field)))], name
