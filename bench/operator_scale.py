@@ -50,9 +50,10 @@ def kubeconfig() -> Path:
     return Path(json.loads(out)["KUBECONFIG"])
 
 
-def rss_peak_kib(pid: int) -> int:
+def rss_peak_kib(pid: int, field: str = "VmHWM") -> int:
+    """Peak RSS (VmHWM), or with field="VmRSS" the RSS now, in KiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1])
     return 0
 
@@ -209,6 +210,8 @@ def main() -> int:
     p.add_argument("--count", type=int, default=1000)
     p.add_argument("--dead", type=float, default=0.1, help="share of sidecars that never answer")
     p.add_argument("--steady", type=float, default=120.0, help="seconds of steady state measured")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="extra environment for the operator (an experiment; the default is the shipped settings)")
     a = p.parse_args()
     if not pod_network_here():
         raise SystemExit("run inside the testbed's network namespace: hack/testbed exec -- python "
@@ -231,7 +234,8 @@ def main() -> int:
     # This checkout's operator, whatever the editable install points at.
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "operator"), str(REPO / "sidecar"),
                                                 *filter(None, [os.environ.get("PYTHONPATH")])])
-    op = OperatorProcess(kc, ns, tmp / "operator.log", {"VLM_RESYNC_SECONDS": "15"})
+    extra = dict(e.split("=", 1) for e in a.env)
+    op = OperatorProcess(kc, ns, tmp / "operator.log", {"VLM_RESYNC_SECONDS": "15", **extra})
     stop = threading.Event()
 
     def map_pods() -> None:
@@ -306,6 +310,8 @@ def main() -> int:
             "all_status_s": round(t_status, 1),
             "profiled_95pct_of_live_s": round(t_profiled, 1),
             "operator_peak_rss_mib": round(rss_peak_kib(op.proc.pid) / 1024, 1),
+            "operator_steady_rss_mib": round(rss_peak_kib(op.proc.pid, "VmRSS") / 1024, 1),
+            "operator_env": extra,
             "steady_cpu_cores": round((c1 - c0) / (s1 - s0), 3),
             "steady_reconciles_per_s": round((r1 - r0) / (s1 - s0), 1),
             "steady_writes_per_s": round((w1 - w0) / (s1 - s0), 3),

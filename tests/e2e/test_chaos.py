@@ -250,7 +250,13 @@ def test_faults_in_every_phase_end_with_the_undisturbed_verdicts(cluster, kube, 
 
         at_kill = {n: _phase(kube, namespace, n) for n in CHANGES}
         dep_promoting = client.AppsV1Api(kube).read_namespaced_deployment(PROMOTING, namespace)
-        lastseen = datetime.fromisoformat(peers(kube, namespace)[active]["lastseen"]).timestamp()
+        # The active replica's last keep-alive (kopf stamps `lastseen` as it sends it): taken from what the
+        # relay passed on, not from the KopfPeering read back (one CI run found no entry for it there).
+        touches = [r.at for r in rec.requests if r.peering and r.method == "PATCH" and not r.held]
+        entry = peers(kube, namespace).get(active)
+        lastseen = max([*touches, *([datetime.fromisoformat(entry["lastseen"]).timestamp()] if entry else [])])
+        mark(f"{active}'s last keep-alive {time.time() - lastseen:.1f}s before the kill "
+             f"({'in' if entry else 'NOT in'} the KopfPeering)")
         os.kill(op.proc.pid, signal.SIGKILL)
         t_kill = time.time()
         op.proc.wait(10)
