@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     _limit_malloc_arenas()  # before kopf starts its threads
-    _trim_malloc_periodically(float(os.environ.get("VLM_MALLOC_TRIM_SECONDS") or 0))
+    _trim_malloc_periodically(settings.malloc_trim_seconds)
     from . import handlers  # noqa: F401  (registers the handlers)
 
     _configure_logging(kopf, settings.log_format)
