@@ -40,7 +40,7 @@ RUN python -m venv /opt/vlm \
  && /opt/vlm/bin/pip check
 
 # The sidecar runs in every GPU pod: the base dependencies only (py-spy, prometheus-client), no
-# kopf/kubernetes/pydantic/scipy/numpy. The wheel's vlm_operator package comes along (a few hundred KB
+# kopf/kubernetes/pydantic/numpy. The wheel's vlm_operator package comes along (a few hundred KB
 # of Python) but cannot start without the operator extra.
 FROM build AS sidecar-venv
 COPY requirements/sidecar.txt requirements/

@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -299,6 +300,9 @@ def main() -> int:
         w0, h0 = metric_sum(op, "vlm_operator_api_writes_total"), histogram(op, "vlm_operator_reconcile_duration_seconds")
         c0, r0, s0 = cpu_seconds(op.proc.pid), metric_sum(op, "vlm_operator_reconcile_duration_seconds_count"), time.time()
         time.sleep(a.steady)
+        if "VLM_TRACEMALLOC_DUMP" in extra:  # the operator writes its allocation sites on SIGUSR1
+            os.kill(op.proc.pid, signal.SIGUSR1)
+            time.sleep(20)
         w1, h1 = metric_sum(op, "vlm_operator_api_writes_total"), histogram(op, "vlm_operator_reconcile_duration_seconds")
         c1, r1, s1 = cpu_seconds(op.proc.pid), metric_sum(op, "vlm_operator_reconcile_duration_seconds_count"), time.time()
         result = {

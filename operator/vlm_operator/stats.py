@@ -1,7 +1,8 @@
 """Two-sample comparisons for the canary gate: effect size, one-sided confidence bounds, p-values.
 
 Pure and small on purpose: numbers in, numbers out, no windows, pods or policies (that is `gate`).
-The test is Yuen's trimmed-mean Welch t-test (`scipy.stats.ttest_ind(trim=...)`):
+The test is Yuen's trimmed-mean Welch t-test (what `scipy.stats.ttest_ind(trim=...)` computes; here in
+numpy, `tdist`, so the operator does not load scipy):
 - per-window scheduler values have heavy right tails (GC pauses, a long prefill batch in one
   window); trimming 20% per tail keeps one such window from deciding a rollout, while keeping
   far more power than a median test on the 10-60 windows a canary step yields;
@@ -15,13 +16,13 @@ multiplicative pod or load factors do not skew it; shares are compared as plain 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy import stats as _st
+
+from .tdist import t_cdf, t_ppf, t_sf, trim_mean, yuen
 
 Scale = Literal["log", "linear"]
 
@@ -86,8 +87,8 @@ def compare_many(
     trim: float = DEFAULT_TRIM,
     extra_var: Sequence[float] | None = None,
 ) -> list[Comparison | None]:
-    """`compare` for many signals at once (e.g. every stage share): one vectorised scipy call per
-    group of equally long rows, which is what keeps a gate decision in the low milliseconds.
+    """`compare` for many signals at once (e.g. every stage share): one vectorised computation per
+    group of equally long rows.
 
     extra_var: per row, a variance (on the test's scale: log for `log`) added to the squared standard
     error of the difference before bounds and p-values are taken. The gate passes the between-pod
@@ -115,30 +116,21 @@ def compare_many(
         cx = np.stack([r[2] for r in rows])
         if log:
             bx, cx = np.log(bx), np.log(cx)
-        with warnings.catch_warnings():
-            # Nearly constant windows (an idle stage at 0.0 everywhere) trip scipy's precision
-            # warning; the result is still right to the last digits that matter here.
-            warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
-            res = _st.ttest_ind(cx, bx, axis=1, equal_var=False, trim=trim)
-        centre_b = np.atleast_1d(_st.trim_mean(bx, trim, axis=1))
-        centre_c = np.atleast_1d(_st.trim_mean(cx, trim, axis=1))
-        t_stat, df = np.atleast_1d(res.statistic), np.atleast_1d(res.df)
-        # The standard error of the trimmed-mean difference, recovered from Yuen's interval; the
-        # bounds and p-values are then taken from (difference, se, df) so that extra variance can join.
-        ci = res.confidence_interval(0.5)
-        width = np.atleast_1d(ci.high) - np.atleast_1d(ci.low)
-        se = width / (2 * _st.t.ppf(0.75, df))
+        centre_b, centre_c = trim_mean(bx, trim, axis=1), trim_mean(cx, trim, axis=1)
+        # Yuen's statistic, Welch degrees of freedom and the standard error of the trimmed-mean difference;
+        # the bounds and p-values are taken from (difference, se, df) so that extra variance can join.
+        t_stat, df, se, _ = yuen(cx, bx, trim)
         if extra_var is not None:
             se = np.sqrt(se**2 + np.asarray([max(0.0, float(extra_var[r[0]])) for r in rows]))
         diff_all = centre_c - centre_b
-        lows = diff_all - _st.t.ppf(1 - alpha_low, df) * se
-        highs = diff_all + _st.t.ppf(1 - alpha_high, df) * se
+        lows = diff_all - t_ppf(1 - alpha_low, df) * se
+        highs = diff_all + t_ppf(1 - alpha_high, df) * se
         with np.errstate(divide="ignore", invalid="ignore"):
             t_adj = np.where(se > 0, diff_all / np.where(se > 0, se, 1.0), np.nan)
         # NaN statistic: both sides constant and equal (no difference, no spread): no evidence either way.
         flat = np.isnan(t_stat) | np.isnan(t_adj)
-        p_greater = np.where(flat, 1.0, _st.t.sf(np.where(flat, 0.0, t_adj), df))
-        p_less = np.where(flat, 1.0, _st.t.cdf(np.where(flat, 0.0, t_adj), df))
+        p_greater = np.where(flat, 1.0, t_sf(np.where(flat, 0.0, t_adj), df))
+        p_less = np.where(flat, 1.0, t_cdf(np.where(flat, 0.0, t_adj), df))
         lows = np.where(flat, diff_all, lows)
         highs = np.where(flat, diff_all, highs)
         for j, (i, b, c) in enumerate(rows):
@@ -265,7 +257,7 @@ def paired_many(
         ex_h = max(0.0, float(extra_var_high[i])) if extra_var_high is not None else 0.0
         se_l, se_h = math.sqrt(se2 + ex_l), math.sqrt(se2 + ex_h)
         if anytime_r is None:
-            z_l, z_h = float(_st.t.ppf(1 - alpha_low, df)), float(_st.t.ppf(1 - alpha_high, df))
+            z_l, z_h = float(t_ppf(1 - alpha_low, df)), float(t_ppf(1 - alpha_high, df))
         else:
             z_l, z_h = mixture_multiplier(h, alpha_low, anytime_r), mixture_multiplier(h, alpha_high, anytime_r)
         low = tm - z_l * se_l
@@ -273,7 +265,7 @@ def paired_many(
         se_p = max(se_l, se_h)
         if se_p > 0:
             t = tm / se_p
-            p_greater, p_less = float(_st.t.sf(t, df)), float(_st.t.cdf(t, df))
+            p_greater, p_less = float(t_sf(t, df)), float(t_cdf(t, df))
         else:  # every difference identical: known exactly
             p_greater = 0.0 if tm > 0 else 1.0
             p_less = 0.0 if tm < 0 else 1.0
@@ -290,5 +282,5 @@ def center(values: Sequence[float | None], *, scale: Scale, trim: float = DEFAUL
     if x.size == 0:
         return None
     if scale == "log":
-        return math.exp(float(_st.trim_mean(np.log(x), trim)))
-    return float(_st.trim_mean(x, trim))
+        return math.exp(float(trim_mean(np.log(x), trim)))
+    return float(trim_mean(x, trim))
