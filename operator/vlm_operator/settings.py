@@ -18,7 +18,7 @@
 | VLM_PROFILER_REFRESH_SECONDS | 1800                            | status.profiler rewritten at least this often |
 | VLM_MONITORING_LABELS       | {} (JSON object)                 | extra labels on PodMonitor/PrometheusRule |
 | VLM_PEERING_LIFETIME_SECONDS | 60                              | --peering: a peer unseen this long is dead |
-| VLM_MALLOC_TRIM_SECONDS     | 0 (off)                          | return glibc's free heap pages this often  |
+| VLM_MALLOC_TRIM_SECONDS     | 30 (0: off)                      | return glibc's free heap pages this often  |
 
 Read by pydantic-settings: each field of `Settings` is the variable `VLM_<FIELD>` (empty counts as unset).
 `Settings.from_env()` raises `SettingsError` with one line per bad variable, naming it
@@ -108,7 +108,7 @@ class Settings(BaseSettings):
         description="with --peering: a replica not seen for this long is dead and a standby takes over "
                     "(keep-alives every lifetime minus 5-10 s)")
     malloc_trim_seconds: float = Field(
-        0.0, ge=0, le=3600,
+        30.0, ge=0, le=3600,
         description="every this many seconds, glibc's free heap pages are handed back to the kernel "
                     "(malloc_trim); 0: never")
     monitoring_labels: Annotated[dict[str, str], NoDecode] = Field(

@@ -89,6 +89,22 @@ def test_malloc_arenas_limited_unless_the_environment_says(monkeypatch: pytest.M
     assert M._limit_malloc_arenas() is True  # glibc (this image) accepts M_ARENA_MAX
 
 
+def test_malloc_trim_thread_runs_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """VLM_MALLOC_TRIM_SECONDS (default 30): a daemon thread hands glibc's free pages back; 0 starts none."""
+    import threading
+
+    from vlm_operator import __main__ as M
+    from vlm_operator.settings import Settings
+
+    assert Settings().malloc_trim_seconds == 30.0
+    before = {t.name for t in threading.enumerate()}
+    assert M._trim_malloc_periodically(0) is False
+    assert "vlm-malloc-trim" not in {t.name for t in threading.enumerate()} - before
+    assert M._trim_malloc_periodically(3600) is True  # glibc here; the thread sleeps for the test's life
+    trim = [t for t in threading.enumerate() if t.name == "vlm-malloc-trim"]
+    assert trim and all(t.daemon for t in trim)
+
+
 def test_startup_applies_the_operator_settings_to_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
     """kopf's own settings come from the operator's: handler threads, our annotation prefix, and the peering
     lifetime (VLM_PEERING_LIFETIME_SECONDS), which decides how soon a standby replica takes over."""
