@@ -92,7 +92,8 @@ def _memory_dumps(path: str | None) -> bool:
     import signal
     import tracemalloc
 
-    tracemalloc.start(int(os.environ.get("VLM_TRACEMALLOC_FRAMES") or 1))
+    frames = os.environ.get("VLM_TRACEMALLOC_FRAMES", "").strip()
+    tracemalloc.start(max(1, int(frames)) if frames.isdigit() else 1)  # anything else: one frame
     count = [0]
 
     def dump(*_: object) -> None:
