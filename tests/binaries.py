@@ -35,7 +35,7 @@ def start_background() -> None:
     """Start the cluster stage behind the tests (once per session)."""
     global _background
     with _lock:
-        if _background is not None or os.environ.get("VLM_BUILD_IN_BACKGROUND", "1") == "0":
+        if _background is not None:
             return
         CACHE.mkdir(parents=True, exist_ok=True)
         with LOG.open("wb") as out:

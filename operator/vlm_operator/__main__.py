@@ -49,28 +49,32 @@ class JsonFormatter(logging.Formatter):
 M_ARENA_MAX = -8  # glibc mallopt parameter
 
 
+def _glibc(symbol: str):
+    """glibc's `symbol` (a ctypes function), or None where there is none (not Linux, musl)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(ctypes.CDLL("libc.so.6"), symbol)
+    except (OSError, AttributeError):
+        return None
+
+
 def _limit_malloc_arenas(arenas: int = 2) -> bool:
     """glibc gives threads malloc arenas of their own (up to 8 per core); the JSON bodies the handler
     threads decode and free then leave memory spread over many arenas that the process keeps. Two arenas
     keep the RSS near what is live. MALLOC_ARENA_MAX in the environment wins (glibc read it at start)."""
-    if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
+    mallopt = _glibc("mallopt")
+    if "MALLOC_ARENA_MAX" in os.environ or mallopt is None:
         return False
-    try:
-        return bool(ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, arenas))
-    except (OSError, AttributeError):  # not glibc (musl has no arenas to limit)
-        return False
+    return bool(mallopt(M_ARENA_MAX, arenas))
 
 
 def _trim_malloc_periodically(every_s: float) -> bool:
     """Every `every_s` seconds, hand the free pages inside glibc's heaps back to the kernel (malloc_trim):
     free() returns only the top of a heap, so the watch events decoded and dropped all the time would
     otherwise keep the RSS at what was once in flight. Only with glibc; 0 turns it off."""
-    if every_s <= 0 or not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc
+    trim = _glibc("malloc_trim") if every_s > 0 else None
+    if trim is None:
         return False
     import threading
 
