@@ -25,7 +25,11 @@ bench/results/gate_tradeoff.png (with the gate's points, shipped policy and prof
 Runtime is the gate's: about 0.5 CPU-s per trial (30 decide() calls when undecided), so the default
 200 trials per row take roughly 25 min of CPU on 2 workers; use --trials for a quicker look.
 
-Run: python bench/gate_quality.py [--trials 200] [--jobs 2] [--record-noise]
+The front-end rows (`aa1fe up5fe fe15 fefast`: the sidecars sample the front end, telemetry.frontendRoles) draw
+each role's per-window busy share from the `frontend` entry of the calibration, recorded with the real sidecar
+on the stand-in's front end (`--record-frontend-noise`).
+
+Run: python bench/gate_quality.py [--trials 200] [--jobs 2] [--record-noise] [--record-frontend-noise]
 """
 
 from __future__ import annotations
@@ -103,7 +107,7 @@ def _request_counters(text: str) -> dict[str, float]:
 
 
 def record_phase(label: str, standin_args: list[str], env: dict[str, str], seconds: float,
-                 interval: str, duration: str, tp: int) -> dict:
+                 interval: str, duration: str, tp: int, sidecar_env: dict[str, str] | None = None) -> dict:
     """Run stand-in + `python -m vlm_sidecar` for `seconds`; return the windows and request deltas."""
     port, sc_port = _free_port(), _free_port()
     # Other people edit the stand-in and the estimator while we record: note which versions ran.
@@ -123,7 +127,7 @@ def record_phase(label: str, standin_args: list[str], env: dict[str, str], secon
         sc_env = dict(base_env, VLM_SIDECAR_PORT=str(sc_port), VLM_PROFILE_INTERVAL=interval,
                       VLM_PROFILE_DURATION=duration, VLM_DISCOVERY_ROOT_PID=str(standin.pid),
                       VLM_SGLANG_METRICS_URL="", VLM_WINDOW_HISTORY="1000", POD_NAME=f"standin-{label}",
-                      VLM_REVISION=label)
+                      VLM_REVISION=label, **(sidecar_env or {}))
         sc_cmd = [sys.executable, "-m", "vlm_sidecar"]
         sidecar = subprocess.Popen(sc_cmd, env=sc_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         # Request counters scraped once a second; per window the delta over [start, end] gives
@@ -157,6 +161,7 @@ def record_phase(label: str, standin_args: list[str], env: dict[str, str], secon
         span = max(1e-9, w["end"] - w["start"])
         n_ttft = d.get("sglang:time_to_first_token_seconds_count", 0.0)
         n_itl = d.get("sglang:inter_token_latency_seconds_count", 0.0)
+        w["request_rate"] = n_ttft / span
         if n_ttft > 0:
             w["ttft_seconds"] = d["sglang:time_to_first_token_seconds_sum"] / n_ttft
         if n_itl > 0:
@@ -184,6 +189,8 @@ def record_noise(path: Path, seconds: float, interval: str = "6s", duration: str
     """Record every phase, derive the calibration, write it to `path`; returns it."""
     phases = [record_phase(lb, a, e, seconds, interval, duration, tp) for lb, a, e in RECORD_PHASES]
     cal = derive_noise(phases)
+    if path.exists() and "frontend" in (old := json.loads(path.read_text())):
+        cal["frontend"] = old["frontend"]  # recorded on its own (--record-frontend-noise)
     cal["recorded"] = {
         "command": f"python bench/gate_quality.py --record-noise --record-seconds {seconds:g}",
         "sidecar": f"python -m vlm_sidecar (VLM_PROFILE_INTERVAL={interval}, VLM_PROFILE_DURATION={duration}, "
@@ -211,8 +218,60 @@ def rederive_noise(path: Path) -> dict:
     old = json.loads(path.read_text()) if path.exists() else {}
     cal = derive_noise([{"label": k, "windows": v} for k, v in raw.items()])
     cal["recorded"] = old.get("recorded", {})
+    if "frontend" in old:
+        cal["frontend"] = old["frontend"]
     path.write_text(json.dumps(cal, indent=1) + "\n")
     return cal
+
+
+# The front end at the stand-in's defaults (bench/standin/frontend.py: 20 requests/s of 2 images, 5 ms of
+# preprocessing per image on 2 pool workers, a tokenizing asyncio loop, a detokenizer), every role sampled at
+# the sidecar's front-end defaults (250 Hz for the first 2 s of each window).
+FRONTEND_PHASE = ("frontend", ["--standin-version", "0.5.23", "--standin-frontend", "--standin-seed", "3"], {})
+FRONTEND_ROLES = ("tokenizer_manager", "tokenizer_worker", "mm_processor", "detokenizer")
+
+
+def record_frontend_noise(path: Path, seconds: float, interval: str = "6s", duration: str = "5s") -> dict:
+    """Record the front end's per-window busy shares with the real sidecar; stored as `frontend` in `path`."""
+    label, args, env = FRONTEND_PHASE
+    ph = record_phase(label, args, env, seconds, interval, duration, 1,
+                      sidecar_env={"VLM_FRONTEND_ROLES": ",".join(FRONTEND_ROLES)})
+    cal = json.loads(path.read_text())
+    cal["frontend"] = derive_frontend(ph["windows"])
+    cal["frontend"]["recorded"] = {
+        "command": f"python bench/gate_quality.py --record-frontend-noise --record-seconds {seconds:g}",
+        "standin": ph["standin_cmd"], "sidecar": f"python -m vlm_sidecar (VLM_PROFILE_INTERVAL={interval}, "
+        f"VLM_PROFILE_DURATION={duration}, VLM_FRONTEND_ROLES={','.join(FRONTEND_ROLES)}, front-end rate and "
+        "duration at their defaults, real py-spy)", "windows": len(ph["windows"]),
+        "standin_sha256": ph["standin_sha256"], "load_average_start_end": ph["load_average"],
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), "git": _git_state(),
+    }
+    path.write_text(json.dumps(cal, indent=1, sort_keys=False) + "\n")
+    return cal
+
+
+def derive_frontend(windows: Sequence[dict]) -> dict:
+    """Per role: the busy share scaled to the median request rate (what the gate compares), its mean and
+    per-window residuals; the request rate's log spread (pure)."""
+    ws = [w for w in windows if w.get("result") == "ok" and (w.get("request_rate") or 0) > 0
+          and isinstance((w.get("frontend") or {}).get("roles"), dict)]
+    if len(ws) < 5:
+        raise ValueError(f"front end: only {len(ws)} usable windows")
+    rates = np.array([w["request_rate"] for w in ws])
+    ref = float(np.median(rates))
+    roles = {}
+    for role in FRONTEND_ROLES:
+        got = [(w["frontend"]["roles"][role]["busy_share"], w["request_rate"]) for w in ws
+               if isinstance(w["frontend"]["roles"].get(role), dict)
+               and w["frontend"]["roles"][role].get("busy_share") is not None]
+        if len(got) < max(5, len(ws) // 2):
+            continue
+        scaled = np.array([b * ref / r for b, r in got])
+        roles[role] = {"windows": len(got), "busy_mean": float(np.mean([b for b, _ in got])),
+                       "scaled_mean": float(scaled.mean()), "scaled_sd": float(scaled.std(ddof=1)),
+                       "scaled_residuals": [round(float(x), 5) for x in scaled - scaled.mean()]}
+    lr = np.log(rates)
+    return {"windows": len(ws), "request_rate": {"median": ref, "log_sd": float(lr.std(ddof=1))}, "roles": roles}
 
 
 def _usable(ws: Sequence[dict]) -> list[dict]:
@@ -313,6 +372,11 @@ class Noise:
     throughput: float
     throughput_sd: float
     source: str = ""
+    # The front end (`frontend` in the calibration, --record-frontend-noise): per role its busy share at the
+    # median request rate and the recorded per-window residuals; the request rate and its per-window log sd.
+    frontend: tuple[tuple[str, float, tuple[float, ...]], ...] = ()
+    request_rate: float = 0.0
+    request_rate_log_sd: float = 0.0
 
 
 def load_noise(path: Path = NOISE_FILE, *, detrended: bool = True, scale: float = 1.0,
@@ -360,6 +424,10 @@ def load_noise(path: Path = NOISE_FILE, *, detrended: bool = True, scale: float 
         throughput=req.get("throughput", {}).get("mean", 1000.0),
         throughput_sd=req.get("throughput", {}).get("log_sd", 0.05),
         source=f"{path}:{label}",
+        frontend=tuple((role, r["scaled_mean"], tuple(r["scaled_residuals"]))
+                       for role, r in cal.get("frontend", {}).get("roles", {}).items()),
+        request_rate=cal.get("frontend", {}).get("request_rate", {}).get("median", 0.0),
+        request_rate_log_sd=cal.get("frontend", {}).get("request_rate", {}).get("log_sd", 0.0),
     )
 
 
@@ -484,6 +552,9 @@ class Scenario:
     expect: str = "promote"  # promote (a rollback is false) | rollback (a rollback is a detection)
     truth_function: str | None = None
     truth_stage: str | None = None
+    frontend: bool = False  # the sidecars sample the front end (telemetry.frontendRoles): its family is gated
+    frontend_add: tuple[tuple[str, float], ...] = ()  # canary: points of busy share added to a role
+    frontend_scale: float = 1.0  # canary: every role's work per request scaled
 
 
 def scenarios() -> list[Scenario]:
@@ -505,6 +576,13 @@ def scenarios() -> list[Scenario]:
                  truth_stage=pi),
         Scenario("ttft", "TTFT +20%, loop unchanged", ttft_factor=1.2, expect="rollback"),
         Scenario("drift", "A/A, load drift +2%/min (both)", drift_per_min=0.02),
+        # Front-end sampling on (off by default): what its family costs and buys at its default margin.
+        Scenario("aa1fe", "A/A, pod spread 1%, front end sampled", frontend=True),
+        Scenario("up5fe", f"loop +5% ({rc}), front end sampled", add_self=((rc, 0.05),), frontend=True,
+                 expect="rollback", truth_function=rc, truth_stage=pi),
+        Scenario("fe15", "image pool +15 points busy, loop unchanged, front end sampled", frontend=True,
+                 frontend_add=(("mm_processor", 0.15),), expect="rollback"),
+        Scenario("fefast", "front end 2x faster, front end sampled", frontend=True, frontend_scale=0.5),
     ]
     return out
 
@@ -603,6 +681,8 @@ def pod_windows(rng: np.random.Generator, noise: Noise, tree: Tree, sc: Scenario
     itl = loop * noise.itl_over_loop * np.exp(rng.normal(0, noise.itl_sd, n))
     thr = noise.throughput * np.exp(load(ends - t0) + rng.normal(0, noise.throughput_sd, n))
     iters = np.maximum(1, np.round(cad.window_s / loop * np.exp(rng.normal(0, noise.iterations_cv * 0.3, n))))
+    fe = _frontend_windows(rng, noise, sc, canary=canary, offset=offset, lvl=load(ends - t0), n=n) if sc.frontend \
+        else None
     out = []
     for k in range(n):
         self_k = shares[k]
@@ -625,8 +705,29 @@ def pod_windows(rng: np.random.Generator, noise: Noise, tree: Tree, sc: Scenario
             "top_function": tree.funcs[int(order[0])],
             "stale": False, "error": None, "result": "ok",
             "ttft_seconds": float(ttft[k]), "itl_seconds": float(itl[k]), "throughput": float(thr[k]),
+            **(fe[k] if fe else {}),
         })
     return out
+
+
+def _frontend_windows(rng: np.random.Generator, noise: Noise, sc: Scenario, *, canary: bool, offset: float,
+                      lvl: np.ndarray, n: int) -> list[dict]:
+    """Per window: the request rate (the recorded rate, moved by the shared load, with its recorded spread)
+    and each role's busy share: its recorded busy at the median rate, slower on a slower pod (the pod's
+    offset), changed on the canary as the scenario says, plus a recorded residual (resampled), then scaled
+    to the window's own rate, capped at 1."""
+    if not noise.frontend or noise.request_rate <= 0:
+        raise ValueError("the calibration has no front end: run python bench/gate_quality.py --record-frontend-noise")
+    rate = noise.request_rate * np.exp(lvl + rng.normal(0.0, noise.request_rate_log_sd, n))
+    add = dict(sc.frontend_add) if canary else {}
+    roles = {}
+    for role, busy, resid in noise.frontend:
+        per_req = busy * math.exp(offset) * (sc.frontend_scale if canary else 1.0) + add.get(role, 0.0)
+        at_ref = per_req + rng.choice(np.asarray(resid), n)
+        roles[role] = np.clip(at_ref * rate / noise.request_rate, 0.0, 1.0)
+    return [{"request_rate": float(rate[k]),
+             "frontend": {"roles": {role: {"busy_share": float(v[k]), "function_shares": {}, "self_shares": {}}
+                                    for role, v in roles.items()}}} for k in range(n)]
 
 
 def simulate(rng: np.random.Generator, noise: Noise, sc: Scenario, cad: Cadence, mode: str,
@@ -1137,6 +1238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--noise", type=Path, default=NOISE_FILE, help="calibration JSON")
     ap.add_argument("--record-noise", action="store_true", help="re-record the calibration first (~7 min)")
     ap.add_argument("--record-seconds", type=float, default=180.0, help="recording time per stand-in phase")
+    ap.add_argument("--record-frontend-noise", action="store_true",
+                    help="record the front end's calibration (the `frontend` entry of --noise) first")
     ap.add_argument("--rederive-noise", action="store_true",
                     help="derive the calibration again from the recorded windows next to it (no recording)")
     ap.add_argument("--raw-residuals", action="store_true",
@@ -1147,6 +1250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS, help="where gate_quality.md and the PNG go")
     ap.add_argument("--json", type=Path, default=ROOT / "out" / "gate_quality.json", help="every number, as JSON")
     args = ap.parse_args(argv)
+    if args.record_frontend_noise:
+        record_frontend_noise(args.noise, args.record_seconds)
     if args.record_noise:
         cal = record_noise(args.noise, args.record_seconds)
         print("recorded:", json.dumps(cal["recorded"], indent=1))

@@ -67,14 +67,14 @@ ALERTS_NOT_PRODUCED = {
     "VLMIPCCacheInactive": "needs the stable revision without the cache for 15 minutes (the cache-off canary "
                            "is rolled back within two) (promtool: ipc-cache)",
     "VLMIPCCacheNotObserved": "needs pods told to cache that re-open CUDA IPC handles for 10 minutes "
-                              "(promtool: ipc-cache)",
+                              "(promtool: ipc-cache; pending on such a pod in test_frontend.py)",
     "VLMProfilerStale": "needs a sidecar that is up but cannot sample for 5 minutes (a killed sidecar has no "
                         "series: its absence is `up == 0`, not vlm_profiler_stale) (promtool: scheduler)",
     "VLMOperatorDown": "needs the operator unscraped for 5 minutes; here `up{job=\"vlm-operator\"}` must be 1 "
                        "(promtool: operator)",
     "VLMOperatorReconcileErrors": "needs >10% failing reconciles for 15 minutes (promtool: operator)",
     "VLMFrontendSaturated": "needs a front end busy >= 90% while the scheduler idles, for 10 minutes "
-                            "(promtool: frontend)",
+                            "(promtool: frontend; pending on a saturated pod in test_frontend.py)",
 }
 
 

@@ -238,3 +238,60 @@ def test_tune_picks_best_detection_within_target():
                       "up5": {"gate": {"rollback": 1.0}, "competitors": rows(dr)}}}
     c = gq.tune(res, target=0.2)[name]
     assert c["meets_target"] and c["fr"] <= 0.2 + 1e-12 and c["index"] == 6  # first at or below 20%
+
+
+def _frontend_window(i: int, busy: float, rate: float) -> dict:
+    return {"result": "ok", "request_rate": rate, "end": 100.0 + 6 * i,
+            "frontend": {"roles": {"mm_processor": {"busy_share": busy}, "tokenizer_manager": {"busy_share": 0.02},
+                                   "tokenizer_worker": None}}}
+
+
+def test_derive_frontend_scales_each_window_to_the_median_rate():
+    # Work per request constant (busy proportional to the rate): scaled to the median rate, no spread is left.
+    ws = [_frontend_window(i, 0.1 * r / 20, r) for i, r in enumerate([18, 20, 22, 19, 21, 20])]
+    ws.append({"result": "error", "request_rate": 20})  # a failed window is left out
+    fe = gq.derive_frontend(ws)
+    assert fe["windows"] == 6 and set(fe["roles"]) == {"mm_processor", "tokenizer_manager"}  # a None role: absent
+    mm = fe["roles"]["mm_processor"]
+    assert mm["scaled_mean"] == pytest.approx(0.1) and mm["scaled_sd"] == pytest.approx(0.0, abs=1e-12)
+    assert fe["request_rate"]["median"] == pytest.approx(20.0)
+    with pytest.raises(ValueError, match="usable windows"):
+        gq.derive_frontend(ws[:3])
+
+
+@pytest.fixture
+def frontend_noise_file(noise_file: Path, tmp_path: Path) -> Path:
+    rng = np.random.default_rng(1)
+    cal = json.loads(noise_file.read_text())
+    cal["frontend"] = gq.derive_frontend([_frontend_window(i, 0.1 + rng.normal(0, 0.01), 20.0 + rng.normal(0, 1))
+                                          for i in range(30)])
+    path = tmp_path / "fe" / noise_file.name
+    path.parent.mkdir()
+    path.write_text(json.dumps(cal))
+    path.with_name("gate_noise_windows.json").write_text(noise_file.with_name("gate_noise_windows.json").read_text())
+    gq.rederive_noise(path)  # a re-derivation of the scheduler phases keeps the front end
+    assert "frontend" in json.loads(path.read_text())
+    return path
+
+
+def _busy_at_ref(ws: list[dict], noise, role: str = "mm_processor") -> float:
+    return float(np.mean([w["frontend"]["roles"][role]["busy_share"] * noise.request_rate / w["request_rate"]
+                          for w in ws]))
+
+
+def test_frontend_scenarios(noise_file: Path, frontend_noise_file: Path):
+    (base, can, _d, _r), noise, _sc, _cad = _sim(frontend_noise_file, "aa1fe")
+    assert all("frontend" in w and w["request_rate"] > 0 for w in (*base, *can))
+    assert _busy_at_ref(can, noise) == pytest.approx(0.1, abs=0.01)
+    (_b, up, _d, _r), *_ = _sim(frontend_noise_file, "fe15")
+    assert _busy_at_ref(up, noise) - _busy_at_ref(can, noise) == pytest.approx(0.15, abs=0.002)
+    assert _busy_at_ref(up, noise, "tokenizer_manager") == pytest.approx(_busy_at_ref(can, noise, "tokenizer_manager"))
+    assert _mean_log(up) == pytest.approx(_mean_log(can))  # the scheduler loop unchanged
+    (_b, fast, _d, _r), *_ = _sim(frontend_noise_file, "fefast")
+    assert _busy_at_ref(fast, noise) == pytest.approx(0.5 * _busy_at_ref(can, noise), abs=0.01)
+    # The gate reads them: the front-end family is compared and the +15 points found.
+    gw = [gq.gate.Window.from_sidecar(w["revision"], w["pod"], w) for w in up[:20]]
+    assert gw[0].frontend["mm_processor"].busy_share > 0.1 and gw[0].request_rate == up[0]["request_rate"]
+    # Without a recorded front end, a front-end scenario says how to record one.
+    with pytest.raises(ValueError, match="record-frontend-noise"):
+        _sim(noise_file, "aa1fe")
