@@ -10,6 +10,8 @@ differs, then at most one status patch and Events for what changed.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 import time
@@ -31,6 +33,7 @@ from .units import parse_duration
 log = logging.getLogger("vlm_operator.reconcile")
 Emit = Callable[[str, str, str], None]  # (type, reason, message)
 PROFILER_SPAN_WINDOWS = 4  # status.profiler summarises the windows of the last 4 telemetry intervals
+UNCONFIRMED_TTL_S = 60.0  # an object applied and not yet in the index is not re-sent for this long (Runtime.apply)
 
 
 @dataclass
@@ -43,6 +46,8 @@ class Runtime:
     profiler_reads: dict[str, float] = field(default_factory=dict)
     # uid -> the resourceVersion of the last status write (see `current`)
     written: dict[str, int] = field(default_factory=dict)
+    # uid -> {object key: (digest, monotonic time)}: applied, not yet seen in the index (see `apply`)
+    unconfirmed: dict[str, dict[tuple[str, str, str, str], tuple[str, float]]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -64,6 +69,46 @@ class Runtime:
         with self._lock:
             self.profiler_reads.pop(uid, None)
             self.written.pop(uid, None)
+            self.unconfirmed.pop(uid, None)
+
+    def apply(self, uid: str, obj: Mapping[str, Any], observed: Mapping[str, Any] | None,
+              now: float | None = None) -> bool:
+        """`kube.apply`, without re-sending what this operator applied moments ago and the index has not shown yet.
+
+        The indexes follow the API server's watch, which lags behind our own writes, most under a burst of
+        creations: the create handler and the resync timer of a new service can both be queued before either
+        writes, and the second, run after the first under the service's lock, still saw no Deployment and no
+        Service and applied both again (400 services created at once: 548 Deployment and 545 Service
+        applies). The same object, byte for byte, applied less than `UNCONFIRMED_TTL_S` ago is not sent
+        again while the index has not shown it; once the index shows the object the entry goes, so a
+        Deployment deleted by hand afterwards is re-created at once (one deleted before the index ever
+        showed it waits for the TTL)."""
+        meta = obj["metadata"]
+        key = (str(obj["apiVersion"]), str(obj["kind"]), str(meta["namespace"]), str(meta["name"]))
+        t = time.monotonic() if now is None else now
+        with self._lock:
+            mine = self.unconfirmed.get(uid, {})
+            if observed is not None:
+                mine.pop(key, None)
+            else:
+                digest = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+                hit = mine.get(key)
+                if hit is not None and hit[0] == digest and 0 <= t - hit[1] < UNCONFIRMED_TTL_S:
+                    return False
+        wrote = self.kube.apply(obj, observed)
+        if observed is None:  # digest: set above on this path
+            with self._lock:
+                mine = self.unconfirmed.setdefault(uid, {})
+                for k in [k for k, (_, at) in mine.items() if not 0 <= t - at < UNCONFIRMED_TTL_S]:
+                    del mine[k]
+                mine[key] = (digest, t)
+        return wrote
+
+    def delete(self, uid: str, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """`kube.delete`; what it deletes is no longer known to exist (the next apply of it is sent)."""
+        with self._lock:
+            self.unconfirmed.get(uid, {}).pop((api_version, kind, namespace, name), None)
+        return self.kube.delete(api_version, kind, namespace, name)
 
     def note_written(self, t: Target, resource_version: str) -> None:
         rv = _rv(resource_version)
@@ -269,14 +314,14 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
     plan = rollout.plan(owner, spec, desired, observed, prev, now=now, free_gpus=free, decision=decision, action=action)
 
     if not plan.hands_off:
-        rt.kube.apply(desired.service, observed.service)
+        rt.apply(t.uid, desired.service, observed.service)
         if plan.stable is not None:
-            rt.kube.apply(plan.stable, observed.deployments.get(builders.ROLE_STABLE))
+            rt.apply(t.uid, plan.stable, observed.deployments.get(builders.ROLE_STABLE))
         for role, want in ((builders.ROLE_CANARY, plan.canary), (builders.ROLE_BASELINE, plan.baseline)):
             if want is not None:
-                rt.kube.apply(want, observed.deployments.get(role))
+                rt.apply(t.uid, want, observed.deployments.get(role))
             elif role in observed.deployments:
-                rt.kube.delete("apps/v1", "Deployment", t.namespace, builders.deployment_name(owner, role))
+                rt.delete(t.uid, "apps/v1", "Deployment", t.namespace, builders.deployment_name(owner, role))
         if t.status.get("observedGeneration") != t.generation:
             # Both follow the spec alone (and the operator's settings): applied once per generation, like the
             # PodMonitor; deleted when the spec no longer wants them (replicas <= 1, networkPolicy Off).
@@ -285,14 +330,15 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
                 ("networking.k8s.io/v1", "NetworkPolicy", desired.network_policy),
             ):
                 if want is not None:
-                    rt.kube.apply(want, None)
+                    rt.apply(t.uid, want, None)
                 else:
-                    rt.kube.delete(api_version, kind, t.namespace, t.name)
+                    rt.delete(t.uid, api_version, kind, t.namespace, t.name)
         if rt.monitoring and t.status.get("observedGeneration") != t.generation:
             extra = rt.settings.monitoring_labels
             interval = builders.pod_monitor_interval(spec.telemetry.interval)
-            rt.kube.apply(builders.build_pod_monitor(owner, extra, interval), None)
-            rt.kube.apply(
+            rt.apply(t.uid, builders.build_pod_monitor(owner, extra, interval), None)
+            rt.apply(
+                t.uid,
                 alerts.build_prometheus_rule(
                     t.name, t.namespace, owner.reference(), builders.common_labels(owner), extra_labels=extra
                 ),
