@@ -206,11 +206,49 @@ def count_objects(api: client.ApiClient, path: str) -> int:
     return len(json.loads(resp.data).get("items") or [])  # null when there are none yet
 
 
+def direct(api: client.ApiClient, ns: str, count: int) -> int:
+    """The operator's writes for `count` new services, from a client that does nothing else."""
+    from vlm_operator import api as vapi
+    from vlm_operator import builders as B
+    from vlm_operator.apply import Kube
+    from vlm_operator.settings import Settings
+
+    kube, settings = Kube(api, "bench-direct"), Settings()
+    spec = vapi.parse_spec({"model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"}, "replicas": 1})
+
+    def objects(i: int) -> list[dict]:
+        d = B.build_desired(B.Owner(f"svc-{i:04d}", ns, f"00000000-0000-0000-0000-{i:012d}"), spec, settings)
+        dep = B.build_deployment(B.Owner(f"svc-{i:04d}", ns, "x"), d.template, d.revision, B.ROLE_STABLE, 1)
+        out = [d.service, dep, *([d.network_policy] if d.network_policy else [])]
+        for o in out:  # no owner here: the garbage collector would remove what names a missing one
+            o["metadata"].pop("ownerReferences", None)
+        return out
+
+    t0 = time.time()
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda i: [kube.apply(o, None) for o in objects(i)], range(count)))
+    t_written = time.time() - t0
+    while (made := count_objects(api, f"/apis/apps/v1/namespaces/{ns}/deployments")) < count:
+        time.sleep(1.0)
+    result = {"services": count, "direct_writes_s": round(t_written, 1),
+              "direct_all_deployments_s": round(time.time() - t0, 1), "writes_per_service": 3 if made else 0}
+    out = REPO / "out"
+    out.mkdir(exist_ok=True)
+    (out / "operator_scale_direct.json").write_text(json.dumps(result, indent=1))
+    for k, v in result.items():
+        print(f"{k:28s} {v}")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--count", type=int, default=1000)
     p.add_argument("--dead", type=float, default=0.1, help="share of sidecars that never answer")
     p.add_argument("--steady", type=float, default=120.0, help="seconds of steady state measured")
+    p.add_argument("--direct", action="store_true",
+                   help="no operator: write the objects it would write for each service (Service, Deployment, "
+                        "NetworkPolicy, server-side apply on 16 threads, like its handler threads) and time them: "
+                        "what this control plane allows, the floor for all_deployments_s")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="extra environment for the operator (an experiment; the default is the shipped settings)")
     a = p.parse_args()
@@ -249,7 +287,18 @@ def main() -> int:
                 print(f"[bench] pod list failed: {e}", file=sys.stderr)
             stop.wait(5.0)
 
-    threading.Thread(target=map_pods, name="podmap", daemon=True).start()
+    mapper = threading.Thread(target=map_pods, name="podmap", daemon=True)
+    mapper.start()
+    if a.direct:
+        try:
+            return direct(api, ns, a.count)
+        finally:
+            stop.set()
+            mapper.join(30)  # not mid-request when the interpreter exits
+            sidecars.close()
+            core.delete_namespace(ns)
+            for n in nodes:
+                core.delete_node(n)
     try:
         op.start()
         print(f"[bench] operator pid {op.proc.pid}, log {op.log_path}", file=sys.stderr)

@@ -37,7 +37,7 @@ RESTART_RESYNC_DELAY_S = 1.0
 # Handler threads and API connections. A reconcile spends its time waiting for the API server (a few
 # round trips), not on CPU, so 1000 services created at once need more than the default pool (CPUs + 4
 # threads); the HTTP pool matches it, so no thread opens a connection of its own.
-HANDLER_THREADS = 16
+HANDLER_THREADS = SETTINGS.handler_threads
 
 
 def first_resync_delay(uid: str, interval: float, *, handled: bool) -> float:

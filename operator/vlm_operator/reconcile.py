@@ -331,7 +331,9 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
             ):
                 if want is not None:
                     rt.apply(t.uid, want, None)
-                else:
+                elif not (t.generation == 1 and "observedGeneration" not in t.status):
+                    # (Never reconciled, and its spec never changed: every reconcile so far saw this spec and
+                    # wanted none, so none was made. One DELETE answered 404 less per new service.)
                     rt.delete(t.uid, api_version, kind, t.namespace, t.name)
         if rt.monitoring and t.status.get("observedGeneration") != t.generation:
             extra = rt.settings.monitoring_labels

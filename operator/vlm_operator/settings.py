@@ -14,6 +14,7 @@
 | VLM_PROFILER_PEERS          | DEFAULT_PROFILER_PEERS (JSON)    | NetworkPolicy peers admitted to port 9400 |
 | VLM_SIDECAR_TIMEOUT_SECONDS | 1                                | timeout of one sidecar /windows.json read |
 | VLM_SIDECAR_WORKERS         | 8                                | concurrent sidecar reads (shared pool)    |
+| VLM_HANDLER_THREADS         | 16                               | reconciles running at once                |
 | VLM_PROFILER_TOLERANCE      | 0.05                             | status.profiler: relative loop change shown |
 | VLM_PROFILER_REFRESH_SECONDS | 1800                            | status.profiler rewritten at least this often |
 | VLM_MONITORING_LABELS       | {} (JSON object)                 | extra labels on PodMonitor/PrometheusRule |
@@ -99,6 +100,8 @@ class Settings(BaseSettings):
     sidecar_timeout_seconds: float = Field(
         1.0, gt=0, le=30, description="timeout of one sidecar /windows.json read (a dead pod costs it once per window)")
     sidecar_workers: int = Field(8, ge=1, le=128, description="sidecar reads in flight at once, over all services")
+    handler_threads: int = Field(16, ge=1, le=128, description="reconciles running at once (kopf's handler threads; "
+                                 "each also holds one API connection)")
     profiler_tolerance: float = Field(
         0.05, ge=0, lt=1, description="status.profiler loopP50/loopP95 are rewritten when they move by more than this")
     profiler_refresh_seconds: float = Field(

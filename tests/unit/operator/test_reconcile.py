@@ -337,3 +337,21 @@ def test_what_the_index_never_showed_is_applied_again_after_the_ttl_and_a_delete
     assert c.rt.apply("u", {**obj, "data": {"a": "2"}}, None, now=201.0)  # deleted: no longer known to exist
     c.rt.forget("u")
     assert "u" not in c.rt.unconfirmed
+
+
+def test_a_new_service_deletes_nothing_it_never_made_but_a_changed_spec_still_cleans_up():
+    c = Cluster({**SPEC, "replicas": 1})
+    deletes = []
+    real_delete = c.kube.delete
+    c.kube.delete = lambda *a: deletes.append(a) or real_delete(*a)  # the fake records only deletes that hit
+    c.run()
+    assert deletes == [] and ("policy/v1", "PodDisruptionBudget", "ns", "svc") not in c.kube.objects
+    # A first reconcile that made a budget (replicas 2) and died before its status write; the spec then went to
+    # one replica: the next reconcile, at generation 2, still removes the budget.
+    c = Cluster()
+    t = c.kube.target(c.name)
+    reconcile.reconcile(c.rt, t, c.kube.observed(c.name), lambda *e: None, now=T0)
+    c.kube.objects[(f"{api.GROUP}/{api.VERSION}", api.KIND, "ns", c.name)].pop("status", None)
+    c.kube.update_spec(c.name, {**SPEC, "replicas": 1})
+    c.run(T0 + 1)
+    assert ("policy/v1", "PodDisruptionBudget", "ns", "svc") not in c.kube.objects
