@@ -206,6 +206,17 @@ def count_objects(api: client.ApiClient, path: str) -> int:
     return len(json.loads(resp.data).get("items") or [])  # null when there are none yet
 
 
+def release(co: client.CustomObjectsApi, ns: str) -> None:
+    """Drop kopf's finalizer from every service: the operator is stopped before the namespace goes, and its
+    finalizer (kopf adds one for the resync timer) would keep the namespace Terminating, and its objects loading
+    the API server, for good."""
+    items = co.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _request_timeout=120)["items"]
+    patch = {"metadata": {"finalizers": None}}
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda o: co.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, o["metadata"]["name"],
+                                                                  patch), items))
+
+
 def direct(api: client.ApiClient, ns: str, count: int) -> int:
     """The operator's writes for `count` new services, from a client that does nothing else."""
     from vlm_operator import api as vapi
@@ -381,6 +392,7 @@ def main() -> int:
         stop.set()
         op.stop()
         sidecars.close()
+        release(co, ns)
         core.delete_namespace(ns)
         for n in nodes:
             core.delete_node(n)

@@ -33,7 +33,7 @@ from .units import parse_duration
 log = logging.getLogger("vlm_operator.reconcile")
 Emit = Callable[[str, str, str], None]  # (type, reason, message)
 PROFILER_SPAN_WINDOWS = 4  # status.profiler summarises the windows of the last 4 telemetry intervals
-UNCONFIRMED_TTL_S = 60.0  # an object applied and not yet in the index is not re-sent for this long (Runtime.apply)
+UNCONFIRMED_TTL_S = 300.0  # an object applied and not yet in the index is not re-sent for this long (Runtime.apply)
 
 
 @dataclass
@@ -79,7 +79,8 @@ class Runtime:
         creations: the create handler and the resync timer of a new service can both be queued before either
         writes, and the second, run after the first under the service's lock, still saw no Deployment and no
         Service and applied both again (400 services created at once: 548 Deployment and 545 Service
-        applies). The same object, byte for byte, applied less than `UNCONFIRMED_TTL_S` ago is not sent
+        applies; at 1000, a Deployment the resync timer applied was still not in the index 76 s later, when the
+        create handler ran). The same object, byte for byte, applied less than `UNCONFIRMED_TTL_S` ago is not sent
         again while the index has not shown it; once the index shows the object the entry goes, so a
         Deployment deleted by hand afterwards is re-created at once (one deleted before the index ever
         showed it waits for the TTL)."""

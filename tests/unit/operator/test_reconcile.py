@@ -331,10 +331,11 @@ def test_what_the_index_never_showed_is_applied_again_after_the_ttl_and_a_delete
     assert c.rt.apply("u", obj, None, now=100.0)
     assert not c.rt.apply("u", obj, None, now=130.0)  # the same object, moments later: not sent
     assert c.rt.apply("u", {**obj, "data": {"a": "2"}}, None, now=131.0)  # a change is always sent
-    assert c.rt.apply("u", {**obj, "data": {"a": "2"}}, None, now=131.0 + reconcile.UNCONFIRMED_TTL_S)  # TTL over
-    assert not c.rt.apply("u", {**obj, "data": {"a": "2"}}, None, now=200.0)
+    later = 131.0 + reconcile.UNCONFIRMED_TTL_S
+    assert c.rt.apply("u", {**obj, "data": {"a": "2"}}, None, now=later)  # TTL over
+    assert not c.rt.apply("u", {**obj, "data": {"a": "2"}}, None, now=later + 1)
     c.rt.delete("u", "v1", "ConfigMap", "ns", "x")
-    assert c.rt.apply("u", {**obj, "data": {"a": "2"}}, None, now=201.0)  # deleted: no longer known to exist
+    assert c.rt.apply("u", {**obj, "data": {"a": "2"}}, None, now=later + 2)  # deleted: no longer known to exist
     c.rt.forget("u")
     assert "u" not in c.rt.unconfirmed
 
