@@ -217,7 +217,7 @@ def release(co: client.CustomObjectsApi, ns: str) -> None:
                                                                   patch), items))
 
 
-def direct(api: client.ApiClient, ns: str, count: int) -> int:
+def direct(api: client.ApiClient, ns: str, count: int) -> dict:
     """The operator's writes for `count` new services, from a client that does nothing else."""
     from vlm_operator import api as vapi
     from vlm_operator import builders as B
@@ -242,14 +242,8 @@ def direct(api: client.ApiClient, ns: str, count: int) -> int:
     t_written = time.time() - t0
     while count_objects(api, f"/apis/apps/v1/namespaces/{ns}/deployments") < count:
         time.sleep(1.0)
-    result = {"services": count, "direct_writes_s": round(t_written, 1),
-              "direct_all_deployments_s": round(time.time() - t0, 1), "writes_per_service": len(objects(0))}
-    out = REPO / "out"
-    out.mkdir(exist_ok=True)
-    (out / "operator_scale_direct.json").write_text(json.dumps(result, indent=1))
-    for k, v in result.items():
-        print(f"{k:28s} {v}")
-    return 0
+    return {"services": count, "direct_writes_s": round(t_written, 1),
+            "direct_all_deployments_s": round(time.time() - t0, 1), "writes_per_service": len(objects(0))}
 
 
 def main() -> int:
@@ -301,96 +295,91 @@ def main() -> int:
 
     mapper = threading.Thread(target=map_pods, name="podmap", daemon=True)
     mapper.start()
-    if a.direct:
-        try:
-            return direct(api, ns, a.count)
-        finally:
-            stop.set()
-            mapper.join(30)  # not mid-request when the interpreter exits
-            sidecars.close()
-            core.delete_namespace(ns)
-            for n in nodes:
-                core.delete_node(n)
     try:
-        op.start()
-        print(f"[bench] operator pid {op.proc.pid}, log {op.log_path}", file=sys.stderr)
-        spec = {"model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"}, "replicas": 1}
-        cpu_start = cpu_seconds(op.proc.pid)
-        t0 = time.time()
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(lambda i: co.create_namespaced_custom_object(
-                GROUP, VERSION, ns, PLURAL,
-                {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VLMService", "metadata": {"name": f"svc-{i:04d}"},
-                 "spec": spec}), range(a.count)))
-        t_applied = time.time() - t0
-        while (made := count_objects(api, f"/apis/apps/v1/namespaces/{ns}/deployments")) < a.count:
-            if time.time() - t0 > 900:
-                raise SystemExit(f"only {made} of {a.count} Deployments after 900 s")
-            time.sleep(1.0)
-        t_deploy = time.time() - t0
-        # The creation burst: is the operator busy (a core is all one Python process gets) or waiting?
-        burst_cpu, burst_writes = cpu_seconds(op.proc.pid) - cpu_start, metric_sum(op, "vlm_operator_api_writes_total")
-        print(f"[bench] all {a.count} Deployments at {t_deploy:.1f} s, operator peak RSS "
-              f"{rss_peak_kib(op.proc.pid) / 1024:.0f} MiB", file=sys.stderr)
+        if a.direct:
+            result, out_name = direct(api, ns, a.count), "operator_scale_direct.json"
+        else:
+            op.start()
+            print(f"[bench] operator pid {op.proc.pid}, log {op.log_path}", file=sys.stderr)
+            spec = {"model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"}, "replicas": 1}
+            cpu_start = cpu_seconds(op.proc.pid)
+            t0 = time.time()
+            with ThreadPoolExecutor(16) as pool:
+                list(pool.map(lambda i: co.create_namespaced_custom_object(
+                    GROUP, VERSION, ns, PLURAL,
+                    {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VLMService", "metadata": {"name": f"svc-{i:04d}"},
+                     "spec": spec}), range(a.count)))
+            t_applied = time.time() - t0
+            while (made := count_objects(api, f"/apis/apps/v1/namespaces/{ns}/deployments")) < a.count:
+                if time.time() - t0 > 900:
+                    raise SystemExit(f"only {made} of {a.count} Deployments after 900 s")
+                time.sleep(1.0)
+            t_deploy = time.time() - t0
+            # The creation burst: is the operator busy (a core is all one Python process gets) or waiting?
+            burst_cpu, burst_writes = cpu_seconds(op.proc.pid) - cpu_start, metric_sum(op, "vlm_operator_api_writes_total")
+            print(f"[bench] all {a.count} Deployments at {t_deploy:.1f} s, operator peak RSS "
+                  f"{rss_peak_kib(op.proc.pid) / 1024:.0f} MiB", file=sys.stderr)
 
-        def profiled() -> tuple[int, int]:
-            for attempt in range(5):  # a full list of 1000 services can break off on a loaded API server
-                try:
-                    items = co.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _request_timeout=120)["items"]
+            def profiled() -> tuple[int, int]:
+                for attempt in range(5):  # a full list of 1000 services can break off on a loaded API server
+                    try:
+                        items = co.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _request_timeout=120)["items"]
+                        break
+                    except Exception as e:
+                        if attempt == 4:
+                            raise
+                        print(f"[bench] service list failed ({e}), again", file=sys.stderr)
+                        time.sleep(3.0)
+                st = [o.get("status") or {} for o in items]
+                return (sum(1 for s in st if s.get("observedGeneration")),
+                        sum(1 for s in st if (s.get("profiler") or {}).get("lastSampleTime")))
+
+            while profiled()[0] < a.count:
+                time.sleep(3)
+            t_status = time.time() - t0
+            print(f"[bench] all statuses at {t_status:.1f} s", file=sys.stderr)
+            # Every pod mapped to an endpoint, then 95% of the live ones shown in status.profiler.
+            # (allowing 1%: kwok may hand a recreated pod the IP of one still terminating)
+            while (len(sidecars.servers) < a.count - max(1, a.count // 100)
+                   or profiled()[1] < 0.95 * (len(sidecars.servers) - len(sidecars.dead))):
+                if time.time() - t0 > t_status + 300:
+                    print(f"[bench] only {profiled()[1]} services profiled after 300 s", file=sys.stderr)
                     break
-                except Exception as e:
-                    if attempt == 4:
-                        raise
-                    print(f"[bench] service list failed ({e}), again", file=sys.stderr)
-                    time.sleep(3.0)
-            st = [o.get("status") or {} for o in items]
-            return (sum(1 for s in st if s.get("observedGeneration")),
-                    sum(1 for s in st if (s.get("profiler") or {}).get("lastSampleTime")))
-
-        while profiled()[0] < a.count:
-            time.sleep(3)
-        t_status = time.time() - t0
-        print(f"[bench] all statuses at {t_status:.1f} s", file=sys.stderr)
-        # Every pod mapped to an endpoint, then 95% of the live ones shown in status.profiler.
-        # (allowing 1%: kwok may hand a recreated pod the IP of one still terminating)
-        while (len(sidecars.servers) < a.count - max(1, a.count // 100)
-               or profiled()[1] < 0.95 * (len(sidecars.servers) - len(sidecars.dead))):
-            if time.time() - t0 > t_status + 300:
-                print(f"[bench] only {profiled()[1]} services profiled after 300 s", file=sys.stderr)
-                break
-            time.sleep(2)
-        t_profiled = time.time() - t0
-        time.sleep(30)  # past the first-read burst: dead sidecars are now remembered
-        w0, h0 = metric_sum(op, "vlm_operator_api_writes_total"), histogram(op, "vlm_operator_reconcile_duration_seconds")
-        c0, r0, s0 = cpu_seconds(op.proc.pid), metric_sum(op, "vlm_operator_reconcile_duration_seconds_count"), time.time()
-        time.sleep(a.steady)
-        if "VLM_TRACEMALLOC_DUMP" in extra:  # the operator writes its allocation sites on SIGUSR1
-            os.kill(op.proc.pid, signal.SIGUSR1)
-            time.sleep(20)
-        w1, h1 = metric_sum(op, "vlm_operator_api_writes_total"), histogram(op, "vlm_operator_reconcile_duration_seconds")
-        c1, r1, s1 = cpu_seconds(op.proc.pid), metric_sum(op, "vlm_operator_reconcile_duration_seconds_count"), time.time()
-        result = {
-            "services": a.count,
-            "sidecars_live": len(sidecars.servers) - len(sidecars.dead),
-            "sidecars_dead": len(sidecars.dead),
-            "create_requests_s": round(t_applied, 1),
-            "all_deployments_s": round(t_deploy, 1),
-            "burst_operator_cpu_cores": round(burst_cpu / t_deploy, 2),
-            "burst_writes_per_service": round(burst_writes / a.count, 1),
-            "all_status_s": round(t_status, 1),
-            "profiled_95pct_of_live_s": round(t_profiled, 1),
-            "operator_peak_rss_mib": round(rss_peak_kib(op.proc.pid) / 1024, 1),
-            "operator_steady_rss_mib": round(rss_peak_kib(op.proc.pid, "VmRSS") / 1024, 1),
-            "operator_env": extra,
-            "steady_cpu_cores": round((c1 - c0) / (s1 - s0), 3),
-            "steady_reconciles_per_s": round((r1 - r0) / (s1 - s0), 1),
-            "steady_writes_per_s": round((w1 - w0) / (s1 - s0), 3),
-            "reconcile_p50_s": quantile(h0, h1, 0.5),
-            "reconcile_p99_s": quantile(h0, h1, 0.99),
-            "sidecar_requests": sidecars.requests,
-        }
+                time.sleep(2)
+            t_profiled = time.time() - t0
+            time.sleep(30)  # past the first-read burst: dead sidecars are now remembered
+            w0, h0 = metric_sum(op, "vlm_operator_api_writes_total"), histogram(op, "vlm_operator_reconcile_duration_seconds")
+            c0, r0, s0 = cpu_seconds(op.proc.pid), metric_sum(op, "vlm_operator_reconcile_duration_seconds_count"), time.time()
+            time.sleep(a.steady)
+            if "VLM_TRACEMALLOC_DUMP" in extra:  # the operator writes its allocation sites on SIGUSR1
+                os.kill(op.proc.pid, signal.SIGUSR1)
+                time.sleep(20)
+            w1, h1 = metric_sum(op, "vlm_operator_api_writes_total"), histogram(op, "vlm_operator_reconcile_duration_seconds")
+            c1, r1, s1 = cpu_seconds(op.proc.pid), metric_sum(op, "vlm_operator_reconcile_duration_seconds_count"), time.time()
+            result = {
+                "services": a.count,
+                "sidecars_live": len(sidecars.servers) - len(sidecars.dead),
+                "sidecars_dead": len(sidecars.dead),
+                "create_requests_s": round(t_applied, 1),
+                "all_deployments_s": round(t_deploy, 1),
+                "burst_operator_cpu_cores": round(burst_cpu / t_deploy, 2),
+                "burst_writes_per_service": round(burst_writes / a.count, 1),
+                "all_status_s": round(t_status, 1),
+                "profiled_95pct_of_live_s": round(t_profiled, 1),
+                "operator_peak_rss_mib": round(rss_peak_kib(op.proc.pid) / 1024, 1),
+                "operator_steady_rss_mib": round(rss_peak_kib(op.proc.pid, "VmRSS") / 1024, 1),
+                "operator_env": extra,
+                "steady_cpu_cores": round((c1 - c0) / (s1 - s0), 3),
+                "steady_reconciles_per_s": round((r1 - r0) / (s1 - s0), 1),
+                "steady_writes_per_s": round((w1 - w0) / (s1 - s0), 3),
+                "reconcile_p50_s": quantile(h0, h1, 0.5),
+                "reconcile_p99_s": quantile(h0, h1, 0.99),
+                "sidecar_requests": sidecars.requests,
+            }
+            out_name = "operator_scale.json"
     finally:
         stop.set()
+        mapper.join(30)  # not mid-request when the interpreter exits
         op.stop()
         sidecars.close()
         release(co, ns)
@@ -399,7 +388,7 @@ def main() -> int:
             core.delete_node(n)
     out = REPO / "out"
     out.mkdir(exist_ok=True)
-    (out / "operator_scale.json").write_text(json.dumps(result, indent=1))
+    (out / out_name).write_text(json.dumps(result, indent=1))
     for k, v in result.items():
         goal = f"  (target <= {TARGETS[k]})" if k in TARGETS else ""
         print(f"{k:28s} {v}{goal}")

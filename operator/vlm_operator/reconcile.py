@@ -87,22 +87,24 @@ class Runtime:
         meta = obj["metadata"]
         key = (str(obj["apiVersion"]), str(obj["kind"]), str(meta["namespace"]), str(meta["name"]))
         t = time.monotonic() if now is None else now
-        with self._lock:
-            mine = self.unconfirmed.get(uid, {})
-            if observed is not None:
-                mine.pop(key, None)
-            else:
-                digest = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
-                hit = mine.get(key)
-                if hit is not None and hit[0] == digest and 0 <= t - hit[1] < UNCONFIRMED_TTL_S:
-                    return False
-        wrote = self.kube.apply(obj, observed)
-        if observed is None:  # digest: set above on this path
+        if observed is not None:
             with self._lock:
-                mine = self.unconfirmed.setdefault(uid, {})
-                for k in [k for k, (_, at) in mine.items() if not 0 <= t - at < UNCONFIRMED_TTL_S]:
-                    del mine[k]
-                mine[key] = (digest, t)
+                self.unconfirmed.get(uid, {}).pop(key, None)
+            return self.kube.apply(obj, observed)
+        digest = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+        def fresh(entry: tuple[str, float]) -> bool:
+            return 0 <= t - entry[1] < UNCONFIRMED_TTL_S
+
+        with self._lock:
+            hit = self.unconfirmed.get(uid, {}).get(key)
+            if hit is not None and hit[0] == digest and fresh(hit):
+                return False
+        wrote = self.kube.apply(obj, None)
+        with self._lock:
+            mine = {k: e for k, e in self.unconfirmed.get(uid, {}).items() if fresh(e)}
+            mine[key] = (digest, t)
+            self.unconfirmed[uid] = mine
         return wrote
 
     def delete(self, uid: str, api_version: str, kind: str, namespace: str, name: str) -> bool:
