@@ -33,7 +33,8 @@ lint:
 # Unit (fast and slow), SGLang wheel compatibility, integration and e2e tiers, in that order
 # (pyproject.toml's testpaths: the py-spy measurements run before the control plane starts).
 # Only the tools the unit tier needs are built in front; the control plane's binaries are built by the
-# test session in the background (nice 19) while the unit tier runs (tests/binaries.py).
+# test session in the background (nice 19) while the unit tier runs, the Prometheus Operator after them
+# while the first integration tests run (tests/binaries.py).
 test: deps tools lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -6,14 +6,16 @@
 # module (docs/testbed.md). Binaries live outside the repo, keyed by
 # version, so a second run is a no-op and nothing built is ever committed.
 #
-# Usage: hack/build-binaries.sh [--print-dir | --print-pyspy-dir | --stage tools|cluster|all]
-#   tools:   the sidecar's py-spy and helm (the unit tier needs them)
-#   cluster: etcd, kwok, kube-apiserver/-controller-manager/-scheduler, kubectl, the Prometheus Operator
-#            (the integration and e2e tiers; `make test` builds these in the background, at the lowest CPU
-#            priority, while the unit tier runs: tests/binaries.py)
-#   all:     both (the default)
-# Concurrent runs serialise on a lock in the cache, so a second run waits for the first and then finds
-# everything built.
+# Usage: hack/build-binaries.sh [--print-dir | --print-pyspy-dir | --stage STAGE[,STAGE...]]
+#   tools:      the sidecar's py-spy and helm (the unit tier needs them)
+#   cluster:    etcd, kwok, kube-apiserver/-controller-manager/-scheduler, kubectl, and the Prometheus
+#               Operator's CRDs (the integration and e2e tiers; `make test` builds these in the background,
+#               at the lowest CPU priority, while the unit tier runs: tests/binaries.py)
+#   monitoring: the Prometheus Operator binary (its integration test and the e2e tier; built behind the
+#               cluster stage, while the first integration tests run)
+#   all:        tools,cluster,monitoring (the default)
+# Each stage holds a lock of its own in the cache while it runs: a second run of a stage waits for the
+# first and then finds everything built, and a run of one stage never waits for another stage's build.
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.34.4}"
@@ -29,7 +31,12 @@ if [[ "${1:-}" == "--print-dir" ]]; then echo "$BIN"; exit 0; fi
 if [[ "${1:-}" == "--print-pyspy-dir" ]]; then echo "$CACHE/pyspy"; exit 0; fi
 STAGE=all
 if [[ "${1:-}" == "--stage" ]]; then STAGE="${2:-}"; fi
-case "$STAGE" in tools|cluster|all) ;; *) echo "[build-binaries] unknown stage '$STAGE' (tools, cluster, all)" >&2; exit 2;; esac
+[[ "$STAGE" == all ]] && STAGE=tools,cluster,monitoring
+IFS=, read -ra STAGES <<<"$STAGE"
+for s in "${STAGES[@]}"; do
+  case "$s" in tools|cluster|monitoring) ;;
+    *) echo "[build-binaries] unknown stage '$s' (tools, cluster, monitoring, all)" >&2; exit 2;; esac
+done
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 command -v go >/dev/null || { echo "[build-binaries] go not found; need Go >= 1.24 (k8s $K8S_VERSION)" >&2; exit 1; }
@@ -40,8 +47,6 @@ if ! printf '1.24\n%s\n' "${gov%%[!0-9.]*}" | sort -V -C; then
   echo "[build-binaries] Go $gov is too old; need >= 1.24 for k8s $K8S_VERSION" >&2; exit 1
 fi
 mkdir -p "$BIN" "$CACHE/src"
-exec 9>"$CACHE/build.lock"
-flock 9
 log() { printf '[build-binaries] %s\n' "$*" >&2; }
 
 have() { [[ -x "$BIN/$1-$2" ]]; }
@@ -137,12 +142,12 @@ kwok_stages() {  # kwok's stage configs ship in its module, not in the binary
   ln -sfn "$out" "$CACHE/kwok-stages"
 }
 
+PROM_OPERATOR_MOD=github.com/prometheus-operator/prometheus-operator
+
 build_prometheus_operator() {
   # Its go.mod replaces its own submodules (pkg/apis/monitoring, pkg/client) with local paths, which
   # `go install pkg@version` refuses; a wrapper module requiring all three at one version builds cmd/operator.
-  # The CRDs ship in the module (example/prometheus-operator-crd), copied next to the binary for the tests.
-  local ver="$PROM_OPERATOR_VERSION" mod=github.com/prometheus-operator/prometheus-operator
-  local crds="$CACHE/prometheus-operator-crds-$ver"
+  local ver="$PROM_OPERATOR_VERSION" mod="$PROM_OPERATOR_MOD"
   if ! have prometheus-operator "$ver"; then
     local dir="$CACHE/src/prometheus-operator-$ver"
     mkdir -p "$dir"
@@ -171,6 +176,11 @@ build_prometheus_operator() {
     )
   fi
   link prometheus-operator "$ver"
+}
+
+prometheus_operator_crds() {  # they ship in the module (example/prometheus-operator-crd): copied, not built
+  local ver="$PROM_OPERATOR_VERSION" mod="$PROM_OPERATOR_MOD"
+  local crds="$CACHE/prometheus-operator-crds-$ver"
   if [[ ! -d "$crds" ]]; then
     go mod download -json "$mod@$ver" >/dev/null
     mkdir -p "$crds.tmp"
@@ -192,16 +202,23 @@ build_pyspy() {
   ln -sf "$BIN/py-spy-$key" "$CACHE/pyspy/py-spy"
 }
 
-start=$(date +%s)
-if [[ "$STAGE" != cluster ]]; then
-  build_pyspy
-  build_goinstall helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
-fi
-if [[ "$STAGE" != tools ]]; then
-  build_etcd
-  build_goinstall kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
-  kwok_stages
-  build_k8s
-  build_prometheus_operator
-fi
-log "binaries ready in $BIN ($STAGE; $(( $(date +%s) - start ))s)"
+for stage in "${STAGES[@]}"; do
+  start=$(date +%s)
+  exec 9>"$CACHE/build-$stage.lock"
+  flock 9
+  case "$stage" in
+    tools)
+      build_pyspy
+      build_goinstall helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm ;;
+    cluster)
+      build_etcd
+      build_goinstall kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
+      kwok_stages
+      build_k8s
+      prometheus_operator_crds ;;
+    monitoring)
+      build_prometheus_operator ;;
+  esac
+  exec 9>&-
+  log "binaries ready in $BIN ($stage; $(( $(date +%s) - start ))s)"
+done

@@ -26,6 +26,7 @@ from bench.standin import prom_operator as po
 from bench.standin.kube_sd import Reloader
 from bench.standin.monitoring import Monitoring
 from bench.standin.podmap import PodMapper
+from tests import binaries
 from tests.cluster import wait_for
 from tests.operator_proc import OperatorProcess, free_port, install_crd, pod_network_here
 
@@ -67,6 +68,9 @@ def podmap(kube, namespace, tmp_path, pod_network):
 
 @pytest.fixture(scope="session")
 def prometheus_operator(cluster, tmp_path_factory):
+    built = binaries.ensure("monitoring")  # built behind the cluster stage (tests/binaries.py)
+    if built.returncode != 0:
+        pytest.fail(f"the Prometheus Operator could not be built:\n{built.stderr[-6000:]}", pytrace=False)
     try:
         po.install_crds(cluster.kubectl)
         proc = po.PrometheusOperator(cluster.bin_dir / "prometheus-operator", cluster.kubeconfig,

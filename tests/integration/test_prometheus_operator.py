@@ -41,6 +41,7 @@ from vlm_operator import alerts, builders, metrics
 from vlm_operator.settings import Settings
 
 from bench.standin import kube_sd, prom_operator
+from tests import binaries
 from tests.cluster import wait_for
 from tests.integration.test_operator import EXAMPLES, create
 from tests.operator_proc import free_port, install_crd
@@ -63,6 +64,9 @@ def _need(path: Path, what: str) -> Path:
 
 @pytest.fixture(scope="module")
 def prometheus_operator(cluster, tmp_path_factory):
+    built = binaries.ensure("monitoring")  # built behind the cluster stage (tests/binaries.py)
+    if built.returncode != 0:
+        pytest.fail(f"the Prometheus Operator could not be built:\n{built.stderr[-6000:]}", pytrace=False)
     binary = _need(cluster.bin_dir / "prometheus-operator", "the Prometheus Operator binary")
     _need(CRDS, "the Prometheus Operator CRDs")
     install_crd(cluster.kubectl)
