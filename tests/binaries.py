@@ -2,10 +2,10 @@
 
 `make test` builds only the tools stage in front (py-spy and helm, which the unit tier uses). When the
 collected tests include integration or e2e ones, the session starts `hack/build-binaries.sh --stage
-cluster,monitoring` in the background at the lowest CPU priority (nice 19: the unit tier's measurements
-keep the CPU; the build takes what they leave idle). The first test that needs the control plane waits
-for the cluster stage; the Prometheus Operator (the monitoring stage) goes on building behind the first
-integration tests, and only the tests that run it wait for it. On a machine where everything is cached the
+cluster,monitoring,prometheus` in the background at the lowest CPU priority (nice 19: the unit tier's
+measurements keep the CPU; the build takes what they leave idle). The first test that needs the control
+plane waits for the cluster stage; the Prometheus Operator (monitoring) and Prometheus with kubernetes_sd
+(prometheus) go on building behind the integration tests, and only the tests that run them wait for them. On a machine where everything is cached the
 background run finishes in a second. On a cold one it overlaps the 15-20 minute Go build with the tests
 instead of running them one after the other.
 
@@ -34,20 +34,20 @@ _ensured: dict[str, subprocess.CompletedProcess[str]] = {}
 
 
 def start_background() -> None:
-    """Start the cluster and monitoring stages behind the tests (once per session)."""
+    """Start the cluster, monitoring and prometheus stages behind the tests (once per session)."""
     global _background
     with _lock:
         if _background is not None:
             return
         CACHE.mkdir(parents=True, exist_ok=True)
         with LOG.open("wb") as out:
-            _background = subprocess.Popen(["nice", "-n", "19", "bash", str(SCRIPT), "--stage", "cluster,monitoring"],
+            _background = subprocess.Popen(["nice", "-n", "19", "bash", str(SCRIPT), "--stage", "cluster,monitoring,prometheus"],
                                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                            start_new_session=True)
 
 
 def ensure(stage: str = "cluster", timeout_s: float = 3600) -> subprocess.CompletedProcess[str]:
-    """Make sure `stage` (cluster or monitoring) is built, waiting for the background build of it (the
+    """Make sure `stage` (cluster, monitoring or prometheus) is built, waiting for the background build of it (the
     script's lock for that stage) or building it. Returns the foreground run; its returncode is non-zero,
     with the script's stderr, when a binary is missing and cannot be built."""
     with _lock:

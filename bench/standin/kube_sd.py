@@ -19,6 +19,13 @@ and rule ConfigMaps (rewriting the config and asking Prometheus to reload when t
 Operator's config-reloader sidecar does) and rewrites the file_sd files from a fresh discovery, so pods
 that come and go (canaries) are picked up within about a second plus Prometheus' file_sd refresh.
 
+With the Prometheus hack/build-binaries.sh builds (`built_prometheus`: Prometheus 3 with kubernetes_sd
+compiled in), none of that emulation is needed: `native` writes the generated configuration as it is, with
+one change. The Operator's kubernetes_sd_configs carry no `api_server`, so an in-cluster Prometheus uses
+its service account (in-cluster config); outside the cluster each one gets the `api_server`, `tls_config`
+and `authorization` of the API server the tests talk to (`api_access`), which is what in-cluster config
+amounts to. `Reloader(native=...)` picks the mode (by default: native when that binary exists).
+
 Used by tests/integration/test_prometheus_operator.py and the e2e monitoring (bench/standin/monitoring.py).
 """
 
@@ -28,7 +35,10 @@ import base64
 import copy
 import gzip
 import json
+import os
 import re
+import shutil
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -39,6 +49,15 @@ import yaml
 from kubernetes import client
 
 SHARD = "0"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def built_prometheus() -> Path | None:
+    """The Prometheus hack/build-binaries.sh builds (kubernetes_sd compiled in), or None where it was not built."""
+    out = subprocess.run(["bash", str(REPO / "hack" / "build-binaries.sh"), "--print-dir"], capture_output=True,
+                         text=True, check=False).stdout.strip()
+    path = Path(out) / "prometheus" if out else None
+    return path if path and os.access(path, os.X_OK) else None
 
 
 class Objects(Protocol):
@@ -284,12 +303,8 @@ def write_targets(cfg: dict, workdir: Path, targets: dict[str, list[dict]]) -> N
         _write(sd_file(workdir, key), json.dumps(targets.get(key, []), indent=1, sort_keys=True))
 
 
-def runnable(cfg: dict, rules: dict[str, str], workdir: Path, targets: dict[str, list[dict]] | None = None,
-             alertmanager: str | None = None, sd_refresh: str = "1s") -> Path:
-    """Write the generated config as Debian's Prometheus can load it (see the module docstring) and its
-    rule files and file_sd files under `workdir`; the config's path. `alertmanager` (host:port): a static
-    Alertmanager, only for a caller that passes one and only when the generated config has no Alertmanagers
-    (a Prometheus object without spec.alerting); the generated ones are discovered like the scrape targets."""
+def _write_rules(rules: dict[str, str], workdir: Path) -> Path:
+    """The rule files under workdir/rules (stale ones removed); the directory."""
     rules_dir = workdir / "rules"
     rules_dir.mkdir(parents=True, exist_ok=True)
     for old in rules_dir.glob("*"):
@@ -297,6 +312,27 @@ def runnable(cfg: dict, rules: dict[str, str], workdir: Path, targets: dict[str,
             old.unlink()
     for fname, text in rules.items():
         _write(rules_dir / fname, text)
+    return rules_dir
+
+
+def _write_config(cfg: dict, workdir: Path, alertmanager: str | None) -> Path:
+    """The config as the config-reloader would hand it over (`$(SHARD)`, `$(POD_NAME)` substituted), plus
+    the static Alertmanager (see `runnable`); its path."""
+    if alertmanager and not (cfg.get("alerting") or {}).get("alertmanagers"):
+        cfg["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+    text = yaml.safe_dump(cfg, sort_keys=False).replace("$(SHARD)", SHARD).replace("$(POD_NAME)", "prometheus-0")
+    path = workdir / "prometheus.yaml"
+    _write(path, text)
+    return path
+
+
+def runnable(cfg: dict, rules: dict[str, str], workdir: Path, targets: dict[str, list[dict]] | None = None,
+             alertmanager: str | None = None, sd_refresh: str = "1s") -> Path:
+    """Write the generated config as Debian's Prometheus can load it (see the module docstring) and its
+    rule files and file_sd files under `workdir`; the config's path. `alertmanager` (host:port): a static
+    Alertmanager, only for a caller that passes one and only when the generated config has no Alertmanagers
+    (a Prometheus object without spec.alerting); the generated ones are discovered like the scrape targets."""
+    rules_dir = _write_rules(rules, workdir)
     cfg = copy.deepcopy(cfg)
     cfg["rule_files"] = [str(rules_dir / "*")]
     for key, section in list(sd_sections(cfg)):
@@ -305,12 +341,53 @@ def runnable(cfg: dict, rules: dict[str, str], workdir: Path, targets: dict[str,
         if targets is not None or not path.exists():
             _write(path, json.dumps((targets or {}).get(key, []), indent=1, sort_keys=True))
         section["file_sd_configs"] = [{"files": [str(path)], "refresh_interval": sd_refresh}]
-    if alertmanager and not (cfg.get("alerting") or {}).get("alertmanagers"):
-        cfg["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
-    text = yaml.safe_dump(cfg, sort_keys=False).replace("$(SHARD)", SHARD).replace("$(POD_NAME)", "prometheus-0")
-    path = workdir / "prometheus.yaml"
-    _write(path, text)
-    return path
+    return _write_config(cfg, workdir, alertmanager)
+
+
+def api_access(api: client.ApiClient, workdir: Path) -> dict[str, Any]:
+    """What a kubernetes_sd_config needs to reach the API server `api` talks to, as in-cluster config would
+    give it (server, CA, token): `api_server`, `tls_config` and, for a token, `authorization`, with the CA,
+    client certificate and token as files under workdir/kube (Prometheus reads the token file anew on each
+    request)."""
+    conf = api.configuration
+    kdir = workdir / "kube"
+    kdir.mkdir(parents=True, exist_ok=True)
+    tls: dict[str, Any] = {}
+    if not conf.verify_ssl:
+        tls["insecure_skip_verify"] = True
+    for key, src in (("ca_file", conf.ssl_ca_cert), ("cert_file", conf.cert_file), ("key_file", conf.key_file)):
+        if src:  # the client's copies are temp files of its process: Prometheus gets its own
+            dst = kdir / key.removesuffix("_file")
+            shutil.copyfile(src, dst)
+            dst.chmod(0o600)
+            tls[key] = str(dst)
+    out: dict[str, Any] = {"api_server": conf.host}
+    if tls:
+        out["tls_config"] = tls
+    bearer = (conf.api_key or {}).get("authorization") or (conf.api_key or {}).get("BearerToken")
+    if bearer:
+        token = kdir / "token"
+        _write(token, bearer.removeprefix("Bearer ").strip())
+        token.chmod(0o600)
+        out["authorization"] = {"type": "Bearer", "credentials_file": str(token)}
+    return out
+
+
+def native(cfg: dict, rules: dict[str, str], workdir: Path, access: dict[str, Any],
+           alertmanager: str | None = None) -> Path:
+    """Write the generated config for a Prometheus with kubernetes_sd (see the module docstring) and its rule
+    files under `workdir`; the config's path. The only change to the generated text besides the rule files'
+    place and the reloader's substitutions: each kubernetes_sd_config without an `api_server` (all the
+    Operator generates without spec.apiserverConfig) gets `access` (`api_access`). `alertmanager` as in
+    `runnable`."""
+    rules_dir = _write_rules(rules, workdir)
+    cfg = copy.deepcopy(cfg)
+    cfg["rule_files"] = [str(rules_dir / "*")]
+    for _, section in sd_sections(cfg):
+        for sd in section.get("kubernetes_sd_configs") or []:
+            if "api_server" not in sd and "kubeconfig_file" not in sd:
+                sd.update(copy.deepcopy(access))
+    return _write_config(cfg, workdir, alertmanager)
 
 
 def read_generated(api: client.ApiClient, namespace: str, prometheus: str) -> tuple[dict, dict[str, str]] | None:
@@ -337,12 +414,20 @@ def read_generated(api: client.ApiClient, namespace: str, prometheus: str) -> tu
 
 class Reloader:
     """Keeps `workdir` in step with the cluster: the generated config and rules (calls `reload` after
-    rewriting them) and the file_sd files (discovery), every `period` seconds, on a daemon thread."""
+    rewriting them) and, emulating, the file_sd files (discovery), every `period` seconds, on a daemon
+    thread. `native`: whether the config is for the built Prometheus with kubernetes_sd (`native`, no
+    emulation) or for Debian's (`runnable`); by default, whether that Prometheus was built. `binary` is the
+    Prometheus to run it with (None: Debian's)."""
 
     def __init__(self, api: client.ApiClient, namespace: str, prometheus: str, workdir: Path,
-                 alertmanager: str | None = None, period: float = 1.0) -> None:
+                 alertmanager: str | None = None, period: float = 1.0, native: bool | None = None) -> None:
         self.api, self.namespace, self.prometheus, self.workdir = api, namespace, prometheus, workdir
         self.alertmanager, self.period = alertmanager, period
+        built = built_prometheus() if native is not False else None
+        if native and built is None:
+            raise RuntimeError("native kubernetes_sd needs the Prometheus hack/build-binaries.sh builds")
+        self.native = built is not None
+        self.binary: Path | None = built
         self.reload: Callable[[], None] = lambda: None
         self.cfg: dict | None = None
         self.rules: dict[str, str] = {}
@@ -366,13 +451,18 @@ class Reloader:
             cfg, rules = got
             key = json.dumps([cfg, rules], sort_keys=True)
             changed = key != self._key
-            targets = discover(self.api, cfg)
+            if self.native:
+                if changed:
+                    native(cfg, rules, self.workdir, api_access(self.api, self.workdir), self.alertmanager)
+            else:
+                targets = discover(self.api, cfg)
+                if changed:
+                    runnable(cfg, rules, self.workdir, targets, alertmanager=self.alertmanager)
+                else:
+                    write_targets(cfg, self.workdir, targets)
             if changed:
-                runnable(cfg, rules, self.workdir, targets, alertmanager=self.alertmanager)
                 self.cfg, self.rules, self._key = cfg, rules, key
                 self.generations += 1
-            else:
-                write_targets(cfg, self.workdir, targets)
             return changed
 
     def start(self) -> Reloader:

@@ -1,4 +1,5 @@
-"""Real Prometheus and Alertmanager (Debian packages) on loopback, for the e2e tests and the demo.
+"""Real Prometheus and Alertmanager on loopback, for the e2e tests and the demo: Debian's packages, and for
+the generated configuration the Prometheus hack/build-binaries.sh builds (kubernetes_sd) where it exists.
 
 Run inside the testbed's network namespace (docs/testbed.md), as the e2e tier and the demo's agent do:
 there Prometheus scrapes the sidecars and stand-ins at their pod IPs (<pod IP>:9400 and :30000) and sends
@@ -7,8 +8,11 @@ alerts to Alertmanager. Prometheus listens on the namespace's 127.0.0.1, Alertma
 
 - `generated` (a kube_sd.Reloader; what the e2e tier runs): the configuration and rule files the real
   Prometheus Operator generated from the operator's PodMonitor and PrometheusRule and the chart's
-  ServiceMonitor and PrometheusRule, each kubernetes_sd replaced by a file_sd with what it would discover
-  (bench/standin/kube_sd.py), kept current as pods come and go and reloaded when the Operator rewrites it.
+  ServiceMonitor and PrometheusRule, reloaded when the Operator rewrites it. Where hack/build-binaries.sh
+  built Prometheus (3.x, kubernetes_sd compiled in), that one runs it as generated, its kubernetes_sd
+  against the testbed's API server (only `api_server` and credentials added); otherwise Debian's runs it
+  with each kubernetes_sd replaced by a file_sd with what it would discover (bench/standin/kube_sd.py),
+  kept current as pods come and go.
   Scrape intervals are the objects' own (the PodMonitor's 15 s). Alertmanager is found as the generated
   `alerting` section says (the Prometheus object's spec.alerting: its Service's Endpoints); a static one is
   added only when the Reloader was given one (`Reloader(alertmanager=...)`) and the config has none.
@@ -157,7 +161,7 @@ class Monitoring:
             time.sleep(1)
         log = self.workdir / "prometheus.log"
         self.procs["prometheus"] = subprocess.Popen(
-            [_binary("prometheus"), f"--config.file={gen.config_file}",
+            [str(gen.binary) if gen.binary else _binary("prometheus"), f"--config.file={gen.config_file}",
              f"--storage.tsdb.path={self.workdir / 'prom-data'}", f"--web.listen-address=127.0.0.1:{self.prom_port}",
              "--storage.tsdb.retention.time=2h", "--web.enable-lifecycle"],
             stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,  # noqa: SIM115
@@ -176,7 +180,8 @@ class Monitoring:
         if self.generated is not None:
             self.generated.stop()
             self.generated = Reloader(self.generated.api, self.generated.namespace, self.generated.prometheus,
-                                      self.generated.workdir, self.generated.alertmanager, self.generated.period)
+                                      self.generated.workdir, self.generated.alertmanager, self.generated.period,
+                                      native=self.generated.native)
         self._stop("prometheus")
 
     def _stop(self, name: str) -> None:

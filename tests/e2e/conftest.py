@@ -93,14 +93,26 @@ def _operator_pod(name: str, namespace: str, port: int) -> dict:
 
 
 @pytest.fixture
-def monitoring(cluster, kube, namespace, podmap, prometheus_operator, tmp_path):
+def monitoring(request, cluster, kube, namespace, podmap, prometheus_operator, tmp_path):
     """Alertmanager and Prometheus on the configuration the Prometheus Operator generated (see above).
     `operator_env(monitoring)` is the environment the operator must run with for it.
 
     Alertmanager is found as on a kube-prometheus-stack install: the Prometheus object's spec.alerting names
     its Service (port `web`), the Operator generates a `kubernetes_sd_configs` (role endpoints) with keep
     relabelings on that name and port, and the Service's Endpoints name a kwok pod's IP, where Alertmanager
-    listens. No static Alertmanager is configured: alerts reach it only through that discovery."""
+    listens. No static Alertmanager is configured: alerts reach it only through that discovery.
+
+    Tests marked `native_sd` (tests/e2e/test_monitoring.py: the monitoring proof and pod discovery) run the
+    Prometheus hack/build-binaries.sh builds with kubernetes_sd (stage `prometheus`, built behind the
+    integration tier): the generated configuration as it is, discovering the pods, the Services' Endpoints and
+    Alertmanager from the testbed's API server, with only the API server's address and credentials added
+    (bench/standin/kube_sd.py `native`). The others run Debian's Prometheus with each kubernetes_sd replaced by
+    a file_sd of what it would discover (`runnable`), so a cold CI's e2e tier need not wait for that build."""
+    native = request.node.get_closest_marker("native_sd") is not None
+    if native:
+        built = binaries.ensure("prometheus")
+        if built.returncode != 0:
+            pytest.fail(f"Prometheus with kubernetes_sd could not be built:\n{built.stderr[-6000:]}", pytrace=False)
     core = client.CoreV1Api(kube)
     port, am_port = free_port(), free_port()
     core.create_namespaced_pod(namespace, _operator_pod("vlm-operator-0", namespace, port))
@@ -117,7 +129,7 @@ def monitoring(cluster, kube, namespace, podmap, prometheus_operator, tmp_path):
                      f"a pod IP for {am_pod}", interval=0.5)
     mon = Monitoring(tmp_path / "monitoring", podmap.targets_file, operator_metrics=f"127.0.0.1:{port}",
                      am_host=am_ip, am_port=am_port,
-                     generated=Reloader(kube, namespace, PROMETHEUS, tmp_path / "monitoring" / "generated"))
+                     generated=Reloader(kube, namespace, PROMETHEUS, tmp_path / "monitoring" / "generated", native=native))
     try:
         mon.start()
         # Prometheus sends to what it discovered: the Endpoints' pod IP and the pod's `web` port.

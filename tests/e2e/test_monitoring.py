@@ -10,7 +10,9 @@ Three services side by side at the shipped cadence (SHIPPED: the PodMonitor's 15
   leaves the scheduler loop alone: only the request signal, read per window from SGLang's own histogram,
   catches it; rolled back with TTFTRegressed.
 Prometheus runs on what the Prometheus Operator generated from the operator's PodMonitor and
-PrometheusRule and the chart's ServiceMonitor and PrometheusRule (tests/e2e/conftest.py). Then:
+PrometheusRule and the chart's ServiceMonitor and PrometheusRule (tests/e2e/conftest.py), as generated: it is
+the Prometheus built with kubernetes_sd (marker native_sd), which finds the pods, the operator and
+Alertmanager through the testbed's API server. Then:
 
 (a) every Grafana dashboard panel's PromQL (dashboards/vlm-operator.json, variables substituted as Grafana
     does) returns data from that Prometheus, except the targets in PANEL_EXCEPTIONS (each says why);
@@ -41,6 +43,7 @@ from tests.e2e.conftest import PROMETHEUS, operator_env
 from tests.e2e.test_canary import NAME, SHIPPED, create, dump, patch, ready, start_services, verdicts
 from tests.operator_proc import get_vlms
 
+pytestmark = pytest.mark.native_sd  # Prometheus with kubernetes_sd on the generated configuration (conftest)
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "dashboards" / "vlm-operator.json"
 SCRAPE_S = 15  # the PodMonitor's interval; Grafana's $__rate_interval is max(4 x scrape, step + scrape)
