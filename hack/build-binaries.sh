@@ -36,6 +36,7 @@ STAGE=all
 if [[ "${1:-}" == "--stage" ]]; then STAGE="${2:-}"; fi
 [[ "$STAGE" == all ]] && STAGE=tools,cluster,monitoring,prometheus
 IFS=, read -ra STAGES <<<"$STAGE"
+((${#STAGES[@]})) || STAGES=("")  # an empty --stage is refused below, not taken as nothing to do
 for s in "${STAGES[@]}"; do
   case "$s" in tools|cluster|monitoring|prometheus) ;;
     *) echo "[build-binaries] unknown stage '$s' (tools, cluster, monitoring, prometheus, all)" >&2; exit 2;; esac

@@ -7,7 +7,16 @@ import time
 
 import pytest
 
+from tests import binaries
 from tests.unit.sidecar.helpers import Standin
+
+
+@pytest.fixture
+def quiet_cpu():
+    """The control plane's background build (a cold `make test`) held while the test measures timing against
+    live processes (tests/binaries.py `paused`); True when one was running."""
+    with binaries.paused() as held:
+        yield held
 
 
 @pytest.fixture
