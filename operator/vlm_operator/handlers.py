@@ -11,9 +11,12 @@ creation.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import random
 import threading
+import zlib
 from typing import Any
 
 import kopf
@@ -75,12 +78,22 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     log.info("vlm-operator started (monitoring CRDs: %s)", memo.rt.monitoring)
 
 
-def indexed(body: kopf.Body) -> dict:
-    """The object as the reconcile compares it: without metadata.managedFields (about half of a
-    Deployment's size; held for every owned object, it is most of the operator's memory at 1000 services)."""
+class Packed(bytes):
+    """An indexed object as the reconcile compares it, kept as compressed JSON: without
+    metadata.managedFields (about half of a Deployment's size), and packed because the decoded dict of
+    a Deployment takes ~6x its JSON in Python objects and one is held for every owned object (most of
+    the operator's memory at 1000 services). Unpacked per reconcile, for that service only."""
+
+    __slots__ = ()
+
+    def unpack(self) -> dict[str, Any]:
+        return json.loads(zlib.decompress(self))
+
+
+def indexed(body: kopf.Body) -> Packed:
     out = dict(body)
     out["metadata"] = {k: v for k, v in body.get("metadata", {}).items() if k != "managedFields"}
-    return out
+    return Packed(zlib.compress(json.dumps(out, separators=(",", ":")).encode(), 1))
 
 
 @kopf.index("apps", "v1", "deployments", labels=MANAGED)
@@ -99,10 +112,11 @@ def vlm_services(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
 
 
 def _observed(key: tuple[str, str], deployments: kopf.Index, pods: kopf.Index, services: kopf.Index) -> Observed:
+    service = next(iter(services.get(key, [])), None)
     return Observed(
-        deployments={role: body for role, body in deployments.get(key, [])},
+        deployments={role: packed.unpack() for role, packed in deployments.get(key, [])},
         pods=tuple(pods.get(key, [])),
-        service=next(iter(services.get(key, [])), None),
+        service=service.unpack() if service is not None else None,
     )
 
 
@@ -128,8 +142,7 @@ def reconcile_vlmservice(
             raise kopf.PermanentError(str(e)) from e
 
 
-@kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True)
-def forget_vlmservice(name: str, namespace: str, uid: str, memo: kopf.Memo, **_: Any) -> None:
+def forget_vlmservice(namespace: str, name: str, uid: str, memo: kopf.Memo) -> None:
     """Owned objects go with the owner (garbage collection); only our metric series and the in-memory
     profiler bookkeeping need removing (the sidecar cache drops pods nobody asks about by itself)."""
     metrics.forget(namespace, name)
@@ -140,11 +153,34 @@ def forget_vlmservice(name: str, namespace: str, uid: str, memo: kopf.Memo, **_:
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-def count_vlmservices(type: str | None, memo: kopf.Memo, uid: str, **_: Any) -> None:
-    """Gauge of managed services (the watch's own stream, no extra reads)."""
+def count_vlmservices(type: str | None, name: str, namespace: str, memo: kopf.Memo, uid: str, **_: Any) -> None:
+    """Gauge of managed services (the watch's own stream, no extra reads); a deleted service is forgotten.
+    The watch's DELETED event is the one sign of a deletion every service gives: VLMServices carry no
+    finalizer of ours (`_without_finalizer`), so most go without ever being marked for deletion first."""
     seen = memo.setdefault("seen", set())
     if type == "DELETED":
         seen.discard(uid)
+        forget_vlmservice(namespace, name, uid, memo)
     else:
         seen.add(uid)
     metrics.MANAGED.set(len(seen))
+
+
+def _without_finalizer(registry: kopf.OperatorRegistry, fn: Any) -> int:
+    """kopf marks every timer as needing a finalizer, so that it can stop the timer before the object goes,
+    and adds `kopf.zalando.org/KopfFinalizerMarker` to each object. For the resync timer that buys nothing
+    (a reconcile of a service that is gone finds nothing to do) and costs: one more write per new service, a
+    VLMService deleted while the operator is down stays Terminating until it is back, and uninstalling the
+    operator with its CRD left every VLMService and the CRD Terminating for good. kopf removes the finalizer
+    it no longer needs from services that carry one. Returns how many handlers changed (kopf's registry
+    has no public way to say this: checked by tests/unit/operator/test_handlers.py)."""
+    spawning = registry._spawning
+    changed = 0
+    for i, h in enumerate(spawning._handlers):
+        if h.fn is fn and h.requires_finalizer:
+            spawning._handlers[i] = dataclasses.replace(h, requires_finalizer=False)
+            changed += 1
+    return changed
+
+
+_without_finalizer(kopf.get_default_registry(), reconcile_vlmservice)

@@ -4,6 +4,7 @@ full interval after creation (the create handler reconciles then) and soon after
 from __future__ import annotations
 
 import json
+import os
 
 import kopf
 import pytest
@@ -66,6 +67,34 @@ def test_the_resync_timer_uses_the_spread_delay() -> None:
     assert timers[0].interval == H.SETTINGS.resync_seconds
 
 
+def test_no_handler_needs_a_finalizer() -> None:
+    """The resync timer is registered without kopf's finalizer (kopf marks every timer as needing one): no
+    VLMService gets `kopf.zalando.org/KopfFinalizerMarker`, so none is left Terminating without an operator."""
+    reg = kopf.get_default_registry()
+    spawning = reg._spawning.get_all_handlers()
+    assert [h.fn for h in spawning] == [H.reconcile_vlmservice]
+    assert all(not getattr(h, "requires_finalizer", None)
+               for r in (reg._spawning, reg._changing, reg._watching) for h in r.get_all_handlers())
+    assert H._without_finalizer(reg, H.reconcile_vlmservice) == 0  # already done at import
+
+
+def test_a_deleted_service_is_forgotten_on_the_watch_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    forgotten = []
+    monkeypatch.setattr(H.metrics, "forget", lambda ns, name: forgotten.append((ns, name)))
+
+    class RT:
+        def forget(self, uid: str) -> None:
+            forgotten.append(uid)
+
+    memo = kopf.Memo(rt=RT())
+    H._locks["u1"] = H.threading.Lock()
+    H.count_vlmservices(type=None, name="svc", namespace="ns", memo=memo, uid="u1")
+    H.count_vlmservices(type="MODIFIED", name="svc", namespace="ns", memo=memo, uid="u1")
+    assert memo.seen == {"u1"} and forgotten == []
+    H.count_vlmservices(type="DELETED", name="svc", namespace="ns", memo=memo, uid="u1")
+    assert memo.seen == set() and forgotten == [("ns", "svc"), "u1"] and "u1" not in H._locks
+
+
 def test_indexed_bodies_drop_managed_fields_and_keep_what_the_reconcile_compares() -> None:
     raw = {
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -73,7 +102,9 @@ def test_indexed_bodies_drop_managed_fields_and_keep_what_the_reconcile_compares
                      "managedFields": [{"manager": "vlm-operator", "fieldsV1": {"f:spec": {}}}]},
         "spec": {"replicas": 1}, "status": {"readyReplicas": 1},
     }
-    out = H.indexed(kopf.Body(raw))
+    packed = H.indexed(kopf.Body(raw))
+    assert isinstance(packed, bytes) and len(packed) < len(json.dumps(raw))  # held compressed
+    out = packed.unpack()
     assert "managedFields" not in out["metadata"]
     assert out["metadata"] == {k: v for k, v in raw["metadata"].items() if k != "managedFields"}
     assert out["spec"] == raw["spec"] and out["status"] == raw["status"]
@@ -125,3 +156,37 @@ def test_startup_applies_the_operator_settings_to_kopf(monkeypatch: pytest.Monke
     assert settings.peering.lifetime == 20
     assert settings.execution.max_workers == H.HANDLER_THREADS
     assert memo.rt.monitoring is False
+
+
+@pytest.mark.parametrize("frames", ["0", "1"])
+def test_memory_dump_on_sigusr1(tmp_path, monkeypatch: pytest.MonkeyPatch, frames: str) -> None:
+    """VLM_TRACEMALLOC_DUMP (a bench diagnostic): on SIGUSR1 the RSS, a census of live objects by type and
+    pymalloc's statistics; with VLM_TRACEMALLOC_FRAMES other than 0, the traced allocation sites too."""
+    import signal
+    import tracemalloc
+
+    from vlm_operator import __main__ as M
+
+    assert M._memory_dumps(None) is False
+    monkeypatch.setenv("VLM_TRACEMALLOC_FRAMES", frames)
+    was_tracing, old = tracemalloc.is_tracing(), signal.getsignal(signal.SIGUSR1)
+
+    class Marker:  # a type of this test's own, so the census must have counted these
+        pass
+
+    try:
+        assert M._memory_dumps(str(tmp_path / "dump")) is True
+        keep = [Marker() for _ in range(5000)]
+        os.kill(os.getpid(), signal.SIGUSR1)
+        text = (tmp_path / "dump.1").read_text()
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+        if not was_tracing:
+            tracemalloc.stop()
+    assert len(keep) == 5000
+    assert int(text.splitlines()[0].split()[1]) > 0  # rss_kib
+    marker = next(ln for ln in text.splitlines() if ln.endswith("Marker"))
+    assert int(marker.split()[2]) >= 5000, marker
+    assert ("traced_mib" in text) is (frames != "0")
+    if frames == "0":  # pymalloc's arena statistics (while tracing, pymalloc is behind tracemalloc's hooks)
+        assert "arenas" in text
