@@ -157,7 +157,7 @@ def _shares(v: Any) -> dict[str, float]:
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Window:
     """One profiler window of one scheduler process (one TP rank of one pod)."""
 
@@ -238,7 +238,7 @@ class Window:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RoleSample:
     """One front-end role in one window: its busy share and its threads' function shares (of their time)."""
 

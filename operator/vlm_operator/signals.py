@@ -83,7 +83,7 @@ def _endpoint_overrides() -> Mapping[str, str] | None:
         return {}
 
 
-@dataclass
+@dataclass(slots=True)
 class _PodEntry:
     """What the reader knows about one pod's sidecar (all times unix seconds)."""
 

@@ -25,7 +25,7 @@ from .builders import LABEL_REVISION, LABEL_ROLE, ROLE_CANARY, ROLE_STABLE
 log = logging.getLogger("vlm_operator.status")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodInfo:
     name: str
     role: str
