@@ -18,6 +18,7 @@ from tests.operator_proc import (
     GROUP,
     PLURAL,
     VERSION,
+    OperatorProcess,
     condition,
     dump,
     get_vlms,
@@ -135,6 +136,42 @@ def test_delete_garbage_collects_everything(kube, namespace, operator):
                 and not core.list_namespaced_service(namespace, label_selector=sel).items
                 and not core.list_namespaced_pod(namespace, label_selector=sel).items)
     wait_for(gone, 60, "owned objects garbage-collected")
+
+
+def test_no_finalizer_so_a_service_deleted_while_the_operator_is_down_goes_at_once(cluster, kube, namespace, crd,
+                                                                                  tmp_path):
+    """VLMServices carry no finalizer (kopf would add one for the resync timer): deleted while no operator runs
+    (or after it was uninstalled), a service and, through garbage collection, its objects go at once, and an
+    operator started afterwards neither recreates nor errors on anything."""
+    doc = EXAMPLES["qwen2.5-vl-3b"]
+    name = doc["metadata"]["name"]
+    op = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log", {}).start()
+    try:
+        create(kube, namespace, doc)
+        obj = wait_condition(kube, namespace, name, "Ready", "True", op=op)
+        assert not obj["metadata"].get("finalizers"), obj["metadata"]
+        assert deployments(kube, namespace, name)
+    finally:
+        op.stop()
+    vlms(kube).delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    t0 = time.time()
+
+    def deleted():
+        try:
+            get_vlms(kube, namespace, name)
+        except ApiException as e:
+            return e.status == 404
+        return False
+    wait_for(deleted, 10, f"{name} gone with no operator running", interval=0.2)
+    wait_for(lambda: not deployments(kube, namespace, name), 60, "its Deployments garbage-collected")
+    print(f"deleted with no operator: gone in {time.time() - t0:.1f} s")
+    op = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator-2.log", {}).start()
+    try:
+        time.sleep(5)
+        assert not deployments(kube, namespace, name)
+        assert "Traceback" not in op.log_tail(), op.log_tail()
+    finally:
+        op.stop()
 
 
 def test_more_gpus_than_any_node_is_unschedulable(kube, namespace, operator):
