@@ -5,9 +5,9 @@ collected tests include integration or e2e ones, the session starts `hack/build-
 cluster,monitoring,prometheus` in the background at the lowest CPU priority (nice 19: the unit tier's
 measurements keep the CPU; the build takes what they leave idle). The first test that needs the control
 plane waits for the cluster stage; the Prometheus Operator (monitoring) and Prometheus with kubernetes_sd
-(prometheus) go on building behind the integration tests, and only the tests that run them wait for them. On a machine where everything is cached the
-background run finishes in a second. On a cold one it overlaps the 15-20 minute Go build with the tests
-instead of running them one after the other.
+(prometheus) go on building behind the integration tests, and only the tests that run them wait for them
+(`require`). On a machine where everything is cached the background run finishes in a second. On a cold
+one it overlaps the 15-20 minute Go build with the tests instead of running them one after the other.
 
 `ensure(stage)` runs that stage once more in the foreground: it waits on the stage's lock while the
 background run builds it, then is a no-op after a good build (the script skips what is built); it is the
@@ -24,6 +24,8 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "hack" / "build-binaries.sh"
@@ -67,6 +69,14 @@ def ensure(stage: str = "cluster", timeout_s: float = 3600) -> subprocess.Comple
     with _lock:
         _ensured[stage] = done
     return done
+
+
+def require(stage: str, what: str) -> None:
+    """`ensure(stage)`, failing the calling test (not skipping it) with the build's error when it cannot be built."""
+    built = ensure(stage)
+    if built.returncode != 0:
+        pytest.fail(f"{what} could not be built (hack/build-binaries.sh --stage {stage}):\n{built.stderr[-6000:]}",
+                    pytrace=False)
 
 
 @contextlib.contextmanager

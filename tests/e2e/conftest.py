@@ -68,9 +68,7 @@ def podmap(kube, namespace, tmp_path, pod_network):
 
 @pytest.fixture(scope="session")
 def prometheus_operator(cluster, tmp_path_factory):
-    built = binaries.ensure("monitoring")  # built behind the cluster stage (tests/binaries.py)
-    if built.returncode != 0:
-        pytest.fail(f"the Prometheus Operator could not be built:\n{built.stderr[-6000:]}", pytrace=False)
+    binaries.require("monitoring", "the Prometheus Operator")  # built behind the cluster stage
     try:
         po.install_crds(cluster.kubectl)
         proc = po.PrometheusOperator(cluster.bin_dir / "prometheus-operator", cluster.kubeconfig,
@@ -110,9 +108,7 @@ def monitoring(request, cluster, kube, namespace, podmap, prometheus_operator, t
     a file_sd of what it would discover (`runnable`), so a cold CI's e2e tier need not wait for that build."""
     native = request.node.get_closest_marker("native_sd") is not None
     if native:
-        built = binaries.ensure("prometheus")
-        if built.returncode != 0:
-            pytest.fail(f"Prometheus with kubernetes_sd could not be built:\n{built.stderr[-6000:]}", pytrace=False)
+        binaries.require("prometheus", "Prometheus with kubernetes_sd")
     core = client.CoreV1Api(kube)
     port, am_port = free_port(), free_port()
     core.create_namespaced_pod(namespace, _operator_pod("vlm-operator-0", namespace, port))

@@ -64,9 +64,7 @@ def _need(path: Path, what: str) -> Path:
 
 @pytest.fixture(scope="module")
 def prometheus_operator(cluster, tmp_path_factory):
-    built = binaries.ensure("monitoring")  # built behind the cluster stage (tests/binaries.py)
-    if built.returncode != 0:
-        pytest.fail(f"the Prometheus Operator could not be built:\n{built.stderr[-6000:]}", pytrace=False)
+    binaries.require("monitoring", "the Prometheus Operator")  # built behind the cluster stage
     binary = _need(cluster.bin_dir / "prometheus-operator", "the Prometheus Operator binary")
     _need(CRDS, "the Prometheus Operator CRDs")
     install_crd(cluster.kubectl)
