@@ -58,6 +58,36 @@ def _first_resync_delay(uid: str, body: kopf.Body, **_: Any) -> float:
     return first_resync_delay(uid, SETTINGS.resync_seconds, handled=DIFFBASE.fetch(body=body) is not None)
 
 
+class _KeepaliveCadence:
+    """Stands in for the `random` module inside kopf's peering module (`keepalive_every_third_of`)."""
+
+    def __init__(self, lifetime: int):
+        self.lifetime = lifetime
+
+    def randint(self, a: int, b: int) -> int:
+        # kopf sleeps `lifetime - randint(5, 10)` between keep-alives: return what makes that a third of the
+        # lifetime, less up to a tenth of it as jitter (kopf's own 5 s spread keeps replicas' keep-alives apart).
+        third = max(1, self.lifetime // 3)
+        return self.lifetime - max(1, third - random.randint(0, self.lifetime // 10))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(random, name)
+
+
+def keepalive_every_third_of(lifetime: int) -> None:
+    """A replica's peering keep-alive every third of the lifetime, instead of kopf's lifetime minus 5-10 s.
+
+    With kopf's cadence a keep-alive that arrives 5-10 s late (an API server under load, a CPU-throttled
+    operator pod) lets a standby take over while the active replica still works: both act until the next
+    keep-alive pauses the standby again, and the standby removes the active one from the KopfPeering. With a
+    keep-alive every third of the lifetime, two in a row must be lost first (40 s late at the chart's 60 s).
+    kopf has no setting for this: its peering module's `random` is replaced (pinned against kopf's
+    keep-alive loop by tests/unit/operator/test_handlers.py)."""
+    from kopf._core.engines import peering
+
+    peering.random = _KeepaliveCadence(lifetime)  # type: ignore[assignment]
+
+
 @kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Keep kopf's own bookkeeping in annotations with our prefix; build the API client."""
@@ -67,6 +97,7 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.execution.max_workers = HANDLER_THREADS
     settings.peering.lifetime = SETTINGS.peering_lifetime_seconds  # used with --peering only
+    keepalive_every_third_of(settings.peering.lifetime)
     cfg = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=cfg)

@@ -109,7 +109,7 @@ class Settings(BaseSettings):
     peering_lifetime_seconds: int = Field(
         60, ge=15, le=3600,
         description="with --peering: a replica not seen for this long is dead and a standby takes over "
-                    "(keep-alives every lifetime minus 5-10 s)")
+                    "(keep-alives every third of it)")
     malloc_trim_seconds: float = Field(
         30.0, ge=0, le=3600,
         description="every this many seconds, glibc's free heap pages are handed back to the kernel "

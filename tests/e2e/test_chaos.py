@@ -34,6 +34,7 @@ are restarted (`hack/testbed restart`).
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import signal
 import subprocess
@@ -255,6 +256,9 @@ def test_faults_in_every_phase_end_with_the_undisturbed_verdicts(cluster, kube, 
         touches = [r.at for r in rec.requests if r.peering and r.method == "PATCH" and not r.held]
         entry = peers(kube, namespace).get(active)
         lastseen = max([*touches, *([datetime.fromisoformat(entry["lastseen"]).timestamp()] if entry else [])])
+        gaps = [b - a for a, b in itertools.pairwise(sorted(touches))]
+        mark(f"{active}'s keep-alives every {min(gaps, default=0):.1f}-{max(gaps, default=0):.1f}s "
+             f"(a third of the {LIFETIME_S}s lifetime)")
         mark(f"{active}'s last keep-alive {time.time() - lastseen:.1f}s before the kill "
              f"({'in' if entry else 'NOT in'} the KopfPeering)")
         os.kill(op.proc.pid, signal.SIGKILL)
@@ -262,8 +266,18 @@ def test_faults_in_every_phase_end_with_the_undisturbed_verdicts(cluster, kube, 
         op.proc.wait(10)
         mark(f"{active} SIGKILLed; phases {at_kill}")
         rec.stop()
+
+        def peering_log(o: OperatorProcess) -> list[str]:
+            return [line for line in o.log_path.read_text(errors="replace").splitlines()
+                    if "Pausing operations" in line or "Resuming operations" in line or "conflicting" in line]
+
         assert at_kill == {PROMOTING: "Analysing", ROLLINGBACK: "Analysing", ANALYSING: "Analysing",
-                           PAUSED: "Paused", PROGRESSING: "Progressing"}, at_kill
+                           PAUSED: "Paused", PROGRESSING: "Progressing"}, (
+            f"phases at the kill: {at_kill}\ntimeline: {timeline}\n"
+            f"{standby}'s writes before the kill: {_describe(rec2.writes(until=t_kill))}\n"
+            f"{standby}'s peering log: {peering_log(op2)}\n{active}'s peering log: {peering_log(op)}\n"
+            f"{active}'s requests for {PROMOTING}: "
+            f"{[(round(r.at - t0, 1), r.method, r.path, r.held) for r in rec.requests if PROMOTING in r.path]}")
         # Promoting: the stable Deployment already runs the canary's revision, the canary is still there.
         canary_rev = rollout(kube, namespace, PROMOTING)["revision"]
         assert dep_promoting.spec.template.metadata.labels["serving.vlmops.dev/revision"] == canary_rev

@@ -150,12 +150,61 @@ def test_startup_applies_the_operator_settings_to_kopf(monkeypatch: pytest.Monke
     monkeypatch.setattr(H, "SETTINGS", H.SETTINGS.model_copy(update={"peering_lifetime_seconds": 20}))
     monkeypatch.setattr(H.config, "load_incluster_config", lambda **_: None)
     monkeypatch.setattr(H, "Kube", FakeKube)
+    from kopf._core.engines import peering
+
+    monkeypatch.setattr(peering, "random", peering.random)  # restored after the test
     settings, memo = kopf.OperatorSettings(), kopf.Memo()
     assert settings.peering.lifetime == 60  # kopf's default, before
     H.startup(settings=settings, memo=memo)
     assert settings.peering.lifetime == 20
+    assert isinstance(peering.random, H._KeepaliveCadence) and peering.random.lifetime == 20
     assert settings.execution.max_workers == H.HANDLER_THREADS
     assert memo.rt.monitoring is False
+
+
+def _keepalive_sleeps(lifetime: int, rounds: int, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The sleeps of kopf's own keep-alive loop between keep-alives (its touch and sleep replaced)."""
+    import asyncio
+
+    from kopf._core.engines import peering
+
+    sleeps: list[float] = []
+    touches: list[int | None] = []
+
+    async def touch(*, lifetime: int | None = None, **_: object) -> None:
+        touches.append(lifetime)
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == rounds:
+            raise asyncio.CancelledError
+
+    monkeypatch.setattr(peering, "touch", touch)
+    monkeypatch.setattr(peering.asyncio, "sleep", sleep)
+    settings = kopf.OperatorSettings()
+    settings.peering.lifetime = lifetime
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(peering.keepalive(namespace="ns", resource=None, identity="me", settings=settings))
+    assert touches == [None] * rounds + [0]  # one keep-alive per round, and the goodbye
+    return sleeps
+
+
+@pytest.mark.parametrize("lifetime", [15, 20, 60, 3600])
+def test_keepalives_every_third_of_the_lifetime(lifetime: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf's loop sleeps lifetime minus 5-10 s (a keep-alive 5 s late would let a standby take over); after
+    the operator's startup, at most a third of the lifetime, and not much less (no flood of PATCHes)."""
+    import random
+
+    from kopf._core.engines import peering
+
+    monkeypatch.setattr(peering, "random", random)  # kopf's own; whatever was there is restored after the test
+    before = _keepalive_sleeps(lifetime, 50, monkeypatch)
+    assert min(before) >= lifetime - 10  # kopf's own cadence, as the docstring says
+    H.keepalive_every_third_of(lifetime)
+    after = _keepalive_sleeps(lifetime, 200, monkeypatch)
+    third = lifetime // 3
+    assert max(after) <= third and min(after) >= max(1, third - lifetime // 10), (lifetime, sorted(set(after)))
+    assert len(set(after)) > 1 or lifetime < 20  # jittered, so replicas do not touch in step
 
 
 @pytest.mark.parametrize("frames", ["0", "1"])
