@@ -120,6 +120,16 @@ SHAPES: dict[str, Shape] = {
     "standin_v0_5_23": Shape("standin_v0_5_23", version="0.5.23", recv_ms=0.9, input_ms=1.7, schedule_ms=1.0,
                              result_ms=2.5, prefill_every=3, single_stack=True),
     "idle_heavy_v0_5_23": Shape("idle_heavy_v0_5_23", idle_share=0.6, version="0.5.23", loop="event_loop_normal"),
+    # The stand-in as test_acceptance runs it (its default stage costs: recv 0.5, schedule 0.8, result 1.5 ms;
+    # image prefills about every second batch): a decode iteration's input stages take ~2 ms, so at 1000 Hz
+    # both signs of a boundary (input stages, the previous result between two run_batch calls) go unsampled
+    # in a few percent of iterations. Without the capture-recapture correction the mean read +3% here.
+    "standin_acceptance_v0_5_23": Shape("standin_acceptance_v0_5_23", version="0.5.23", recv_ms=0.5, input_ms=0.5,
+                                        schedule_ms=0.8, result_ms=1.5, decode_ms=13.0, prefill_every=2,
+                                        single_stack=True),
+    "standin_acceptance_consecutive": Shape("standin_acceptance_consecutive", version="0.5.23", recv_ms=0.5,
+                                            input_ms=0.5, schedule_ms=0.8, result_ms=1.5, decode_ms=13.0,
+                                            prefill_every=2, reorder_every=3, single_stack=True),
 }
 
 

@@ -1,7 +1,8 @@
 """Loop estimator against simulated SGLang loops whose truth is known (tests/unit/sidecar/loopsim.py).
 
 At py-spy's defaults here (1000 Hz, 5 s windows): loop mean within 5% and p95 within 10% on every
-named shape, and the direction of a >= 5% change in the true mean is never lost. Derandomized so a
+named shape (on the stand-in's acceptance shapes, whose ~2 ms input stages hide a few percent of the
+boundaries: unbiased within 1%, per window within 8%, the median of three windows within 5%), and the direction of a >= 5% change in the true mean is never lost. Derandomized so a
 run is reproducible; widen max_examples locally to search harder.
 """
 
@@ -26,16 +27,40 @@ def _est(sim, rate_hz: float = 1000.0):
     return estimate_loop(sim.segments, rate_hz=rate_hz)
 
 
+# Short input stages (the stand-in as test_acceptance runs it): boundaries hide, and the capture-recapture
+# correction adds them back by count, unbiased but with +-2.5% of noise per window (loopsim.py).
+HIDING = ("standin_acceptance_v0_5_23", "standin_acceptance_consecutive")
+
+
 @pytest.mark.parametrize("name", sorted(SHAPES))
 @PROPS
 @given(seed=st.integers(0, 2**31 - 1))
 def test_error_bounds_per_shape(name, seed):
     sim = simulate(SHAPES[name], seed=seed)
     est = _est(sim)
-    assert est.mean_s / sim.mean_s - 1 == pytest.approx(0, abs=0.05), (est.mean_s, sim.mean_s)
+    tol = 0.08 if name in HIDING else 0.05
+    assert est.mean_s / sim.mean_s - 1 == pytest.approx(0, abs=tol), (est.mean_s, sim.mean_s)
     assert est.p95_s / sim.quantile_s(0.95) - 1 == pytest.approx(0, abs=0.10), (est.p95_s, sim.quantile_s(0.95))
     assert len(est.samples_s) == est.iterations
     assert est.p50_s <= est.p95_s
+
+
+@pytest.mark.parametrize("name", HIDING)
+def test_hidden_batch_boundaries_are_added_back_without_bias(name, monkeypatch):
+    """Over 60 windows the mean is unbiased within 1% and the median of each three within 5% (what
+    test_acceptance asks of live py-spy); without the correction the same windows read 3-5% long."""
+    import statistics
+
+    from vlm_sidecar import estimators
+
+    def errors() -> list[float]:
+        return [_est(sim).mean_s / sim.mean_s - 1 for sim in (simulate(SHAPES[name], seed=s) for s in range(60))]
+
+    errs = errors()
+    assert abs(statistics.mean(errs)) <= 0.01, statistics.mean(errs)
+    assert max(abs(statistics.median(errs[i:i + 3])) for i in range(0, 60, 3)) <= 0.05
+    monkeypatch.setattr(estimators, "_split_hidden_batch_boundaries", lambda *_: 0)
+    assert statistics.mean(errors()) >= 0.03  # the bias the correction removes
 
 
 @PROPS
