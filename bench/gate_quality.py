@@ -1247,6 +1247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--phase", help="recorded phase to draw the noise from (default: the quietest cache-off one)")
     ap.add_argument("--noise-scale", type=float, default=1.0, help="multiply the per-window residuals")
     ap.add_argument("--only", nargs="*", help="scenario keys to run (aa1 and up5 are always run)")
+    ap.add_argument("--canary-pods", type=int, default=None,
+                    help="canary pods in the step (and fresh baseline pods) instead of the API default "
+                         "(rollout.steps[].replicas: 1)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="where gate_quality.md and the PNG go")
     ap.add_argument("--json", type=Path, default=ROOT / "out" / "gate_quality.json", help="every number, as JSON")
     args = ap.parse_args(argv)
@@ -1261,6 +1264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     noise = load_noise(args.noise, detrended=not args.raw_residuals, scale=args.noise_scale, phase=args.phase)
     cad = cadence_from_api()
+    if args.canary_pods:
+        cad = replace(cad, canary_pods=args.canary_pods)
     policy = make_policy()
     only = sorted(set(args.only) | {"aa1", "up5"}) if args.only else None
     gate_state = _gate_state()  # before the run: workers import the gate once, at the start
@@ -1277,7 +1282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    f"{cad.canary_pods} canary pod analysed {cad.step_s / 60:g} min; Stable baseline "
                    f"{cad.stable_pods} pods, Fresh {cad.canary_pods}; pod spread 1% unless the row says"),
         "command": "python bench/gate_quality.py" + (f" --trials {args.trials}" if args.trials != 200 else "")
-        + (f" --only {' '.join(args.only)}" if args.only else ""),
+        + (f" --only {' '.join(args.only)}" if args.only else "")
+        + (f" --canary-pods {args.canary_pods}" if args.canary_pods else ""),
         "trials": args.trials, "seed": args.seed, "jobs": args.jobs, "seconds": seconds,
         "gate_state": gate_state,
         "policy": "margins " + ", ".join(f"{k} {v:g}" for k, v in policy.max_regression.items())
