@@ -304,10 +304,12 @@ def _split_hidden_batch_boundaries(runs: Sequence[_Run], bound_idx: Sequence[int
     stages (B, not R), p / (1 - p) as many more hid: a capture-recapture estimate, which needs no model
     of py-spy's sampling gaps (on this shape a quarter of the boundaries are not R, and at 1000 Hz the
     input stages of a decode iteration, ~2 ms, go unsampled in 5-20% of iterations as py-spy's gaps vary).
-    Long gaps swallow both signs at once, so p is if anything too low: the correction errs short.
+    It assumes the two signs go unsampled independently: long gaps (a busy host) swallow both at once and
+    the correction errs short; near-regular gaps (an idle host) rarely miss both and it errs long (one
+    golden recording reads -4%: docs/sidecar.md).
 
-    The hidden boundaries go where they can be: in a piece with one run_batch visit, the longest first
-    (each cut into equal parts, as the idle correction does)."""
+    The hidden boundaries go where they can be: in a piece with one run_batch visit, the ones closest to
+    twice the median piece (two merged iterations), each cut in half."""
     idle = set(idle_only)
     seqs = [_batch_sequences(iv, splits[j]) for j, iv in enumerate(intervals)]
     shown_by_visit = sum(len(splits[j]) for j in range(len(intervals)) if j not in idle)
@@ -318,8 +320,8 @@ def _split_hidden_batch_boundaries(runs: Sequence[_Run], bound_idx: Sequence[int
         opening = runs[bound_idx[j + 1]]
         if not (opening.entry or (opening.pos is not None and opening.pos < _BATCH_POS)):
             continue  # not shown by an input stage (a batch <-> idle change)
-        joined = [st for k, st in enumerate(seqs[j][-1] + seqs[j + 1][0])
-                  if k == 0 or st != (seqs[j][-1] + seqs[j + 1][0])[k - 1]]
+        both_sides = seqs[j][-1] + seqs[j + 1][0]
+        joined = [st for k, st in enumerate(both_sides) if k == 0 or st != both_sides[k - 1]]
         if len(joined) != len(set(joined)):
             shown_both += 1
         else:
