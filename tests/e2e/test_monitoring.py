@@ -228,10 +228,11 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     # look: it sees every window that had ended by the verdict, more than the operator had read by then (the
     # sidecars are read on after it), and one more window can move a borderline look from Rollback to Continue
     # (a CI run on a loaded host: the operator rolled back for StageTimeRegressed, the re-decision on 61
-    # windows said Continue, loop +24%). What the operator did is asserted above; here: never a promotion,
-    # and both sources see the canary's loop slower.
-    assert full_p.verdict == full_s.verdict and full_p.verdict in ("Rollback", "Continue"), (full_p, full_s, vp,
-                                                                                         dump(r))
+    # windows said Continue, loop +24%). Nor do the two sources' own window sets match (Prometheus may miss a
+    # quarter of them, asserted above): one CI run read Rollback/TTFTRegressed on Prometheus' and Continue on
+    # the sidecars'. Their agreement is asserted on the shared windows above, and what the operator did; here:
+    # never a promotion from either, and both sources see the canary's loop slower.
+    assert {full_p.verdict, full_s.verdict} <= {"Rollback", "Continue"}, (full_p, full_s, vp, dump(r))
     for d in (full_p, full_s, vp):
         loop = next(x for x in d.signals if x.name == "loop_latency")
         assert loop.delta is not None and loop.delta > 0, (d, dump(r))
