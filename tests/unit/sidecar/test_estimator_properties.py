@@ -2,8 +2,9 @@
 
 At py-spy's defaults here (1000 Hz, 5 s windows): loop mean within 5% and p95 within 10% on every
 named shape (on the stand-in's acceptance shapes, whose ~2 ms input stages hide a few percent of the
-boundaries: unbiased within 1%, per window within 8%, the median of three windows within 5%), and the direction of a >= 5% change in the true mean is never lost. Derandomized so a
-run is reproducible; widen max_examples locally to search harder.
+boundaries: unbiased within 1%, per window within 8%, the median of three windows within 5%), and the
+direction of a >= 5% change in the true mean is never lost. Derandomized so a run is reproducible; widen
+max_examples locally to search harder.
 """
 
 from __future__ import annotations
