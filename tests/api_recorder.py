@@ -18,6 +18,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -33,6 +34,12 @@ class Request:
     path: str  # without the query
     query: str
     held: bool = False  # stopped by a hold rule: the API server never saw it
+    # For a peering keep-alive: the `lastseen` kopf stamped in its body (unix seconds). kopf stamps it when it
+    # builds the patch, which can be seconds before the request leaves a busy process; the peers' deadlines
+    # are computed from the stamp, not from when the request arrived.
+    stamp: float | None = None
+    # The API server's answer (HTTP status), appended once it came back; empty while pending or if none came.
+    answer: list[int] = field(default_factory=list, compare=False)
 
     @property
     def write(self) -> bool:
@@ -61,6 +68,20 @@ _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te
         "content-length", "host"}
 
 
+def _peering_stamp(path: str, body: bytes | None) -> float | None:
+    """The newest `lastseen` in a KopfPeering patch's status entries, as unix seconds (None for other requests
+    and for a body that is not such a patch)."""
+    if not body or "kopfpeerings" not in path:
+        return None
+    try:
+        status = json.loads(body).get("status") or {}
+        stamps = [datetime.fromisoformat(v["lastseen"]).timestamp() for v in status.values()
+                  if isinstance(v, dict) and v.get("lastseen")]
+    except (ValueError, TypeError, AttributeError, KeyError):
+        return None
+    return max(stamps, default=None)
+
+
 class _Relay(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _RecorderServer
@@ -73,10 +94,10 @@ class _Relay(BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(n) if n else None
         url = urllib.parse.urlsplit(self.path)
-        req = Request(time.time(), self.command, url.path, url.query)
+        req = Request(time.time(), self.command, url.path, url.query, stamp=_peering_stamp(url.path, body))
         hold = rec.matching_hold(req)
         if hold is not None:
-            req = Request(req.at, req.method, req.path, req.query, held=True)
+            req = Request(req.at, req.method, req.path, req.query, held=True, stamp=req.stamp)
             rec.add(req)
             hold.requests.append(req)
             hold.hit.set()
@@ -89,6 +110,7 @@ class _Relay(BaseHTTPRequestHandler):
         try:
             conn.request(self.command, self.path, body=body, headers=headers)
             resp = conn.getresponse()
+            req.answer.append(resp.status)
         except (OSError, http.client.HTTPException):  # the API server is down (restarting): connection closed
             conn.close()
             self.close_connection = True

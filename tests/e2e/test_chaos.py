@@ -251,15 +251,21 @@ def test_faults_in_every_phase_end_with_the_undisturbed_verdicts(cluster, kube, 
 
         at_kill = {n: _phase(kube, namespace, n) for n in CHANGES}
         dep_promoting = client.AppsV1Api(kube).read_namespaced_deployment(PROMOTING, namespace)
-        # The active replica's last keep-alive (kopf stamps `lastseen` as it sends it): taken from what the
-        # relay passed on, not from the KopfPeering read back (one CI run found no entry for it there).
-        touches = [r.at for r in rec.requests if r.peering and r.method == "PATCH" and not r.held]
+        # The active replica's last keep-alive as the standby judges it: the `lastseen` kopf stamped in it (the
+        # peers' deadlines are that stamp plus the lifetime), of the keep-alives the API server answered, and the
+        # entry read back from the KopfPeering (one CI run found no entry for the active replica there). Not the
+        # time a keep-alive reached the relay: kopf stamps it when it builds the patch, and a busy replica sent
+        # one 8.8 s after stamping it in one CI run, which put the standby's (correct) takeover 8.8 s "early".
+        touches = [r for r in rec.requests if r.peering and r.method == "PATCH" and not r.held]
+        answered = [r.stamp for r in touches if r.stamp is not None and r.answer and r.answer[0] < 300]
         entry = peers(kube, namespace).get(active)
-        lastseen = max([*touches, *([datetime.fromisoformat(entry["lastseen"]).timestamp()] if entry else [])])
-        gaps = [b - a for a, b in itertools.pairwise(sorted(touches))]
+        lastseen = max([*answered, *([datetime.fromisoformat(entry["lastseen"]).timestamp()] if entry else [])])
+        gaps = [b - a for a, b in itertools.pairwise(sorted(r.at for r in touches))]
+        lags = [r.at - r.stamp for r in touches if r.stamp is not None]
         mark(f"{active}'s keep-alives every {min(gaps, default=0):.1f}-{max(gaps, default=0):.1f}s "
-             f"(a third of the {LIFETIME_S}s lifetime)")
-        mark(f"{active}'s last keep-alive {time.time() - lastseen:.1f}s before the kill "
+             f"(a third of the {LIFETIME_S}s lifetime), sent {min(lags, default=0):.1f}-{max(lags, default=0):.1f}s "
+             f"after kopf stamped them")
+        mark(f"{active}'s last keep-alive stamped {time.time() - lastseen:.1f}s before the kill "
              f"({'in' if entry else 'NOT in'} the KopfPeering)")
         os.kill(op.proc.pid, signal.SIGKILL)
         t_kill = time.time()
@@ -288,13 +294,14 @@ def test_faults_in_every_phase_end_with_the_undisturbed_verdicts(cluster, kube, 
         acted = rec.writes(until=t_kill)
         assert any("/deployments" in w.path for w in acted) and any(w.path.endswith("/status") for w in acted)
 
-        # The takeover: not before the dead peer's keep-alive expired, and soon after.
+        # The takeover: not before the dead peer's keep-alive expired (never both acting), and soon after: kopf
+        # resumes at the deadline, and the first write waits for the next event or resync of a service (15 s).
         wait_for(lambda: rec2.writes(), LIFETIME_S + 60, f"a first write of {standby}", interval=0.2)
         first = rec2.writes()[0].at
         deadline = lastseen + LIFETIME_S
         mark(f"{standby} took over: first write {first - t_kill:.1f}s after the kill "
              f"({first - deadline:+.1f}s from the peering deadline)")
-        assert deadline - 1 <= first <= deadline + 20, (first - t_kill, first - deadline, timeline)
+        assert deadline - 1 <= first <= deadline + 30, (first - t_kill, first - deadline, timeline)
         assert kubectl_vlm(["resume", PAUSED, "-n", namespace, "--kubeconfig", str(cluster.kubeconfig)]) == 0
 
         # Faults under the standby, now active, one after another while the rollouts go on; each must happen
