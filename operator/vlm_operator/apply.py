@@ -69,14 +69,22 @@ def classify(e: ApiException, what: str) -> Exception:
 
 
 def status_patch(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The merge patch that turns status `current` into `new` (keys no longer set are nulled); None when
-    they are equal, so a resync that changes nothing writes nothing."""
+    """The merge patch that turns status `current` into `new` (keys no longer set are nulled, at every depth:
+    a merge patch keeps what it does not mention, so `rollout.analysisStartedAt` of a finished step would
+    otherwise outlive the step); None when they are equal, so a resync that changes nothing writes nothing.
+    `new` is as `status_body` makes it: no None values (the API server stores none)."""
+    if current == new:
+        return None
+    return _with_nulls(current, new)
+
+
+def _with_nulls(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     patch: dict[str, Any] = dict(new)
-    for k in current:
+    for k, old in current.items():
         if k not in new:
             patch[k] = None
-    if all(current.get(k) == v for k, v in patch.items()):
-        return None
+        elif isinstance(old, Mapping) and isinstance(new[k], Mapping):
+            patch[k] = _with_nulls(old, new[k])
     return patch
 
 

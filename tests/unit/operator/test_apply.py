@@ -33,6 +33,20 @@ def test_status_patch_nulls_dropped_keys_and_is_none_when_equal():
     assert apply.status_patch({}, {"phase": "Pending"}) == {"phase": "Pending"}
 
 
+def test_status_patch_nulls_dropped_keys_inside_nested_objects():
+    """A merge patch keeps what it does not mention: the last step's analysisStartedAt and reason must be nulled
+    when a new step starts, or the stored status shows step 2 with step 1's clock."""
+    cur = {"phase": "Canary", "rollout": {"step": 0, "phase": "Analysing", "reason": "NoRegression",
+                                          "analysisStartedAt": "2027-01-15T08:02:10Z", "signals": [{"a": 1}]}}
+    new = {"phase": "Canary", "rollout": {"step": 1, "phase": "Progressing"}}
+    patch = apply.status_patch(cur, new)
+    assert patch == {"phase": "Canary", "rollout": {"step": 1, "phase": "Progressing", "reason": None,
+                                                    "analysisStartedAt": None, "signals": None}}
+    from .fakekube import merge_patch
+    assert merge_patch(cur, patch) == new
+    assert apply.status_patch(new, {"phase": "Canary", "rollout": {"step": 1, "phase": "Progressing"}}) is None
+
+
 @pytest.mark.parametrize(("code", "cls", "delay"), [(409, TemporaryError, 5), (429, TemporaryError, 15),
                                                      (503, TemporaryError, 15), (0, TemporaryError, 15),
                                                      (422, PermanentError, None), (403, PermanentError, None)])
