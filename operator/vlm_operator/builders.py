@@ -350,21 +350,35 @@ def monitoring_metadata(owner: Owner, extra_labels: Mapping[str, str] | None = N
     return meta
 
 
-def pod_monitor_interval(telemetry_interval: str) -> str:
-    """The scrape interval: 15 s, or the telemetry interval when that is shorter, so every profiler window
-    is scraped at least once (a 4 s telemetry interval under a 15 s scrape lost three windows in four for
-    the gate's Prometheus source)."""
-    return telemetry_interval if parse_duration(telemetry_interval) < 15 else "15s"
+def pod_monitor_intervals(telemetry_interval: str) -> tuple[str, str]:
+    """The scrape intervals of SGLang's endpoint and of the profiler sidecar's.
+
+    SGLang's: 15 s, or the telemetry interval when that is shorter. The sidecar's: half of that (1 s at
+    least). Its per-window gauges hold one window until the next one ends, one telemetry interval later; a
+    scrape at the same interval as the windows sees each once only while their phases stay apart, and the
+    sidecar's windows end a little later or earlier each time (py-spy's start and flush), so some windows
+    fell between two scrapes and others were read twice: the gate's Prometheus source missed them and read a
+    different window set from the sidecars'. Two scrapes per window see every one (a 4 s telemetry interval
+    under a 15 s scrape lost three windows in four)."""
+    every = min(15.0, parse_duration(telemetry_interval))
+    return _prom_duration(every), _prom_duration(max(1.0, every / 2))
+
+
+def _prom_duration(seconds: float) -> str:
+    ms = round(seconds * 1000)
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
 def build_pod_monitor(
-    owner: Owner, extra_labels: Mapping[str, str] | None = None, interval: str = "15s"
+    owner: Owner, extra_labels: Mapping[str, str] | None = None, interval: str = "15s",
+    profiler_interval: str = "7500ms",
 ) -> dict[str, Any]:
-    """Prometheus Operator PodMonitor for SGLang and the sidecar (only when its CRD exists).
+    """Prometheus Operator PodMonitor for SGLang (`interval`) and the sidecar (`profiler_interval`), only when
+    its CRD exists.
 
     honorLabels: the sidecar labels its series with the VLMService's namespace, vlmservice, pod and revision
     itself; without it the target's labels would win a clash and move the series' own to `exported_*`."""
-    endpoint = {"path": "/metrics", "interval": interval, "honorLabels": True}
+    endpoint = {"path": "/metrics", "honorLabels": True}
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
@@ -372,7 +386,8 @@ def build_pod_monitor(
         "spec": {
             "selector": {"matchLabels": {LABEL_SERVICE: owner.name}},
             "podTargetLabels": [LABEL_SERVICE, LABEL_REVISION, LABEL_ROLE],
-            "podMetricsEndpoints": [{"port": "http", **endpoint}, {"port": "profiler", **endpoint}],
+            "podMetricsEndpoints": [{"port": "http", "interval": interval, **endpoint},
+                                    {"port": "profiler", "interval": profiler_interval, **endpoint}],
         },
     }
 

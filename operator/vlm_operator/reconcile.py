@@ -340,8 +340,8 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
                     rt.delete(t.uid, api_version, kind, t.namespace, t.name)
         if rt.monitoring and t.status.get("observedGeneration") != t.generation:
             extra = rt.settings.monitoring_labels
-            interval = builders.pod_monitor_interval(spec.telemetry.interval)
-            rt.apply(t.uid, builders.build_pod_monitor(owner, extra, interval), None)
+            intervals = builders.pod_monitor_intervals(spec.telemetry.interval)
+            rt.apply(t.uid, builders.build_pod_monitor(owner, extra, *intervals), None)
             rt.apply(
                 t.uid,
                 alerts.build_prometheus_rule(

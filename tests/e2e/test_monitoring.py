@@ -190,7 +190,9 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     # two scrapes before the verdict.
     due = {k for k, w in side.items() if not w.stale and w.end <= t_verdict - 2 * SCRAPE_S}
     print(f"windows: sidecars {len(side)} (due {len(due)}), prometheus {len(prom)}, both {len(both)}")
-    assert len(due & set(prom)) >= 0.75 * len(due) and len(both) >= 2 * SHIPPED["rollout"]["analysis"]["minSamples"], (
+    # The sidecar is scraped twice per window (the PodMonitor's 7.5 s against 15 s windows): Prometheus misses
+    # none, where a scrape at the windows' own cadence missed up to a quarter (0.75 was this test's bound then).
+    assert len(due & set(prom)) >= 0.95 * len(due) and len(both) >= 2 * SHIPPED["rollout"]["analysis"]["minSamples"], (
         f"Prometheus saw {len(due & set(prom))} of the sidecars' {len(due)} due windows; only in Prometheus: "
         f"{sorted(set(prom) - set(side))[:5]}, only in the sidecars: {sorted(due - set(prom))[:5]}")
     for k in both:

@@ -168,6 +168,9 @@ def test_generated_config_honours_labels_and_selects_by_release(generated, names
     assert set(jobs) == {sm_job, *pm_jobs}, sorted(jobs)  # the unlabelled PodMonitor is not selected
     for job in jobs.values():
         assert job["honor_labels"] is True, job["job_name"]
+    # SGLang's port every 15 s, the sidecar's twice per telemetry interval (the default 15 s).
+    assert [jobs[f"podMonitor/{namespace}/{objs['vlms']}/{i}"]["scrape_interval"] for i in (0, 1)] in (
+        ["15s", "7500ms"], ["15s", "7s500ms"]), [jobs[j]["scrape_interval"] for j in sorted(pm_jobs)]
     # jobLabel app.kubernetes.io/name: the job is "vlm-operator" whatever the release is called.
     relabel = jobs[sm_job]["relabel_configs"]
     assert any(r.get("source_labels") == ["__meta_kubernetes_service_label_app_kubernetes_io_name"]

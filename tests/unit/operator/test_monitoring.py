@@ -16,7 +16,8 @@ def test_pod_monitor_honours_the_sidecars_labels_on_both_endpoints():
     pm = builders.build_pod_monitor(OWNER)
     eps = pm["spec"]["podMetricsEndpoints"]
     assert [e["port"] for e in eps] == ["http", "profiler"]
-    assert all(e["honorLabels"] is True and e["path"] == "/metrics" and e["interval"] == "15s" for e in eps)
+    assert all(e["honorLabels"] is True and e["path"] == "/metrics" for e in eps)
+    assert [e["interval"] for e in eps] == ["15s", "7500ms"]  # the defaults: the telemetry interval's 15 s
     assert pm["metadata"]["labels"] == builders.common_labels(OWNER)
 
 
@@ -98,9 +99,12 @@ def test_the_reconcile_loops_api_writes_into_the_state():
     assert 'namespace="t-ns"' not in generate_latest().decode()  # other tests' services may remain
 
 
-def test_pod_monitor_scrapes_every_window_when_telemetry_is_faster_than_15s():
-    assert builders.pod_monitor_interval("4s") == "4s"
-    assert builders.pod_monitor_interval("15s") == "15s"
-    assert builders.pod_monitor_interval("1m") == "15s"
-    pm = builders.build_pod_monitor(OWNER, None, builders.pod_monitor_interval("4s"))
-    assert {e["interval"] for e in pm["spec"]["podMetricsEndpoints"]} == {"4s"}
+def test_pod_monitor_scrapes_the_sidecar_twice_per_window():
+    """SGLang every 15 s (or every telemetry interval when shorter); the sidecar, whose per-window gauges each
+    hold one window for one interval, twice as often, so no window falls between two scrapes."""
+    assert builders.pod_monitor_intervals("4s") == ("4s", "2s")
+    assert builders.pod_monitor_intervals("15s") == ("15s", "7500ms")
+    assert builders.pod_monitor_intervals("1m") == ("15s", "7500ms")
+    assert builders.pod_monitor_intervals("1s") == ("1s", "1s")
+    pm = builders.build_pod_monitor(OWNER, None, *builders.pod_monitor_intervals("4s"))
+    assert {e["port"]: e["interval"] for e in pm["spec"]["podMetricsEndpoints"]} == {"http": "4s", "profiler": "2s"}

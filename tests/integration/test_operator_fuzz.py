@@ -1,0 +1,177 @@
+"""Valid but unusual specs through the running operator (issue 14, item 6): at least 500 of them on the real
+API server, the real operator process reconciling them all at once, then a pod-template change to each.
+
+The specs are the canary example with one to four of its fields changed at a time (tests/specfuzz.py's
+mutations, each kept only where the pydantic model still accepts the spec), so every one is a spec `kubectl
+apply` lets through. Replica counts are capped at 1 (service and steps) to keep the fake pods within what a
+2-core testbed runs; every other value stays as drawn (GPU counts no node has, tensor parallelism, odd
+durations, margins at their bounds, telemetry off, ...). What must hold, for every accepted spec:
+- the service ends with a Ready condition whose reason says what happened (AllReplicasReady,
+  ReplicasNotReady, InvalidSpec or Unschedulable) for the generation it was given, and again after the
+  template change;
+- the operator never crashes and never loops on a handler error: it stays up, logs no traceback and no
+  handler failure, and counts no error but the API server's conflicts (429/409, retried by design).
+(`tests/unit/operator/test_reconcile_fuzz.py` runs the same mutations through the reconcile without an API
+server; `test_spec_fuzz.py` checks that the API server refuses exactly the invalid ones.)
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+from vlm_operator.api import VLMServiceSpec
+
+from tests.cluster import wait_for
+from tests.operator_proc import GROUP, PLURAL, VERSION, condition, dump, install_crd, run_operator, vlms
+from tests.specfuzz import BASE, PATHS, edge_cases, mutate, values
+
+COUNT = 500
+MAX_REPLICAS = 1
+READY_REASONS = {"AllReplicasReady", "ReplicasNotReady", "InvalidSpec", "Unschedulable"}
+# An exception that escaped the operator's error mapping (kopf retries it: an error loop), a permanent failure,
+# or any traceback. ("failed temporarily" is the mapping of 409/429/5xx, retried by design.)
+FAILURE = re.compile(r"Traceback|failed with an exception|failed permanently")
+
+mutants = st.one_of(
+    st.tuples(st.sampled_from(PATHS), values, st.sampled_from(["set", "delete"])),
+    edge_cases.map(lambda c: (c[0], c[1], "set")),
+)
+
+
+def _valid(spec: dict[str, Any]) -> bool:
+    try:
+        VLMServiceSpec.model_validate(spec)
+        return True
+    except ValidationError:
+        return False
+
+
+def _bounded(spec: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(spec)
+    if isinstance(out.get("replicas"), int | float):
+        out["replicas"] = min(out["replicas"], MAX_REPLICAS)
+    for step in ((out.get("rollout") or {}).get("steps") or []):
+        if isinstance(step, dict) and isinstance(step.get("replicas"), int | float):
+            step["replicas"] = min(step["replicas"], MAX_REPLICAS)
+    return out
+
+
+def unusual_valid_specs(count: int) -> list[dict[str, Any]]:
+    """`count` distinct specs the model accepts, each the base with one to four fields mutated."""
+    specs: list[dict[str, Any]] = []
+    seen: set[str] = set()
+
+    @settings(max_examples=12 * count, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(mutants, min_size=1, max_size=4))
+    def gather(cases: list) -> None:
+        if len(specs) >= count:
+            return
+        spec = BASE
+        for path, value, action in cases:
+            mutated = mutate(spec, path, value, action)
+            if _valid(mutated):
+                spec = mutated
+        spec = _bounded(spec)
+        key = json.dumps(spec, sort_keys=True, default=str)
+        if spec is not BASE and key not in seen and _valid(spec):
+            seen.add(key)
+            specs.append(spec)
+
+    gather()
+    return specs
+
+
+@pytest.fixture(scope="module")
+def crd(cluster):
+    install_crd(cluster.kubectl)
+
+
+def _settled(kube, namespace: str, names: list[str]) -> dict[str, dict]:
+    """Every service whose Ready condition is for its current generation: name -> object."""
+    items = vlms(kube).list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+    out = {}
+    for obj in items:
+        st_ = obj.get("status") or {}
+        if obj["metadata"]["name"] in names and st_.get("observedGeneration") == obj["metadata"]["generation"] \
+                and condition(obj, "Ready"):
+            out[obj["metadata"]["name"]] = obj
+    return out
+
+
+def _check(objs: dict[str, dict]) -> list[str]:
+    bad = []
+    for name, obj in objs.items():
+        ready = condition(obj, "Ready")
+        if ready["reason"] not in READY_REASONS or ready["status"] != (
+                "True" if ready["reason"] == "AllReplicasReady" else "False"):
+            bad.append(f"{name}: Ready {ready} for spec {json.dumps(obj['spec'])[:400]}")
+        if not {"Progressing", "Degraded"} <= {c["type"] for c in obj["status"].get("conditions", [])}:
+            bad.append(f"{name}: conditions {obj['status'].get('conditions')}")
+    return bad
+
+
+@pytest.mark.timeout(900)
+def test_500_unusual_valid_specs_through_the_running_operator(cluster, crd, kube, namespace, tmp_path):
+    specs = unusual_valid_specs(COUNT)
+    assert len(specs) >= COUNT, f"only {len(specs)} distinct valid specs drawn"
+    api = vlms(kube)
+    names: list[str] = []
+    refused: list[str] = []
+    for i, spec in enumerate(specs):
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VLMService", "metadata": {"name": f"fz-{i}"},
+                "spec": spec}
+        try:
+            api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+            names.append(f"fz-{i}")
+        except ApiException as e:  # the model accepted it; the server must too (test_spec_fuzz's oracle)
+            refused.append(f"fz-{i}: {e.status} {(e.body or '')[:300]} for {json.dumps(spec)[:300]}")
+    assert not refused, f"{len(refused)} specs the model accepts were refused by the API server:\n" + \
+        "\n".join(refused[:10])
+
+    op_gen = run_operator(cluster.kubeconfig, namespace, tmp_path)
+    op = next(op_gen)
+    try:
+        def all_settled() -> dict[str, dict] | None:
+            got = _settled(kube, namespace, names)
+            return got if len(got) == len(names) else None
+
+        def waited(what: str) -> dict[str, dict]:
+            try:
+                return wait_for(all_settled, 480, what, interval=3.0)
+            except AssertionError:
+                missing = sorted(set(names) - set(_settled(kube, namespace, names)))
+                raise AssertionError(f"{len(missing)} of {len(names)} services without a Ready condition for "
+                                     f"their generation ({what}), e.g. {missing[:5]}:\n"
+                                     f"{dump(api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, missing[0]))}"
+                                     f"\n{op.log_tail(40)}") from None
+
+        first = waited("every spec reconciled")
+        assert _check(first) == [], "\n".join(_check(first)[:10])
+        reasons = sorted({condition(o, "Ready")["reason"] for o in first.values()})
+
+        # A pod-template change to each: a canary where the spec has a rollout, an in-place roll elsewhere.
+        for name in names:
+            api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
+                                               {"spec": {"sglang": {"args": ["--fuzz-change"]}}})
+        second = waited("every template change reconciled")
+        assert _check(second) == [], "\n".join(_check(second)[:10])
+
+        assert op.proc.poll() is None, f"the operator exited {op.proc.returncode}:\n{op.log_tail()}"
+        log = op.log_path.read_text(errors="replace")
+        failures = [line for line in log.splitlines() if FAILURE.search(line)]
+        assert not failures, f"{len(failures)} handler failures, e.g.:\n" + "\n".join(failures[:10])
+        errors = {m.group(1): float(m.group(2)) for m in
+                  re.finditer(r'^vlm_operator_errors_total\{reason="([^"]+)"\} (\S+)$', op.metrics(), re.M)}
+        unexpected = {k: v for k, v in errors.items() if v and k not in ("Http409", "Http429", "StaleCopy")}
+        assert not unexpected, f"errors counted: {errors}"
+        print(f"{len(names)} services; Ready reasons {reasons}; errors {errors}")
+    finally:
+        next(op_gen, None)
