@@ -42,13 +42,18 @@ def pod_network_here() -> bool:
 def install_crd(kubectl) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     # Polled, not `kubectl wait --for=condition`: that fails at once ("<nil> is of the type <nil>") when it
-    # reads the CRD before the API server has given it any condition.
+    # reads the CRD before the API server has given it any condition, and so does a jsonpath filter over the
+    # conditions (one run: "<nil> is not array or slice and cannot be filtered"). The whole object is read.
     deadline = time.time() + 60
-    query = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
-    while kubectl("get", "crd/vlmservices.serving.vlmops.dev", "-o", query).strip() != "True":
+    while not _established(json.loads(kubectl("get", "crd/vlmservices.serving.vlmops.dev", "-o", "json"))):
         if time.time() > deadline:
             raise AssertionError("CRD vlmservices.serving.vlmops.dev not Established within 60 s")
         time.sleep(0.5)
+
+
+def _established(crd: dict) -> bool:
+    return any(c.get("type") == "Established" and c.get("status") == "True"
+               for c in (crd.get("status") or {}).get("conditions") or [])
 
 
 @dataclass
