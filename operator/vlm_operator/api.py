@@ -441,14 +441,40 @@ class PodSpec(KubeModel):
 
 
 class Toleration(KubeModel):
-    key: str | None = Field(None, max_length=253)
+    """A toleration as the pod's API validates it: the same rules here, so a spec the API server takes never
+    makes a Deployment it refuses (the operator could only report that after the fact, every resync)."""
+
+    cel = (
+        ("(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+         "a toleration without a key matches every taint: its operator must be Exists", ".operator"),
+        ("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+         "value must be empty when operator is Exists", ".value"),
+        ("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+         "tolerationSeconds needs effect NoExecute", ".tolerationSeconds"),
+    )
+
+    key: str | None = Field(None, description="Taint key: a qualified name (prefix/name); empty matches every key.",
+                            pattern=f"^$|{QUALIFIED_NAME_PATTERN}", max_length=316)
     operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = Field(None, max_length=253)
+    value: LabelValue | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = Field(None, ge=0)
 
+    @model_validator(mode="after")
+    def _as_the_pod_api(self) -> Toleration:
+        if not self.key and self.operator != "Exists":
+            raise ValueError("a toleration without a key matches every taint: its operator must be Exists")
+        if self.operator == "Exists" and self.value:
+            raise ValueError("value must be empty when operator is Exists")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds needs effect NoExecute")
+        return self
+
 
 class GPUSpec(KubeModel):
+    cel = (("!has(self.nodeSelector) || " + _KEYS_CEL.replace("self.all", "self.nodeSelector.all"),
+            "nodeSelector keys must be qualified names (prefix/name)", ".nodeSelector"),)
+
     product: str = Field(
         DEFAULT_GPU_PRODUCT,
         description="Value of the nvidia.com/gpu.product node label the pods must run on.",
@@ -459,8 +485,19 @@ class GPUSpec(KubeModel):
     count: int | None = Field(
         None, description="GPUs per replica; defaults to tensorParallel. Must be a multiple of it.", ge=1, le=16
     )
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node selector labels.")
-    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for GPU node taints.")
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict, description="Extra node selector labels (keys prefix/name, label values).", max_length=32
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Tolerations for GPU node taints.", max_length=32
+    )
+
+    @model_validator(mode="after")
+    def _selector_keys(self) -> GPUSpec:
+        for k in self.node_selector:
+            if not re.match(QUALIFIED_NAME_PATTERN, k):
+                raise ValueError(f"nodeSelector: {k!r} is not a qualified name (prefix/name)")
+        return self
 
 
 class ResourcesSpec(KubeModel):

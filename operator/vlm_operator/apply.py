@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -66,6 +67,24 @@ def classify(e: ApiException, what: str) -> Exception:
     if status in (409, 429) or status >= 500 or status == 0:
         return TemporaryError(f"{what}: {status} {message}", reason=f"Http{status}", delay=5 if status == 409 else 15)
     return PermanentError(f"{what}: {status} {message}", reason=f"Http{status}")
+
+
+# Characters a YAML decoder takes as they are, inside a double-quoted scalar: YAML's printable set, less the
+# line breaks of YAML 1.1 (NEL, LS, PS) and the byte-order mark, which it would fold or drop.
+_YAML_RAW = "\t\n\r\x20-\x7e\xa0-\u2027\u202a-\ufefe\uff00-\ufffd\U00010000-\U0010ffff"
+_NOT_YAML_RAW = re.compile(f"[^{_YAML_RAW}]")
+
+
+def yaml_json(obj: Any) -> bytes:
+    """JSON that the API server's YAML decoder reads back as the same object (a server-side apply is YAML).
+
+    Python's json writes a character outside the Basic Multilingual Plane as a surrogate-pair escape
+    (`\\ud83d\\ude00`), which that decoder refuses ("found invalid Unicode character escape code"): a spec
+    value such as an emoji in `model.path` or an env value made every apply of the Deployment fail. Here such
+    characters are written as they are (UTF-8), and the few a YAML reader would not take raw (control
+    characters, YAML 1.1's line breaks) as `\\uXXXX` escapes, which it does take."""
+    text = json.dumps(obj, ensure_ascii=False)  # ", " and ": ": a YAML 1.1 reader wants the space after ":"
+    return _NOT_YAML_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode()
 
 
 def status_patch(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -130,7 +149,8 @@ class Kube:
         return json.loads(resp.data or b"null")
 
     def apply(self, obj: Mapping[str, Any], observed: Mapping[str, Any] | None) -> bool:
-        """Server-side apply `obj` unless `observed` already has it. Returns True when it wrote."""
+        """Server-side apply `obj` unless `observed` already has it. Returns True when it wrote.
+        The body is JSON written for the API server's YAML decoder (`yaml_json`)."""
         if observed is not None and is_subset(obj, observed):
             return False
         meta = obj["metadata"]
@@ -139,7 +159,7 @@ class Kube:
             self._call(
                 "PATCH",
                 object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]),
-                body=obj,
+                body=yaml_json(obj),
                 query=[("fieldManager", self.field_manager), ("force", "true")],
                 content_type="application/apply-patch+yaml",
             )

@@ -26,7 +26,7 @@ from . import alerts, api, builders, gate, metrics, rollout, signals
 from . import conditions as C
 from . import status as S
 from .apply import KubeAPI
-from .errors import InvalidSpec
+from .errors import InvalidSpec, PermanentError
 from .settings import Settings
 from .units import parse_duration
 
@@ -48,6 +48,8 @@ class Runtime:
     written: dict[str, int] = field(default_factory=dict)
     # uid -> {object key: (digest, monotonic time)}: applied, not yet seen in the index (see `apply`)
     unconfirmed: dict[str, dict[tuple[str, str, str, str], tuple[str, float]]] = field(default_factory=dict)
+    # uid -> the generation whose objects the API server refused (400/422): not sent again until the spec changes
+    refused: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +72,7 @@ class Runtime:
             self.profiler_reads.pop(uid, None)
             self.written.pop(uid, None)
             self.unconfirmed.pop(uid, None)
+            self.refused.pop(uid, None)
 
     def apply(self, uid: str, obj: Mapping[str, Any], observed: Mapping[str, Any] | None,
               now: float | None = None) -> bool:
@@ -281,6 +284,56 @@ def _record_metrics(t: Target, plan: rollout.Plan, desired: builders.Desired, de
         metrics.set_rollback(t.namespace, t.name, None, None, None)
 
 
+def _apply_plan(rt: Runtime, t: Target, spec: api.VLMServiceSpec, desired: builders.Desired, plan: rollout.Plan,
+                observed: S.Observed, owner: builders.Owner) -> None:
+    """Write what the plan wants: the Service and the Deployments always (each only where it differs), the
+    budget, policy and monitoring objects once per spec generation."""
+    if plan.hands_off:
+        return
+    rt.apply(t.uid, desired.service, observed.service)
+    if plan.stable is not None:
+        rt.apply(t.uid, plan.stable, observed.deployments.get(builders.ROLE_STABLE))
+    for role, want in ((builders.ROLE_CANARY, plan.canary), (builders.ROLE_BASELINE, plan.baseline)):
+        if want is not None:
+            rt.apply(t.uid, want, observed.deployments.get(role))
+        elif role in observed.deployments:
+            rt.delete(t.uid, "apps/v1", "Deployment", t.namespace, builders.deployment_name(owner, role))
+    if t.status.get("observedGeneration") != t.generation:
+        # Both follow the spec alone (and the operator's settings): applied once per generation, like the
+        # PodMonitor; deleted when the spec no longer wants them (replicas <= 1, networkPolicy Off).
+        for api_version, kind, want in (
+            ("policy/v1", "PodDisruptionBudget", desired.pdb),
+            ("networking.k8s.io/v1", "NetworkPolicy", desired.network_policy),
+        ):
+            if want is not None:
+                rt.apply(t.uid, want, None)
+            elif not (t.generation == 1 and "observedGeneration" not in t.status):
+                # (Never reconciled, and its spec never changed: every reconcile so far saw this spec and
+                # wanted none, so none was made. One DELETE answered 404 less per new service.)
+                rt.delete(t.uid, api_version, kind, t.namespace, t.name)
+    if rt.monitoring and t.status.get("observedGeneration") != t.generation:
+        extra = rt.settings.monitoring_labels
+        intervals = builders.pod_monitor_intervals(spec.telemetry.interval)
+        rt.apply(t.uid, builders.build_pod_monitor(owner, extra, *intervals), None)
+        rt.apply(
+            t.uid,
+            alerts.build_prometheus_rule(
+                t.name, t.namespace, owner.reference(), builders.common_labels(owner), extra_labels=extra
+            ),
+            None,
+        )
+
+
+def _report_invalid(rt: Runtime, t: Target, observed: S.Observed, msg: str, emit: Emit, now: datetime) -> None:
+    """Ready=False/InvalidSpec with `msg` (and its Warning Event, on the flip); the last good status is kept."""
+    metrics.ERRORS.labels(reason="InvalidSpec").inc()
+    want = t.spec.get("replicas", 1)
+    h = S.Health(want=want if isinstance(want, int) and want >= 0 else 1,
+                 ready=observed.ready_replicas(builders.ROLE_STABLE), invalid=msg)
+    new = S.build_status(t.status, h, generation=t.generation, now=now, **S.carried(t.status))
+    _write_status(rt, t, new, emit)
+
+
 def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: float) -> None:
     now_dt = datetime.fromtimestamp(now, UTC)
     owner = builders.Owner(t.name, t.namespace, t.uid)
@@ -291,13 +344,10 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
             gate.GatePolicy.from_spec(spec)  # an analysis the gate cannot run is an invalid spec, found here
     except (ValidationError, InvalidSpec) as e:
         msg = S.invalid_spec_message(e) if isinstance(e, ValidationError) else str(e)
-        metrics.ERRORS.labels(reason="InvalidSpec").inc()
-        want = t.spec.get("replicas", 1)
-        h = S.Health(want=want if isinstance(want, int) and want >= 0 else 1,
-                     ready=observed.ready_replicas(builders.ROLE_STABLE), invalid=msg)
-        new = S.build_status(t.status, h, generation=t.generation, now=now_dt, **S.carried(t.status))
-        _write_status(rt, t, new, emit)
+        _report_invalid(rt, t, observed, msg, emit, now_dt)
         return
+    if rt.refused.get(t.uid) == t.generation:
+        return  # its objects were refused (below): reported, and not sent again for the same spec
 
     prev = api.RolloutStatus.model_validate(t.status["rollout"]) if t.status.get("rollout") else None
     stable_rev = observed.deployment_revision(builders.ROLE_STABLE)
@@ -316,39 +366,19 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
 
     plan = rollout.plan(owner, spec, desired, observed, prev, now=now, free_gpus=free, decision=decision, action=action)
 
-    if not plan.hands_off:
-        rt.apply(t.uid, desired.service, observed.service)
-        if plan.stable is not None:
-            rt.apply(t.uid, plan.stable, observed.deployments.get(builders.ROLE_STABLE))
-        for role, want in ((builders.ROLE_CANARY, plan.canary), (builders.ROLE_BASELINE, plan.baseline)):
-            if want is not None:
-                rt.apply(t.uid, want, observed.deployments.get(role))
-            elif role in observed.deployments:
-                rt.delete(t.uid, "apps/v1", "Deployment", t.namespace, builders.deployment_name(owner, role))
-        if t.status.get("observedGeneration") != t.generation:
-            # Both follow the spec alone (and the operator's settings): applied once per generation, like the
-            # PodMonitor; deleted when the spec no longer wants them (replicas <= 1, networkPolicy Off).
-            for api_version, kind, want in (
-                ("policy/v1", "PodDisruptionBudget", desired.pdb),
-                ("networking.k8s.io/v1", "NetworkPolicy", desired.network_policy),
-            ):
-                if want is not None:
-                    rt.apply(t.uid, want, None)
-                elif not (t.generation == 1 and "observedGeneration" not in t.status):
-                    # (Never reconciled, and its spec never changed: every reconcile so far saw this spec and
-                    # wanted none, so none was made. One DELETE answered 404 less per new service.)
-                    rt.delete(t.uid, api_version, kind, t.namespace, t.name)
-        if rt.monitoring and t.status.get("observedGeneration") != t.generation:
-            extra = rt.settings.monitoring_labels
-            intervals = builders.pod_monitor_intervals(spec.telemetry.interval)
-            rt.apply(t.uid, builders.build_pod_monitor(owner, extra, *intervals), None)
-            rt.apply(
-                t.uid,
-                alerts.build_prometheus_rule(
-                    t.name, t.namespace, owner.reference(), builders.common_labels(owner), extra_labels=extra
-                ),
-                None,
-            )
+    try:
+        _apply_plan(rt, t, spec, desired, plan, observed, owner)
+    except PermanentError as e:
+        if e.reason not in ("Http400", "Http422"):
+            raise
+        # The API server refused an object built from this spec (a value the schema lets through but the
+        # object's own validation does not): the spec is at fault, so it is reported as one, once, and the
+        # same generation is not sent again (an operator restart tries once more).
+        with rt._lock:
+            rt.refused[t.uid] = t.generation
+        _report_invalid(rt, t, observed, f"the API server refused what this spec makes: {e}", emit, now_dt)
+        return
+
     if action:
         rv = rt.kube.clear_annotation(t.namespace, t.name, rollout.ANNOTATION_ACTION)
         if rv:  # our own write: the status below is conditional on the copy after it

@@ -17,7 +17,7 @@ from typing import Any
 
 from vlm_operator import api, builders
 from vlm_operator.apply import is_subset, status_patch
-from vlm_operator.errors import TemporaryError
+from vlm_operator.errors import PermanentError, TemporaryError
 from vlm_operator.reconcile import Target
 from vlm_operator.status import Observed, PodInfo
 
@@ -39,7 +39,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 @dataclass
 class Write:
-    verb: str  # apply | delete | status | annotation
+    verb: str  # apply | delete | status | annotation | refused (an apply the API server refused)
     kind: str
     namespace: str
     name: str
@@ -55,6 +55,9 @@ class FakeKube:
     revision: int = 0  # the last resourceVersion handed out
     conflicts: int = 0  # conditional status writes refused (the copy was outdated)
     fail_next: list[Exception] = field(default_factory=list)  # raised by the next writes, in order
+    # What the API server's own validation of an object says (an error message, or None to take it): an apply
+    # it refuses raises PermanentError(reason="Http422"), as `apply.classify` maps a 422.
+    refuse: Any = None
 
     # ------------------------------------------------------------- the KubeAPI the reconcile calls
 
@@ -67,6 +70,9 @@ class FakeKube:
             return False
         self._maybe_fail()
         meta = obj["metadata"]
+        if self.refuse is not None and (why := self.refuse(obj)):
+            self.writes.append(Write("refused", obj["kind"], meta["namespace"], meta["name"]))
+            raise PermanentError(f"apply {obj['kind']} {meta['namespace']}/{meta['name']}: 422 {why}", reason="Http422")
         key = (obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
         old = self.objects.get(key)
         new = copy.deepcopy(dict(obj))

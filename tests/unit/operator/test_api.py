@@ -222,3 +222,30 @@ def test_status_reports_the_effective_sglang():
     st = api.VLMServiceStatus.model_validate({"sglang": {"image": "lmsysorg/sglang:v0.5.23", "version": "0.5.23"}})
     assert st.sglang and st.sglang.version == "0.5.23"
     assert any(c["jsonPath"] == ".status.sglang.version" for c in api.PRINTER_COLUMNS)
+
+
+@pytest.mark.parametrize(("toleration", "why"), [
+    ({"key": "", "operator": "Equal", "value": "x"}, "operator must be Exists"),
+    ({"operator": "Equal"}, "operator must be Exists"),
+    ({"key": "http://", "operator": "Exists"}, "key"),
+    ({"key": "k", "operator": "Exists", "value": "v"}, "value must be empty"),
+    ({"key": "k", "value": "a b"}, "value"),
+    ({"key": "k", "operator": "Exists", "tolerationSeconds": 30}, "tolerationSeconds needs effect NoExecute"),
+])
+def test_tolerations_follow_the_pod_api_rules(toleration, why):
+    """Each of these passed the CRD before and made a Deployment the API server refused (found by fuzzing the
+    running operator); now the spec is refused, here and by the CRD's CEL rules."""
+    spec = {"model": {"path": "m"}, "gpu": {"tolerations": [toleration]}}
+    with pytest.raises(ValidationError, match=why):
+        api.parse_spec(spec)
+
+
+def test_tolerations_the_pod_api_takes_are_taken():
+    for t in ({"operator": "Exists"}, {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+              {"key": "k", "operator": "Equal", "value": "v"},
+              {"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}):
+        api.parse_spec({"model": {"path": "m"}, "gpu": {"tolerations": [t]}})
+    with pytest.raises(ValidationError, match="qualified name"):
+        api.parse_spec({"model": {"path": "m"}, "gpu": {"nodeSelector": {"bad key": "v"}}})
+    with pytest.raises(ValidationError):
+        api.parse_spec({"model": {"path": "m"}, "gpu": {"nodeSelector": {"k": "not a label value"}}})

@@ -7,6 +7,9 @@ import json
 from dataclasses import dataclass
 
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 from vlm_operator import apply
@@ -97,7 +100,7 @@ def test_apply_is_a_forced_server_side_apply_and_skipped_when_already_there():
     assert k.apply(DEP, None) is True
     method, url, headers, body = c.calls[0]
     assert method == "PATCH" and url == "/apis/apps/v1/namespaces/ns/deployments/d?fieldManager=vlm-operator&force=true"
-    assert headers["Content-Type"] == "application/apply-patch+yaml" and body == DEP
+    assert headers["Content-Type"] == "application/apply-patch+yaml" and yaml.safe_load(body) == DEP
     assert writes("PATCH") == before + 1
 
 
@@ -147,3 +150,20 @@ def test_a_conditional_status_write_carries_the_copy_s_resource_version_and_a_co
     with pytest.raises(TemporaryError) as e:
         k.patch_status("ns", "svc", {}, {"phase": "Pending"}, resource_version="7")
     assert e.value.reason == "StaleCopy" and e.value.delay <= 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                    max_leaves=12))
+def test_apply_bodies_read_back_unchanged_by_a_yaml_reader(obj):
+    """A server-side apply is read as YAML: any string, emoji and control characters included, comes back as it
+    was (Python's own json.dumps wrote an emoji as a surrogate-pair escape the API server refuses)."""
+    body = apply.yaml_json({"data": obj})
+    assert yaml.safe_load(body.decode("utf-8")) == {"data": obj}
+
+
+def test_an_emoji_is_sent_as_utf8_not_as_a_surrogate_pair():
+    body = apply.yaml_json({"model": "qwen-\U0001f600", "env": "a\x85b\u2028c"})
+    assert "\U0001f600".encode() in body and b"\\ud83d" not in body
+    assert b"\\u0085" in body and b"\\u2028" in body  # YAML 1.1 line breaks, escaped

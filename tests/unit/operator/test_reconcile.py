@@ -356,3 +356,44 @@ def test_a_new_service_deletes_nothing_it_never_made_but_a_changed_spec_still_cl
     c.kube.update_spec(c.name, {**SPEC, "replicas": 1})
     c.run(T0 + 1)
     assert ("policy/v1", "PodDisruptionBudget", "ns", "svc") not in c.kube.objects
+
+
+def test_an_object_the_api_server_refuses_is_an_invalid_spec_reported_once_and_not_sent_again():
+    """A spec value the schema lets through but the Deployment's own validation refuses (found by fuzzing the
+    running operator: a toleration's rules, a string the API server's YAML decoder would not read): the
+    service says so (Ready=False/InvalidSpec with the API server's message, one Warning Event), the resync
+    does not send the same objects again (it used to fail every resync: a handler error loop), and a new
+    spec is tried at once."""
+    c = Cluster()
+    c.kube.refuse = lambda obj: ("spec.template.spec.tolerations[0].effect: Invalid value: \"\": effect must be "
+                                 "'NoExecute' when `tolerationSeconds` is set") if obj["kind"] == "Deployment" else None
+    c.run(T0)
+    ready = c.condition("Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec"), ready
+    assert "the API server refused" in ready["message"] and "tolerationSeconds" in ready["message"]
+    assert c.status["observedGeneration"] == 1
+    assert [e[1] for e in c.events] == ["InvalidSpec"] and c.events[0][0] == "Warning"
+    before = len(c.kube.writes)
+    for i in range(1, 4):
+        c.run(T0 + 15 * i)
+    assert len(c.kube.writes) == before, c.kube.writes[before:]  # no apply, no status write, no Event
+    assert len(c.events) == 1
+    # The user fixes the spec: tried at once, and Ready again once the pods are.
+    c.kube.refuse = None
+    c.kube.update_spec("svc", {**SPEC, "sglang": {"args": ["--fixed"]}})
+    c.run(T0 + 60)
+    assert "Deployment" in [w.kind for w in c.kube.written("apply")]
+    c.kube.settle("svc")
+    c.run(T0 + 75)
+    assert c.condition("Ready")["status"] == "True"
+
+
+def test_a_forbidden_write_is_not_mistaken_for_an_invalid_spec():
+    """403 (the operator's RBAC) is the operator's problem, not the spec's: it propagates as a handler error."""
+    from vlm_operator.errors import PermanentError
+
+    c = Cluster()
+    c.kube.fail_next.append(PermanentError("apply Service ns/svc: 403 forbidden", reason="Http403"))
+    with pytest.raises(PermanentError):
+        c.run(T0)
+    assert "conditions" not in (c.kube.vlmservice("svc").get("status") or {})
