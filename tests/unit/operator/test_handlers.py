@@ -8,6 +8,7 @@ import os
 
 import kopf
 import pytest
+from vlm_operator import builders as B
 from vlm_operator import handlers as H
 from vlm_operator.settings import PREFIX
 
@@ -109,6 +110,27 @@ def test_indexed_bodies_drop_managed_fields_and_keep_what_the_reconcile_compares
     assert out["metadata"] == {k: v for k, v in raw["metadata"].items() if k != "managedFields"}
     assert out["spec"] == raw["spec"] and out["status"] == raw["status"]
     assert "managedFields" in raw["metadata"]  # kopf's own body is left as it was
+
+
+def test_index_handlers_run_on_the_event_loop_not_behind_the_reconciles() -> None:
+    """kopf sends a plain function to its handler thread pool, where index events waited behind every queued
+    reconcile; a coroutine runs as the event arrives. Each returns its index entry."""
+    import asyncio
+    import inspect
+
+    pod = {"metadata": {"name": "svc-0", "namespace": "ns", "labels": {B.LABEL_SERVICE: "svc"}},
+           "spec": {}, "status": {}}
+    dep = {"metadata": {"name": "svc", "namespace": "ns", "labels": {B.LABEL_SERVICE: "svc",
+                                                                    B.LABEL_ROLE: B.ROLE_STABLE}}, "spec": {}}
+    for fn in (H.vlm_deployments, H.vlm_pods, H.vlm_services):
+        assert inspect.iscoroutinefunction(fn), fn.__name__
+    got = asyncio.run(H.vlm_deployments(namespace="ns", labels=dep["metadata"]["labels"], body=kopf.Body(dep)))
+    (key, (role, packed)), = got.items()
+    assert key == ("ns", "svc") and role == B.ROLE_STABLE and packed.unpack()["metadata"]["name"] == "svc"
+    got = asyncio.run(H.vlm_pods(namespace="ns", labels=pod["metadata"]["labels"], body=kopf.Body(pod)))
+    assert list(got) == [("ns", "svc")] and got[("ns", "svc")].name == "svc-0"
+    got = asyncio.run(H.vlm_services(namespace="ns", name="svc", body=kopf.Body(dep)))
+    assert list(got) == [("ns", "svc")]
 
 
 def test_malloc_arenas_limited_unless_the_environment_says(monkeypatch: pytest.MonkeyPatch) -> None:
