@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 from hypothesis import strategies as st
+from pydantic import ValidationError
+from vlm_operator.api import VLMServiceSpec
 
 REPO = Path(__file__).resolve().parents[1]
 CRD = yaml.safe_load((REPO / "crds" / "serving.vlmops.dev_vlmservices.yaml").read_text())
@@ -103,3 +105,20 @@ def mutate(spec: dict[str, Any], path: tuple, value: Any, action: str) -> dict[s
     else:
         node[last] = value
     return out
+
+
+# One field set to a drawn value or deleted, or a numeric field at one of its bounds.
+mutants = st.one_of(
+    st.tuples(st.sampled_from(PATHS), values, st.sampled_from(["set", "delete"])),
+    edge_cases.map(lambda c: (c[0], c[1], "set")),
+)
+# What a valid spec's Ready condition may say after a reconcile.
+READY_REASONS = {"AllReplicasReady", "ReplicasNotReady", "InvalidSpec", "Unschedulable"}
+
+
+def model_accepts(spec: dict[str, Any]) -> bool:
+    try:
+        VLMServiceSpec.model_validate(spec)
+        return True
+    except ValidationError:
+        return False

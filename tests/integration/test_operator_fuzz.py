@@ -26,33 +26,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
-from pydantic import ValidationError
-from vlm_operator.api import VLMServiceSpec
 
 from tests.cluster import wait_for
 from tests.operator_proc import GROUP, PLURAL, VERSION, condition, dump, install_crd, run_operator, vlms
-from tests.specfuzz import BASE, PATHS, edge_cases, mutate, values
+from tests.specfuzz import BASE, READY_REASONS, model_accepts, mutants, mutate
 
 COUNT = 500
 MAX_REPLICAS = 1
-READY_REASONS = {"AllReplicasReady", "ReplicasNotReady", "InvalidSpec", "Unschedulable"}
 # An exception that escaped the operator's error mapping (kopf retries it: an error loop), a permanent failure,
 # or any traceback. ("failed temporarily" is the mapping of 409/429/5xx, retried by design.)
 FAILURE = re.compile(r"Traceback|failed with an exception|failed permanently")
-
-mutants = st.one_of(
-    st.tuples(st.sampled_from(PATHS), values, st.sampled_from(["set", "delete"])),
-    edge_cases.map(lambda c: (c[0], c[1], "set")),
-)
-
-
-def _valid(spec: dict[str, Any]) -> bool:
-    try:
-        VLMServiceSpec.model_validate(spec)
-        return True
-    except ValidationError:
-        return False
-
 
 def _bounded(spec: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(spec)
@@ -77,11 +60,11 @@ def unusual_valid_specs(count: int) -> list[dict[str, Any]]:
         spec = BASE
         for path, value, action in cases:
             mutated = mutate(spec, path, value, action)
-            if _valid(mutated):
+            if model_accepts(mutated):
                 spec = mutated
         spec = _bounded(spec)
         key = json.dumps(spec, sort_keys=True, default=str)
-        if spec is not BASE and key not in seen and _valid(spec):
+        if spec is not BASE and key not in seen and model_accepts(spec):
             seen.add(key)
             specs.append(spec)
 
