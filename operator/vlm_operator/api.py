@@ -12,6 +12,7 @@ camelCase in YAML, snake_case in Python.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -386,6 +387,13 @@ def _reserved_label(key: str) -> bool:
 _KEYS_CEL = "self.all(k, k.matches('" + QUALIFIED_NAME_PATTERN + "'))"
 
 
+def _qualified_keys(what: str, keys: Iterable[str]) -> None:
+    """The Python side of `_KEYS_CEL`."""
+    for k in keys:
+        if not re.match(QUALIFIED_NAME_PATTERN, k):
+            raise ValueError(f"{what}: {k!r} is not a qualified name (prefix/name)")
+
+
 class PodSpec(KubeModel):
     """Pod-level settings of every serving pod (stable, canary and baseline alike)."""
 
@@ -432,9 +440,8 @@ class PodSpec(KubeModel):
     @model_validator(mode="after")
     def _keys(self) -> PodSpec:
         for what, keys in (("labels", self.labels or {}), ("annotations", self.annotations or {})):
+            _qualified_keys(what, keys)
             for k in keys:
-                if not re.match(QUALIFIED_NAME_PATTERN, k):
-                    raise ValueError(f"{what}: {k!r} is not a qualified name (prefix/name)")
                 if k.startswith(OPERATOR_PREFIX) or (what == "labels" and k in OPERATOR_LABELS):
                     raise ValueError(f"{what}: {k!r} is the operator's own (prefix {OPERATOR_PREFIX})")
         return self
@@ -494,9 +501,7 @@ class GPUSpec(KubeModel):
 
     @model_validator(mode="after")
     def _selector_keys(self) -> GPUSpec:
-        for k in self.node_selector:
-            if not re.match(QUALIFIED_NAME_PATTERN, k):
-                raise ValueError(f"nodeSelector: {k!r} is not a qualified name (prefix/name)")
+        _qualified_keys("nodeSelector", self.node_selector)
         return self
 
 

@@ -370,14 +370,14 @@ def _prom_duration(seconds: float) -> str:
 
 
 def build_pod_monitor(
-    owner: Owner, extra_labels: Mapping[str, str] | None = None, interval: str = "15s",
-    profiler_interval: str = "7500ms",
+    owner: Owner, extra_labels: Mapping[str, str] | None = None, telemetry_interval: str = "15s"
 ) -> dict[str, Any]:
-    """Prometheus Operator PodMonitor for SGLang (`interval`) and the sidecar (`profiler_interval`), only when
-    its CRD exists.
+    """Prometheus Operator PodMonitor for SGLang and the sidecar, at `pod_monitor_intervals` of the service's
+    telemetry interval (only when its CRD exists).
 
     honorLabels: the sidecar labels its series with the VLMService's namespace, vlmservice, pod and revision
     itself; without it the target's labels would win a clash and move the series' own to `exported_*`."""
+    interval, profiler_interval = pod_monitor_intervals(telemetry_interval)
     endpoint = {"path": "/metrics", "honorLabels": True}
     return {
         "apiVersion": "monitoring.coreos.com/v1",

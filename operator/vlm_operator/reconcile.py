@@ -49,7 +49,7 @@ class Runtime:
     # uid -> {object key: (digest, monotonic time)}: applied, not yet seen in the index (see `apply`)
     unconfirmed: dict[str, dict[tuple[str, str, str, str], tuple[str, float]]] = field(default_factory=dict)
     # uid -> the generation whose objects the API server refused (400/422): not sent again until the spec changes
-    refused: dict[str, int] = field(default_factory=dict)
+    refused: dict[str, int | None] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -73,6 +73,11 @@ class Runtime:
             self.written.pop(uid, None)
             self.unconfirmed.pop(uid, None)
             self.refused.pop(uid, None)
+
+    def refuse(self, uid: str, generation: int | None) -> None:
+        """Remember that the API server refused what this generation of the service makes."""
+        with self._lock:
+            self.refused[uid] = generation
 
     def apply(self, uid: str, obj: Mapping[str, Any], observed: Mapping[str, Any] | None,
               now: float | None = None) -> bool:
@@ -313,8 +318,7 @@ def _apply_plan(rt: Runtime, t: Target, spec: api.VLMServiceSpec, desired: build
                 rt.delete(t.uid, api_version, kind, t.namespace, t.name)
     if rt.monitoring and t.status.get("observedGeneration") != t.generation:
         extra = rt.settings.monitoring_labels
-        intervals = builders.pod_monitor_intervals(spec.telemetry.interval)
-        rt.apply(t.uid, builders.build_pod_monitor(owner, extra, *intervals), None)
+        rt.apply(t.uid, builders.build_pod_monitor(owner, extra, spec.telemetry.interval), None)
         rt.apply(
             t.uid,
             alerts.build_prometheus_rule(
@@ -335,6 +339,8 @@ def _report_invalid(rt: Runtime, t: Target, observed: S.Observed, msg: str, emit
 
 
 def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: float) -> None:
+    if t.uid in rt.refused and rt.refused[t.uid] == t.generation:
+        return  # its objects were refused (below): reported, and not sent again for the same spec
     now_dt = datetime.fromtimestamp(now, UTC)
     owner = builders.Owner(t.name, t.namespace, t.uid)
     try:
@@ -346,8 +352,6 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
         msg = S.invalid_spec_message(e) if isinstance(e, ValidationError) else str(e)
         _report_invalid(rt, t, observed, msg, emit, now_dt)
         return
-    if rt.refused.get(t.uid) == t.generation:
-        return  # its objects were refused (below): reported, and not sent again for the same spec
 
     prev = api.RolloutStatus.model_validate(t.status["rollout"]) if t.status.get("rollout") else None
     stable_rev = observed.deployment_revision(builders.ROLE_STABLE)
@@ -374,8 +378,7 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
         # The API server refused an object built from this spec (a value the schema lets through but the
         # object's own validation does not): the spec is at fault, so it is reported as one, once, and the
         # same generation is not sent again (an operator restart tries once more).
-        with rt._lock:
-            rt.refused[t.uid] = t.generation
+        rt.refuse(t.uid, t.generation)
         _report_invalid(rt, t, observed, f"the API server refused what this spec makes: {e}", emit, now_dt)
         return
 

@@ -106,5 +106,5 @@ def test_pod_monitor_scrapes_the_sidecar_twice_per_window():
     assert builders.pod_monitor_intervals("15s") == ("15s", "7500ms")
     assert builders.pod_monitor_intervals("1m") == ("15s", "7500ms")
     assert builders.pod_monitor_intervals("1s") == ("1s", "1s")
-    pm = builders.build_pod_monitor(OWNER, None, *builders.pod_monitor_intervals("4s"))
+    pm = builders.build_pod_monitor(OWNER, None, "4s")
     assert {e["port"]: e["interval"] for e in pm["spec"]["podMetricsEndpoints"]} == {"http": "4s", "profiler": "2s"}
