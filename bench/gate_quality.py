@@ -797,19 +797,29 @@ def run_gate(base: list[dict], can: list[dict], policy: gate.GatePolicy, cad: Ca
     b, b_end = parse(base)
     c, c_end = parse(can)
     r, r_end = parse(reference or [])
-    extra = {}
-    looks = round(cad.max_duration_s / cad.interval_s)
+    extra: dict = {}
     d = None
     use_ref = bool(r) and _takes(gate.decide, "spread_reference")
-    for i in range(1, looks + 1):
+    # The step's clock, as the operator keeps it: from the canary's first fresh window after Ready (t0), which
+    # the gate reports once and is handed back after; maxDuration counts from there (from t0 without one).
+    keeps_clock = _takes(gate.decide, "data_started_at")
+    clock = None
+    i = 0
+    while True:
+        i += 1
         now = t0 + i * cad.interval_s
         if use_ref:
-            extra = {"spread_reference": r[: bisect.bisect_right(r_end, now)]}
+            extra["spread_reference"] = r[: bisect.bisect_right(r_end, now)]
+        if keeps_clock:
+            extra["data_started_at"] = clock
         d = gate.decide(b[: bisect.bisect_right(b_end, now)], c[: bisect.bisect_right(c_end, now)], policy,
                         started_at=t0, now=now, step_duration_s=cad.step_s, **extra)
+        if clock is None:
+            clock = getattr(d, "clock_started_at", None)
         if d.verdict in TERMINAL:
             return Outcome(d.verdict, i * cad.interval_s / 60, d.reason, d.regressed_function, d.regressed_stage)
-    return Outcome("Inconclusive", looks * cad.interval_s / 60, d.reason if d else "")
+        if now >= (clock if clock is not None else t0) + cad.max_duration_s - 1e-6:
+            return Outcome("Inconclusive", i * cad.interval_s / 60, d.reason)
 
 
 # =============================================================================================

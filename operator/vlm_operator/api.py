@@ -761,6 +761,11 @@ class RolloutStatus(KubeModel):
     started_at: str | None = None
     step_started_at: str | None = None
     analysis_started_at: str | None = Field(None, description="When the step's canary pods were all Ready.")
+    data_started_at: str | None = Field(
+        None,
+        description="End of the step's first fresh canary profiler window after analysisStartedAt: the step's "
+        "analysis clock (analysisTime, maxDuration) counts from here.",
+    )
     last_analysis_at: str | None = None
     analyses: int = Field(0, ge=0)
     signals: list[SignalStatus] = Field(default_factory=list)

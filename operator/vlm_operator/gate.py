@@ -399,6 +399,9 @@ class Decision:
     regressed_stage: str | None = None
     # Set when the pods' own spread is too large for the margin to be resolved (see _resolution).
     warning: str | None = None
+    # Where this step's analysis clock started (unix seconds): the end of the canary's first fresh profiler
+    # window after its pods were Ready; None while no such window exists (the clock then runs from Ready).
+    clock_started_at: float | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1001,15 +1004,24 @@ def decide(
     step_duration_s: float,
     unavailable: str | None = None,
     spread_reference: Sequence[Window] = (),
+    data_started_at: float | None = None,
 ) -> Decision:
-    """Judge the canary step whose analysis started at `started_at`, as of `now` (unix seconds).
+    """Judge the canary step whose canary pods were all Ready at `started_at`, as of `now` (unix seconds).
 
-    `started_at` is when the step's canary pods were all Ready (the rollout sets it), so start-up
-    time never counts against maxDuration. `unavailable`: the signal sources could not be read this
+    The step's clock (analysisTime, maxDuration, the planned looks) starts at the end of the canary's
+    first fresh profiler window at or after `started_at` (`data_started_at` once a previous look found
+    it; the decision returns it as `clock_started_at`), so neither start-up nor a sidecar that takes a
+    while to find the scheduler eats the analysis time. While no such window exists the clock runs from
+    `started_at`: a canary whose profiler never delivers reaches maxDuration as ProfilerStale, which is
+    decided as missing data (never a promotion). `unavailable`: the signal sources could not be read this
     time (the message says why); that is a data problem like a stale profiler, decided here too.
     `spread_reference`: windows of other pods of the baseline's revision (the stable pods, when the
     baseline is fresh), used only to estimate the between-pod variance.
     """
+    clock = data_started_at
+    if clock is None and unavailable is None:
+        clock = min((w.end for w in canary if not w.stale and w.end >= started_at), default=None)
+    started_at = clock if clock is not None else started_at
     elapsed = now - started_at
     if unavailable is not None:
         b = c = _Side((), ("SignalsUnavailable", unavailable))
@@ -1062,8 +1074,7 @@ def decide(
         return regressed_function(b.units, c.units), regressed_stage(b.units, c.units)
 
     decision = _judge(policy, b, c, signals, elapsed, step_duration_s, attribution)
-    warning = _resolution(policy, by_family, alpha)
-    return replace(decision, warning=warning) if warning else decision
+    return replace(decision, warning=_resolution(policy, by_family, alpha), clock_started_at=clock)
 
 
 def _judge(

@@ -185,6 +185,7 @@ def _analyse(
     rt: Runtime, t: Target, spec: api.VLMServiceSpec, observed: S.Observed, prev: api.RolloutStatus, stable_rev: str, now: float
 ) -> gate.Decision:
     started = rollout.parse_time(prev.analysis_started_at)
+    data = rollout.parse_time(prev.data_started_at) if prev.data_started_at else None
     step = spec.rollout.steps[min(prev.step, len(spec.rollout.steps) - 1)]  # type: ignore[union-attr]
     policy = gate.GatePolicy.from_spec(spec)
     step_s = parse_duration(step.analysis)
@@ -192,15 +193,17 @@ def _analyse(
         windows = _read_windows(rt, t, spec, observed, [stable_rev, prev.revision or ""], started, now)
     except signals.SignalsUnavailable as e:
         # Still the gate's call: at maxDuration it applies onInconclusive (and never promotes without data).
-        return gate.decide([], [], policy, started_at=started, now=now, step_duration_s=step_s, unavailable=str(e))
+        return gate.decide([], [], policy, started_at=started, now=now, step_duration_s=step_s, unavailable=str(e),
+                           data_started_at=data)
     fresh = {p.name for p in observed.pods if p.role == builders.ROLE_BASELINE}
     stable = [w for w in windows if w.revision == stable_rev and w.pod not in fresh]
     can = [w for w in windows if w.revision == prev.revision]
     if prev.baseline == "Fresh":
         # Compare with the fresh pods; the long-running stable pods still tell how much pods differ.
         base = [w for w in windows if w.pod in fresh and w.revision == stable_rev]
-        return gate.decide(base, can, policy, started_at=started, now=now, step_duration_s=step_s, spread_reference=stable)
-    return gate.decide(stable, can, policy, started_at=started, now=now, step_duration_s=step_s)
+        return gate.decide(base, can, policy, started_at=started, now=now, step_duration_s=step_s, spread_reference=stable,
+                           data_started_at=data)
+    return gate.decide(stable, can, policy, started_at=started, now=now, step_duration_s=step_s, data_started_at=data)
 
 
 def _profiler(

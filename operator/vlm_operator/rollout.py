@@ -15,8 +15,9 @@ place (maxSurge 0). With one, a new revision gets a canary Deployment:
 
 The gate decides every verdict, maxDuration and onInconclusive included; this module only maps the
 verdict to an action (as Argo Rollouts maps an AnalysisRun's phase) and never re-derives one. The
-analysis clock of a step starts when its canary pods are all Ready, so start-up (up to the startup
-probe's 20 minutes for a large model) has its own timeout and never eats the analysis time.
+analysis of a step starts when its canary pods are all Ready (`analysisStartedAt`) and its clock with
+the canary's first profiler window after that (`dataStartedAt`, found by the gate), so start-up (up to
+the startup probe's 20 minutes for a large model) has its own timeout and never eats the analysis time.
 """
 
 from __future__ import annotations
@@ -227,7 +228,7 @@ def plan(
         r = _upd(r, phase="Paused", reason="PausedByUser", message="paused by annotation")
     elif action == "resume" and r.phase == "Paused":
         # The step's analysis starts afresh (a new clock), once its canary pods are Ready again.
-        r = _upd(r, phase="Progressing", analysis_started_at=None, step_started_at=_iso(now), reason="Resumed", message="resumed by annotation")
+        r = _upd(r, phase="Progressing", analysis_started_at=None, data_started_at=None, step_started_at=_iso(now), reason="Resumed", message="resumed by annotation")
     elif action == "promote":
         decision = Decision(verdict="Promote", reason="PromotedByUser", message="promoted by annotation")
         r = _upd(r, step=len(steps) - 1, phase="Analysing")
@@ -248,7 +249,7 @@ def plan(
     if r.phase == "Progressing":
         baseline_ready = not fresh or observed.updated_ready(B.ROLE_BASELINE, stable_obs_rev) >= step_replicas
         if observed.updated_ready(B.ROLE_CANARY, rev) >= step_replicas and baseline_ready:
-            r = _upd(r, phase="Analysing", analysis_started_at=_iso(now))
+            r = _upd(r, phase="Analysing", analysis_started_at=_iso(now), data_started_at=None)
         elif now - parse_time(r.step_started_at) >= parse_duration(spec.rollout.startup_timeout):
             msg = f"canary pods of step {r.step + 1} not Ready within startupTimeout {spec.rollout.startup_timeout}"
             r = _upd(r, phase="RolledBack", verdict="Rollback", reason="CanaryStartTimeout", message=msg)
@@ -266,6 +267,8 @@ def plan(
             reason=decision.reason,
             message=decision.message,
             warning=decision.warning,
+            data_started_at=r.data_started_at or (
+                _iso(decision.clock_started_at) if decision.clock_started_at is not None else None),
         )
         if decision.verdict == "Rollback":
             r = _upd(r, phase="RolledBack", regressed_function=decision.regressed_function, regressed_stage=decision.regressed_stage)
@@ -276,7 +279,8 @@ def plan(
             events.append(Event("Warning", "CanaryPaused", f"canary {rev} paused: {decision.message}"))
         elif decision.verdict == "Promote":
             if r.step + 1 < len(steps) and decision.reason != "PromotedByUser":
-                r = _upd(r, step=r.step + 1, step_started_at=_iso(now), analysis_started_at=None, phase="Progressing")
+                r = _upd(r, step=r.step + 1, step_started_at=_iso(now), analysis_started_at=None, data_started_at=None,
+                         phase="Progressing")
                 events.append(Event("Normal", "CanaryStep", f"canary {rev} passed step {r.step}; moving on"))
             else:
                 r = _upd(r, phase="Promoted")

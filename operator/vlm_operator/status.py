@@ -97,6 +97,8 @@ class Health:
     rolling: bool = False
     rollout_phase: str | None = None
     rollout_message: str | None = None
+    rollout_analyses: int = 0
+    rollout_warning: str | None = None  # the gate's: the pods' spread keeps it from resolving the margin
     ipc_active: bool | None = None
     ipc_reason: str = "Unknown"
     ipc_message: str = ""
@@ -129,7 +131,21 @@ def health_conditions(h: Health) -> list[C.Cond]:
         conds.append(C.Cond(C.DEGRADED, False, "AsExpected", ""))
     if h.ipc_active is not None:
         conds.append(C.Cond(C.IPC_CACHE_ACTIVE, h.ipc_active, h.ipc_reason, h.ipc_message))
+    if h.rollout_phase is not None:
+        conds.append(margin_condition(h))
     return conds
+
+
+def margin_condition(h: Health) -> C.Cond:
+    """MarginResolvable: can the gate resolve the loop-latency margin with the pods it compares? False
+    (PodSpreadTooLarge) when the pods' own spread alone exceeds what the margin allows; Unknown while no
+    analysis of a rollout in progress has run (and after the rollout ended)."""
+    if h.rollout_phase not in ("Progressing", "Analysing", "Paused") or h.rollout_analyses == 0:
+        return C.Cond(C.MARGIN_RESOLVABLE, None, "NotAnalysing", "no canary analysis in progress")
+    if h.rollout_warning:
+        return C.Cond(C.MARGIN_RESOLVABLE, False, "PodSpreadTooLarge", h.rollout_warning)
+    return C.Cond(C.MARGIN_RESOLVABLE, True, "WithinResolution",
+                  "the pods' spread lets the gate resolve the loop-latency margin")
 
 
 def summary_phase(h: Health) -> str:
@@ -262,6 +278,8 @@ def running_health(
         rolling=rolling(observed),
         rollout_phase=rollout.phase if rollout else None,
         rollout_message=rollout.message if rollout else None,
+        rollout_analyses=rollout.analyses if rollout else 0,
+        rollout_warning=rollout.warning if rollout else None,
         ipc_active=ipc_active,
         ipc_reason=ipc_reason,
         ipc_message=ipc_message,

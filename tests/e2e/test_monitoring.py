@@ -178,6 +178,12 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     vlms_status = kube_get(kube, namespace)["status"]
     stable_rev, canary_rev = vlms_status["stableRevision"], r["revision"]
     started = rollout.parse_time(r["analysisStartedAt"])
+    # The step's clock as the operator recorded it (the canary's first window after Ready), so both sources are
+    # judged on the operator's clock, not each on the first canary window it happens to hold.
+    # Rolled back on evidence, so a canary window was seen: the clock is set, a window or a few after Ready.
+    assert r.get("dataStartedAt"), dump(r)
+    clock = rollout.parse_time(r["dataStartedAt"])
+    assert started <= clock <= started + 90, (r["analysisStartedAt"], r["dataStartedAt"])
     function = r.get("regressedFunction")
 
     # (c) The Prometheus source on the same span: the same windows, the same numbers, the same verdict.
@@ -212,7 +218,7 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     def decide(ws):
         base, can, ref = _split(ws, stable_rev, canary_rev, fresh, r.get("baseline", ""))
         return gate.decide(base, can, policy, started_at=started, now=t_verdict, step_duration_s=step_s,
-                           spread_reference=ref)
+                           spread_reference=ref, data_started_at=clock)
 
     # On the windows both read: the same decision, signal by signal.
     vp, vs = decide([prom[k] for k in both]), decide([side[k] for k in both])

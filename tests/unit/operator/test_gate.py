@@ -92,9 +92,11 @@ POLICY = GatePolicy(
 
 
 def run(baseline, canary, policy=POLICY, *, now=None, step=STEP) -> Decision:
+    """decide() with the step's clock at T0 (as a previous look that saw the canary's first window recorded
+    it): the verdict tests count time from T0; the clock itself is tested below."""
     if now is None:
         now = max(w.end for w in [*baseline, *canary]) + 1
-    return decide(baseline, canary, policy, started_at=T0, now=now, step_duration_s=step)
+    return decide(baseline, canary, policy, started_at=T0, now=now, step_duration_s=step, data_started_at=T0)
 
 
 # -- verdicts ----------------------------------------------------------------------------------
@@ -820,3 +822,39 @@ def test_from_sidecar_reads_the_front_end_roles_and_drops_garbage():
     assert good.frontend["detokenizer"].function_shares == {}
     for junk in (None, [], {"roles": []}, {"roles": {"mm_processor": 3}}, {"roles": {"mm_processor": {"busy_share": -1}}}):
         assert Window.from_sidecar("r", "p", {"frontend": junk}).frontend == {}
+
+
+# -- the step's clock ---------------------------------------------------------------------------
+
+
+def test_the_clock_starts_at_the_canary_s_first_fresh_window_not_at_ready():
+    """Pods Ready at T0, the canary's sidecar delivers its first window 300 s later (slow to find the
+    scheduler): maxDuration (900 s) runs from that window, so 901 s after Ready is no timeout; and once
+    found, the clock stays where it was found."""
+    late = 300.0
+    base = [replace(w, end=w.end + late) for w in _three_stable(20, 0.15, 200, every=45.0)]
+    can = [replace(w, end=w.end + late) for w in windows("canary", n=20, every=45.0, sd=0.15, seed=0, effect=0.04)]
+    first = min(w.end for w in can)
+    stale_first = replace(can[0], end=T0 + 10, stale=True)  # a stale window is no data: it starts nothing
+    now = T0 + 901
+    d = decide(base, [stale_first, *[w for w in can if w.end <= now]], POLICY, started_at=T0, now=now,
+               step_duration_s=STEP)
+    assert d.clock_started_at == first == T0 + late + 45
+    assert d.reason != "MaxDurationReached"
+    assert d.signals[0].n_canary == sum(1 for w in can if w.end <= now)
+    # The operator hands the found clock back: the last look is maxDuration after it.
+    at_max = decide(base, can, POLICY, started_at=T0, now=first + 901, step_duration_s=STEP, data_started_at=first)
+    assert (at_max.reason, at_max.clock_started_at) == ("MaxDurationReached", first)
+    # Without the found clock (the old behaviour: from Ready) the same look came 345 s earlier.
+    assert decide(base, can, POLICY, started_at=T0, now=T0 + 901, step_duration_s=STEP,
+                  data_started_at=T0).reason == "MaxDurationReached"
+
+
+def test_a_canary_whose_profiler_never_delivers_is_timed_from_ready_and_never_promoted():
+    base = _three_stable(20, 0.02, 200, every=45.0)
+    stale = [replace(w, stale=True) for w in windows("canary", n=20, every=45.0, seed=1)]
+    for action in ("Promote", "Pause", "Rollback"):
+        policy = replace(POLICY, on_inconclusive=action)
+        d = decide(base, stale, policy, started_at=T0, now=T0 + 901, step_duration_s=STEP)
+        assert d.clock_started_at is None
+        assert d.reason == "MaxDurationReached" and d.verdict != "Promote" and "ProfilerStale" in d.message

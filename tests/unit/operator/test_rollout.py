@@ -281,3 +281,20 @@ def test_an_unresolvable_margin_is_a_warning_event_once():
     obs = observed_with_stable(desired(old), canary=desired(new), canary_ready=1)
     again = rollout.plan(OWNER, new, desired(new), obs, first.rollout, now=T0 + 120, free_gpus=None, decision=d)
     assert not again.events
+
+
+def test_the_clock_the_gate_found_is_kept_and_each_step_starts_without_one():
+    two = {"steps": [{"replicas": 1}, {"replicas": 2}]}
+    old, new = spec(replicas=4), spec(replicas=4, sglang={"ipcCache": {"mode": "Off"}}, rollout=two)
+    p1, obs1 = _ready(old, new)
+    assert p1.rollout.phase == "Analysing" and p1.rollout.data_started_at is None
+    first = rollout.plan(OWNER, new, desired(new), obs1, p1.rollout, now=T0 + 60, free_gpus=None,
+                         decision=decision("Continue", reason="StepInProgress", clock_started_at=T0 + 40))
+    assert rollout.parse_time(first.rollout.data_started_at) == T0 + 40
+    # A later look that reports another clock (the first window fell out of the sidecar's history) moves nothing.
+    later = rollout.plan(OWNER, new, desired(new), obs1, first.rollout, now=T0 + 120, free_gpus=None,
+                         decision=decision("Continue", reason="StepInProgress", clock_started_at=T0 + 100))
+    assert later.rollout.data_started_at == first.rollout.data_started_at
+    step2 = rollout.plan(OWNER, new, desired(new), obs1, later.rollout, now=T0 + 400, free_gpus=None,
+                         decision=decision("Promote", clock_started_at=T0 + 40))
+    assert (step2.rollout.step, step2.rollout.analysis_started_at, step2.rollout.data_started_at) == (1, None, None)

@@ -41,7 +41,8 @@ def test_status_round_trips_model_dict_model():
 
 def test_status_body_is_camelcase_with_conditions_in_order():
     body = S.status_body(full_status())
-    assert [c["type"] for c in body["conditions"]] == ["Ready", "Progressing", "Degraded", "IPCCacheActive"]
+    assert [c["type"] for c in body["conditions"]] == ["Ready", "Progressing", "Degraded", "IPCCacheActive",
+                                                   "MarginResolvable"]
     ready = body["conditions"][0]
     assert ready == {"type": "Ready", "status": "False", "reason": "ReplicasNotReady", "message": "2/3 replicas ready",
                      "observedGeneration": 4, "lastTransitionTime": "2027-01-15T08:00:00Z"}
@@ -161,3 +162,16 @@ def test_profiler_status_refreshes_and_handles_what_it_cannot_read():
     odd = api.ProfilerStatus(last_sample_time="2027-01-15T08:00:00Z", loop_p50="fast", top_function="run_batch")
     assert S.profiler_status(odd, [win(T + 15)]).loop_p50 == "21.4ms"
     assert S.profiler_status(first, []) is first and S.profiler_status(None, []) is None
+
+
+def test_margin_resolvable_follows_the_gate_s_warning_during_a_rollout():
+    def cond(**kw):
+        conds = S.health_conditions(S.Health(want=2, ready=2, **kw))
+        return next(((c.status, c.reason, c.message) for c in conds if c.type == "MarginResolvable"), None)
+
+    assert cond() is None  # no rollout: no condition
+    assert cond(rollout_phase="Analysing", rollout_analyses=0)[:2] == (None, "NotAnalysing")
+    assert cond(rollout_phase="Analysing", rollout_analyses=3)[:2] == (True, "WithinResolution")
+    warned = cond(rollout_phase="Analysing", rollout_analyses=3, rollout_warning="pods differ by 3.0% (sd)")
+    assert warned == (False, "PodSpreadTooLarge", "pods differ by 3.0% (sd)")
+    assert cond(rollout_phase="Promoted", rollout_analyses=9, rollout_warning="x")[:2] == (None, "NotAnalysing")
