@@ -18,8 +18,10 @@ Alertmanager through the testbed's API server. Then:
     does) returns data from that Prometheus, except the targets in PANEL_EXCEPTIONS (each says why);
 (b) the shipped alerts the scenario produces: VLMCanaryRolledBack fires and reaches Alertmanager (found
     through the generated alerting config) with namespace, vlmservice, revision, signal and function;
-    VLMSchedulerLoopLatencyRegression's condition holds (pending or firing, namespace and vlmservice), and
-    neither is active for the faster canary; the others are in ALERTS_NOT_PRODUCED
+    the conditions of VLMSchedulerLoopLatencyRegression (the cache-off canary), VLMIPCCacheInactive (FAST's
+    cache-off stable revision) and VLMOperatorDown (the operator stopped at the end) hold (pending or firing,
+    with namespace and vlmservice where per service), and none is active where it must not be; the others
+    are in ALERTS_NOT_PRODUCED
     with the reason, are loaded and evaluated without error here, and are proven to fire (and not on a
     near miss) by promtool on the shipped rule files (tests/unit/operator/test_alert_rules.py);
 (c) the gate's Prometheus source reads the same windows, and the same verdict, as its sidecar source.
@@ -67,14 +69,10 @@ PANEL_EXCEPTIONS = {
 # tests/promtool/<topic>.yaml).
 ALERTS_NOT_PRODUCED = {
     "VLMSchedulerHotFunctionShareHigh": "needs a watched function above 25% for 10 minutes (promtool: scheduler)",
-    "VLMIPCCacheInactive": "needs the stable revision without the cache for 15 minutes (the cache-off canary "
-                           "is rolled back within two) (promtool: ipc-cache)",
     "VLMIPCCacheNotObserved": "needs pods told to cache that re-open CUDA IPC handles for 10 minutes "
                               "(promtool: ipc-cache; pending on such a pod in test_frontend.py)",
     "VLMProfilerStale": "needs a sidecar that is up but cannot sample for 5 minutes (a killed sidecar has no "
                         "series: its absence is `up == 0`, not vlm_profiler_stale) (promtool: scheduler)",
-    "VLMOperatorDown": "needs the operator unscraped for 5 minutes; here `up{job=\"vlm-operator\"}` must be 1 "
-                       "(promtool: operator)",
     "VLMOperatorReconcileErrors": "needs >10% failing reconciles for 15 minutes (promtool: operator)",
     "VLMFrontendSaturated": "needs a front end busy >= 90% while the scheduler idles, for 10 minutes "
                             "(promtool: frontend; pending on a saturated pod in test_frontend.py)",
@@ -143,6 +141,13 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
              >= 2, 120, "the PodMonitor's targets scraped on the generated config", interval=2.0, ignore=(OSError,))
     wait_for(lambda: mon.query('up{job="vlm-operator"} == 1'), 120,
              "the operator scraped through the chart's ServiceMonitor", interval=2.0, ignore=(OSError,))
+    # FAST's stable revision runs without the IPC cache: VLMIPCCacheInactive's condition holds for it (pending:
+    # its `for: 15m` is promtool's), with the labels its routing needs, on the generated config.
+    inactive = wait_for(lambda: _rule_alerts(mon, "VLMIPCCacheInactive", FAST), 120,
+                        "VLMIPCCacheInactive pending for the cache-off service", interval=3.0, ignore=(OSError, KeyError))
+    assert {k: inactive[0]["labels"].get(k) for k in ("namespace", "vlmservice", "severity")} == {
+        "namespace": namespace, "vlmservice": FAST, "severity": "info"}, inactive
+    assert not _rule_alerts(mon, "VLMIPCCacheInactive", NAME)
     time.sleep(10)
     patch(kube, namespace, {"sglang": {"ipcCache": {"mode": "Off"}}})
     patch(kube, namespace, {"sglang": {"ipcCache": {"mode": "Auto"}}}, name=FAST)
@@ -265,9 +270,7 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     assert loop["delta"] > 0.05, dump(r)
 
     def active(rule_name: str, service: str) -> list[dict]:
-        groups = {g["name"]: g for g in mon.api("rules")["groups"]}
-        rule = next(x for x in groups[f"vlm-operator-{service}"]["rules"] if x["name"] == rule_name)
-        return [a for a in rule.get("alerts", []) if a["state"] in ("pending", "firing")]
+        return _rule_alerts(mon, rule_name, service)
 
     ll = wait_for(lambda: active("VLMSchedulerLoopLatencyRegression", NAME), 60,
                   "VLMSchedulerLoopLatencyRegression pending or firing", interval=3.0, ignore=(OSError,))
@@ -283,7 +286,7 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     wait_for(lambda: firing("VLMCanaryRolledBack", TTFT), 120, "TTFT's VLMCanaryRolledBack", interval=3.0)
     assert not active("VLMSchedulerLoopLatencyRegression", FAST) and not active("VLMCanaryRolledBack", FAST)
     shipped_alerts = {a["alert"] for a in (*alerts.rules(), *alerts.self_rules())}
-    produced = {"VLMCanaryRolledBack", "VLMSchedulerLoopLatencyRegression"}
+    produced = {"VLMCanaryRolledBack", "VLMSchedulerLoopLatencyRegression", "VLMIPCCacheInactive", "VLMOperatorDown"}
     assert set(loaded) == shipped_alerts, sorted(loaded)
     assert shipped_alerts - produced <= set(ALERTS_NOT_PRODUCED), "say why these are not produced: " + str(
         sorted(shipped_alerts - produced - set(ALERTS_NOT_PRODUCED)))
@@ -320,6 +323,22 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
                 empty.append((p["title"], t["refId"], expr))
     assert checked >= 17
     assert not empty, "dashboard queries without data on the generated config:\n" + "\n".join(map(str, empty))
+
+    # Last: the operator stops. Its ServiceMonitor target goes down at the next scrape and VLMOperatorDown's
+    # condition holds (pending; its `for: 5m` is promtool's), from the generated rule files.
+    op.stop()
+    down = wait_for(lambda: _rule_alerts(mon, "VLMOperatorDown", None), 120, "VLMOperatorDown pending",
+                    interval=3.0, ignore=(OSError,))
+    assert down[0]["labels"].get("severity") == "critical", down
+
+
+def _rule_alerts(mon, rule_name: str, service: str | None) -> list[dict]:
+    """The pending or firing alerts of one loaded rule: of the service's generated group, or with service None
+    of the operator's own group."""
+    groups = {g["name"]: g for g in mon.api("rules")["groups"]}
+    group = groups[f"vlm-operator-{service}" if service else "vlm-operator-self"]
+    rule = next(x for x in group["rules"] if x["name"] == rule_name)
+    return [a for a in rule.get("alerts", []) if a["state"] in ("pending", "firing")]
 
 
 def test_pods_are_discovered_as_they_come_and_go(kube, namespace, shipped):
