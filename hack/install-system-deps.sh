@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Install the system packages the test tiers need: Prometheus and Alertmanager for e2e, openssl
-# for the testbed's certificates. Idempotent: only packages that are not installed yet go to
+# for the testbed's certificates, jemalloc for the operator. Idempotent: only packages that are not installed yet go to
 # apt-get, so a prepared machine makes no network call. Go is not installed here: Debian's
 # golang-go (1.19) is too old for Kubernetes 1.34 (go >= 1.24); hack/build-binaries.sh checks it.
 #
 # Usage: hack/install-system-deps.sh   (as root, or with sudo available)
 set -euo pipefail
 
-PKGS=(prometheus prometheus-alertmanager openssl ca-certificates)
+# libjemalloc2: the operator runs under jemalloc where it is installed (VLM_ALLOCATOR=auto), as in its image,
+# so the tiers run the operator as shipped.
+PKGS=(prometheus prometheus-alertmanager openssl ca-certificates libjemalloc2)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -114,7 +114,7 @@ class Packed(bytes):
     metadata.managedFields (about half of a Deployment's size), and packed because decoded it takes ~6x
     its JSON in Python objects (a built Deployment: 4.2 KB of JSON, 25 KB of dicts) and one is held for
     every owned object. Unpacked per reconcile, for that service only. (At 1000 services the RSS is set by
-    the pymalloc arenas the creation burst leaves, not by these: docs/benchmarks.md.)"""
+    the imports and the allocator, not by these: docs/benchmarks.md.)"""
 
     __slots__ = ()
 

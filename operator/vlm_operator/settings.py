@@ -20,6 +20,7 @@
 | VLM_MONITORING_LABELS       | {} (JSON object)                 | extra labels on PodMonitor/PrometheusRule |
 | VLM_PEERING_LIFETIME_SECONDS | 60                              | --peering: a peer unseen this long is dead |
 | VLM_MALLOC_TRIM_SECONDS     | 30 (0: off)                      | return glibc's free heap pages this often  |
+| VLM_ALLOCATOR               | auto                             | auto/jemalloc: re-exec under jemalloc; pymalloc |
 
 Read by pydantic-settings: each field of `Settings` is the variable `VLM_<FIELD>` (empty counts as unset).
 `Settings.from_env()` raises `SettingsError` with one line per bad variable, naming it
@@ -110,6 +111,10 @@ class Settings(BaseSettings):
         60, ge=15, le=3600,
         description="with --peering: a replica not seen for this long is dead and a standby takes over "
                     "(keep-alives every third of it)")
+    allocator: Literal["auto", "jemalloc", "pymalloc"] = Field(
+        "auto",
+        description="memory allocator: auto runs the operator under jemalloc when libjemalloc.so.2 is installed "
+                    "(the operator image has it), else Python's own; jemalloc requires it")
     malloc_trim_seconds: float = Field(
         30.0, ge=0, le=3600,
         description="every this many seconds, glibc's free heap pages are handed back to the kernel "

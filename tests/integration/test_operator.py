@@ -99,6 +99,33 @@ def test_example_becomes_ready_on_fake_h100_nodes(kube, namespace, operator, kub
     assert doc["spec"]["model"]["path"] in row and "True" in row and "Ready" in row
 
 
+def test_the_operator_runs_under_jemalloc_where_it_is_installed(cluster, crd, namespace, operator, tmp_path):
+    """VLM_ALLOCATOR=auto (the default): the operator re-executes itself with jemalloc preloaded and every
+    Python allocation in it (same PID, serving, reconciling: the fixture's operator is the one the other
+    tests here use); VLM_ALLOCATOR=pymalloc leaves it out."""
+    from vlm_operator.__main__ import JEMALLOC_PATHS, find_jemalloc
+
+    lib = find_jemalloc()
+    if lib is None:
+        pytest.fail(f"no libjemalloc.so.2 in {JEMALLOC_PATHS}: run hack/install-system-deps.sh (Debian libjemalloc2)")
+
+    def mapped(op: OperatorProcess) -> tuple[bool, dict[str, str]]:
+        pid = op.proc.pid
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+                   .split("\0") if "=" in kv)
+        return "libjemalloc" in maps, env
+
+    on, env = mapped(operator)
+    assert on and env.get("PYTHONMALLOC") == "malloc" and env.get("VLM_ALLOCATOR_ACTIVE") == lib, env
+    op = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "pymalloc.log", {"VLM_ALLOCATOR": "pymalloc"}).start()
+    try:
+        on, env = mapped(op)
+        assert not on and "PYTHONMALLOC" not in env and "VLM_ALLOCATOR_ACTIVE" not in env
+    finally:
+        op.stop()
+
+
 def test_scale_and_in_place_image_change(kube, namespace, operator):
     doc = copy.deepcopy(EXAMPLES["qwen2.5-vl-3b"])
     name = doc["metadata"]["name"]

@@ -132,3 +132,32 @@ def test_json_log_lines_carry_time_level_logger_and_object():
     line = json.loads(JsonFormatter().format(record))
     assert line["level"] == "warning" and line["logger"] == "vlm_operator" and line["msg"] == "Created Deployment qwen"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"]) and line["object"]["name"] == "qwen"
+
+
+def test_the_operator_re_executes_itself_under_jemalloc_where_it_is_installed(tmp_path, monkeypatch):
+    from vlm_operator import __main__ as M
+
+    lib = tmp_path / "libjemalloc.so.2"
+    lib.write_bytes(b"")
+    got = M.allocator_exec("auto", ["--namespace", "ml"], {"LD_PRELOAD": "/x.so", "PATH": "/bin"}, (str(lib),))
+    assert got is not None
+    command, env = got
+    assert command == [sys.executable, "-m", "vlm_operator", "--namespace", "ml"]
+    assert env["LD_PRELOAD"] == f"{lib}:/x.so" and env["PYTHONMALLOC"] == "malloc" and env["PATH"] == "/bin"
+    assert "MALLOC_CONF" not in env and env["VLM_ALLOCATOR_ACTIVE"] == str(lib)
+    # A user's MALLOC_CONF is kept; the re-executed process does not exec again; pymalloc or no library: as is.
+    assert M.allocator_exec("auto", [], {"MALLOC_CONF": "narenas:4"}, (str(lib),))[1]["MALLOC_CONF"] == "narenas:4"
+    assert M.allocator_exec("auto", [], env, (str(lib),)) is None
+    assert M.allocator_exec("pymalloc", [], {}, (str(lib),)) is None
+    assert M.allocator_exec("auto", [], {}, (str(tmp_path / "none.so"),)) is None
+    # main() execs with that command (caught here), and refuses `jemalloc` without the library.
+    calls = []
+    monkeypatch.setattr(M, "JEMALLOC_PATHS", (str(lib),))
+    monkeypatch.setattr(M.os, "execve", lambda *a: calls.append(a) or (_ for _ in ()).throw(SystemExit(0)))
+    monkeypatch.delenv("VLM_ALLOCATOR_ACTIVE", raising=False)
+    with pytest.raises(SystemExit):
+        M.main(["--namespace", "ml"])
+    assert calls and calls[0][1][-2:] == ["--namespace", "ml"] and calls[0][2]["PYTHONMALLOC"] == "malloc"
+    monkeypatch.setattr(M, "JEMALLOC_PATHS", (str(tmp_path / "none.so"),))
+    monkeypatch.setenv("VLM_ALLOCATOR", "jemalloc")
+    assert M.main([]) == 2
