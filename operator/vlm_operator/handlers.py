@@ -189,10 +189,13 @@ def forget_vlmservice(namespace: str, name: str, uid: str, memo: kopf.Memo) -> N
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-def count_vlmservices(type: str | None, name: str, namespace: str, memo: kopf.Memo, uid: str, **_: Any) -> None:
+async def count_vlmservices(type: str | None, name: str, namespace: str, memo: kopf.Memo, uid: str, **_: Any) -> None:
     """Gauge of managed services (the watch's own stream, no extra reads); a deleted service is forgotten.
     The watch's DELETED event is the one sign of a deletion every service gives: VLMServices carry no
-    finalizer of ours (`_without_finalizer`), so most go without ever being marked for deletion first."""
+    finalizer of ours (`_without_finalizer`), so most go without ever being marked for deletion first.
+    A coroutine, like the index handlers: as a plain function kopf queued every VLMService event, body
+    and all, behind the reconciles in its handler threads. It does no I/O and takes only locks that are
+    never held across I/O (dict updates), so it runs on the event loop as the event arrives."""
     seen = memo.setdefault("seen", set())
     if type == "DELETED":
         seen.discard(uid)

@@ -3,6 +3,7 @@ full interval after creation (the create handler reconciles then) and soon after
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 
@@ -89,10 +90,10 @@ def test_a_deleted_service_is_forgotten_on_the_watch_event(monkeypatch: pytest.M
 
     memo = kopf.Memo(rt=RT())
     H._locks["u1"] = H.threading.Lock()
-    H.count_vlmservices(type=None, name="svc", namespace="ns", memo=memo, uid="u1")
-    H.count_vlmservices(type="MODIFIED", name="svc", namespace="ns", memo=memo, uid="u1")
+    asyncio.run(H.count_vlmservices(type=None, name="svc", namespace="ns", memo=memo, uid="u1"))
+    asyncio.run(H.count_vlmservices(type="MODIFIED", name="svc", namespace="ns", memo=memo, uid="u1"))
     assert memo.seen == {"u1"} and forgotten == []
-    H.count_vlmservices(type="DELETED", name="svc", namespace="ns", memo=memo, uid="u1")
+    asyncio.run(H.count_vlmservices(type="DELETED", name="svc", namespace="ns", memo=memo, uid="u1"))
     assert memo.seen == set() and forgotten == [("ns", "svc"), "u1"] and "u1" not in H._locks
 
 
