@@ -233,11 +233,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: {line.replace(':', flag + ':', 1)}", file=sys.stderr)
         return 2
 
-    if settings.allocator == "jemalloc" and not os.environ.get(_UNDER_JEMALLOC) and find_jemalloc() is None:
+    again = allocator_exec(settings.allocator, sys.argv[1:] if argv is None else argv)
+    if again is None and settings.allocator == "jemalloc" and not os.environ.get(_UNDER_JEMALLOC):
         print(f"{PROG}: VLM_ALLOCATOR: jemalloc asked for, but no libjemalloc.so.2 in {', '.join(JEMALLOC_PATHS)}",
               file=sys.stderr)
         return 2
-    again = allocator_exec(settings.allocator, sys.argv[1:] if argv is None else argv)
     if again is not None:
         sys.stdout.flush()
         sys.stderr.flush()
