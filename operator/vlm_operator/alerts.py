@@ -73,8 +73,9 @@ def self_rules(job: str = OPERATOR_JOB) -> list[dict[str, Any]]:
             "15m",
             "warning",
             "{{ $value | humanizePercentage }} of vlm-operator reconciles fail",
-            "More than 10% of the operator's reconciles raised for 15 minutes; vlm_operator_errors_total{reason} "
-            "and the operator's log name the cause (API errors by HTTP status, invalid specs).",
+            "More than 10% of the operator's reconciles failed (raised, or had an apply refused) for 15 minutes; "
+            "vlm_operator_errors_total{reason}, the services' ApplyRefused condition and the operator's log name "
+            "the cause (API errors by HTTP status, invalid specs).",
         ),
     ]
 

@@ -80,7 +80,8 @@ ROLLOUT_POSTED = frozenset({"CanaryRolledBack"})
 
 def events_for(transitions: Sequence[dict]) -> list[tuple[str, str, str]]:
     """Ready and Degraded flips become Events (type, reason, message): Warnings for trouble, Normal for
-    recovery. Replicas still starting and an invalid spec (reported by its own condition) are not news.
+    recovery. Replicas still starting and an invalid spec (reported by its own condition) are not news;
+    a Warning reason posted once even when Ready and Degraded both turn for it.
     IPCCacheActive turning False/NotObserved (pods told to cache re-open IPC handles) is a Warning
     `IPCCacheNotObserved`. A Degraded flip whose reason the rollout posts itself (CanaryRolledBack) is
     not posted again."""
@@ -96,4 +97,5 @@ def events_for(transitions: Sequence[dict]) -> list[tuple[str, str, str]]:
             c["type"] == DEGRADED and c["status"] == "True" and c["reason"] not in ("InvalidSpec", *ROLLOUT_POSTED)
         ):
             out.append(("Warning", c["reason"], text))
-    return out
+    # One Event per reason: Ready and Degraded turning for the same cause (ApplyRefused) are posted once.
+    return [ev for i, ev in enumerate(out) if ev[0] != "Warning" or all(ev[1] != o[1] for o in out[:i])]

@@ -252,7 +252,7 @@ def reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, *, now: 
     started = time.monotonic()
     result = "ok"
     try:
-        _reconcile(rt, t, observed, emit, now if now is not None else time.time())
+        result = _reconcile(rt, t, observed, emit, now if now is not None else time.time())
     except Exception:
         result = "error"
         raise
@@ -341,9 +341,24 @@ def _report_invalid(rt: Runtime, t: Target, observed: S.Observed, msg: str, emit
     _write_status(rt, t, new, emit)
 
 
-def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: float) -> None:
+def _report_refused(rt: Runtime, t: Target, observed: S.Observed, msg: str, emit: Emit, now: datetime) -> None:
+    """Ready=False (while replicas are missing) and Degraded=True, both ApplyRefused with the API server's
+    answer, one Warning Event on the flip; the last good status is kept. observedGeneration stays where it
+    was: the objects applied once per generation (budget, policy, monitoring) are tried again on the next
+    resync, which retries the whole apply, so a freed quota or a lifted policy needs no spec change."""
+    want = t.spec.get("replicas", 1)
+    h = S.Health(want=want if isinstance(want, int) and want >= 0 else 1,
+                 ready=observed.ready_replicas(builders.ROLE_STABLE), refused=msg)
+    new = S.build_status(t.status, h, generation=t.generation, now=now, **S.carried(t.status))
+    new = new.model_copy(update={"observed_generation": t.status.get("observedGeneration")})
+    _write_status(rt, t, new, emit)
+
+
+def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: float) -> str:
+    """One reconcile; its result for the reconcile metric: "ok", or "error" when the API server refused
+    an apply for a reason outside the spec (reported as a condition, not raised)."""
     if t.uid in rt.refused and rt.refused[t.uid] == t.generation:
-        return  # its objects were refused (below): reported, and not sent again for the same spec
+        return "ok"  # its objects were refused (below): reported, and not sent again for the same spec
     now_dt = datetime.fromtimestamp(now, UTC)
     owner = builders.Owner(t.name, t.namespace, t.uid)
     try:
@@ -354,7 +369,7 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
     except (ValidationError, InvalidSpec) as e:
         msg = S.invalid_spec_message(e) if isinstance(e, ValidationError) else str(e)
         _report_invalid(rt, t, observed, msg, emit, now_dt)
-        return
+        return "ok"
 
     prev = api.RolloutStatus.model_validate(t.status["rollout"]) if t.status.get("rollout") else None
     stable_rev = observed.deployment_revision(builders.ROLE_STABLE)
@@ -377,13 +392,18 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
         _apply_plan(rt, t, spec, desired, plan, observed, owner)
     except PermanentError as e:
         if e.reason not in ("Http400", "Http422"):
-            raise
+            # Refused for a reason outside the spec: RBAC, an admission policy or webhook, a ResourceQuota
+            # (403), a namespace being deleted. Reported on the VLMService (the user's `kubectl get vlms`),
+            # counted (vlm_operator_errors_total, by the apply), and tried again at every resync.
+            log.warning("%s/%s: %s", t.namespace, t.name, e)
+            _report_refused(rt, t, observed, f"the API server refused an object this spec makes: {e}", emit, now_dt)
+            return "error"
         # The API server refused an object built from this spec (a value the schema lets through but the
         # object's own validation does not): the spec is at fault, so it is reported as one, once, and the
         # same generation is not sent again (an operator restart tries once more).
         rt.refuse(t.uid, t.generation)
         _report_invalid(rt, t, observed, f"the API server refused what this spec makes: {e}", emit, now_dt)
-        return
+        return "ok"
 
     if action:
         rv = rt.kube.clear_annotation(t.namespace, t.name, rollout.ANNOTATION_ACTION)
@@ -423,3 +443,4 @@ def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: fl
     # it twice (a restart recomputes the plan from the status it finds and posts what that plan says).
     for ev in plan.events:
         emit(ev.type, ev.reason, ev.message)
+    return "ok"

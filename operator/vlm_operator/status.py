@@ -93,6 +93,7 @@ class Health:
     want: int
     ready: int
     invalid: str | None = None  # message when the spec is invalid
+    refused: str | None = None  # message when the API server refused (403 & co.) an object this spec makes
     unschedulable: str | None = None
     rolling: bool = False
     rollout_phase: str | None = None
@@ -111,7 +112,9 @@ def health_conditions(h: Health) -> list[C.Cond]:
         conds.append(C.Cond(C.DEGRADED, True, "InvalidSpec", h.invalid))
         conds.append(C.Cond(C.PROGRESSING, False, "InvalidSpec", "fix the spec to continue"))
         return conds
-    if h.unschedulable and h.ready < h.want:
+    if h.refused and h.ready < h.want:
+        conds.append(C.Cond(C.READY, False, "ApplyRefused", h.refused))
+    elif h.unschedulable and h.ready < h.want:
         conds.append(C.Cond(C.READY, False, "Unschedulable", h.unschedulable))
     elif h.ready >= h.want:
         conds.append(C.Cond(C.READY, True, "AllReplicasReady", f"{h.ready}/{h.want} replicas ready"))
@@ -123,7 +126,9 @@ def health_conditions(h: Health) -> list[C.Cond]:
         conds.append(C.Cond(C.PROGRESSING, True, "RollingUpdate", "the Deployment is rolling to a new revision"))
     else:
         conds.append(C.Cond(C.PROGRESSING, False, "Complete", "no rollout in progress"))
-    if h.unschedulable:
+    if h.refused:
+        conds.append(C.Cond(C.DEGRADED, True, "ApplyRefused", h.refused))
+    elif h.unschedulable:
         conds.append(C.Cond(C.DEGRADED, True, "Unschedulable", h.unschedulable))
     elif h.rollout_phase == "RolledBack":
         conds.append(C.Cond(C.DEGRADED, True, "CanaryRolledBack", h.rollout_message or ""))
@@ -149,7 +154,7 @@ def margin_condition(h: Health) -> C.Cond:
 
 
 def summary_phase(h: Health) -> str:
-    if h.invalid:
+    if h.invalid or (h.refused and h.ready < h.want):
         return "Failed"
     if h.rollout_phase in ("Progressing", "Analysing", "Paused"):
         return "Canary"

@@ -44,7 +44,7 @@ from vlm_operator import builders as B
 from tests.cluster import wait_for
 from tests.e2e.conftest import PROMETHEUS, operator_env
 from tests.e2e.test_canary import NAME, SHIPPED, create, dump, patch, ready, start_services, verdicts
-from tests.operator_proc import get_vlms
+from tests.operator_proc import condition, get_vlms
 
 pytestmark = pytest.mark.native_sd  # Prometheus with kubernetes_sd on the generated configuration (conftest)
 REPO = Path(__file__).resolve().parents[2]
@@ -342,6 +342,10 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
                         "VLMOperatorReconcileErrors pending", interval=3.0, ignore=(OSError,))
         assert errs[0]["labels"].get("severity") == "warning", errs
         assert mon.query('vlm_operator_errors_total{reason="Http403"} > 0'), "the refusals counted by reason"
+        # and the service itself says so (replicas 0, so Ready stays True; Degraded names the refusal)
+        degraded = condition(get_vlms(kube, namespace, BLOCKED), "Degraded")
+        assert (degraded["status"], degraded["reason"]) == ("True", "ApplyRefused"), degraded
+        assert "403" in degraded["message"], degraded
     finally:
         _forbid_deployments(kube, namespace, None)
 

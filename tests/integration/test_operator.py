@@ -238,6 +238,39 @@ def test_ipc_cache_on_with_old_sglang_is_invalid_without_retry_storm_and_recover
     assert condition(obj, "IPCCacheActive")["status"] == "True"
 
 
+def test_a_quota_refusing_the_deployment_is_a_condition_and_a_raised_quota_needs_no_spec_change(
+        kube, namespace, operator):
+    """A ResourceQuota the Deployment exceeds (403 from the API server's admission): the service says
+    Ready=False/ApplyRefused and Degraded=True/ApplyRefused with the API server's words, one Warning Event, and
+    once the quota is raised the next resync makes the Deployment; nobody touches the VLMService."""
+    core = client.CoreV1Api(kube)
+    core.create_namespaced_resource_quota(namespace, client.V1ResourceQuota(
+        metadata=client.V1ObjectMeta(name="no-deployments"),
+        spec=client.V1ResourceQuotaSpec(hard={"count/deployments.apps": "0"})))
+    wait_for(lambda: (core.read_namespaced_resource_quota("no-deployments", namespace).status.hard or {}), 30,
+             "the quota controller's first status")
+    doc = copy.deepcopy(EXAMPLES["qwen2.5-vl-3b"])
+    doc["metadata"]["name"] = "over-quota"
+    create(kube, namespace, doc)
+    obj = wait_condition(kube, namespace, "over-quota", "Ready", "False", "ApplyRefused", op=operator)
+    msg = condition(obj, "Ready")["message"]
+    assert "exceeded quota" in msg and "403" in msg, msg
+    assert (condition(obj, "Degraded")["status"], condition(obj, "Degraded")["reason"]) == ("True", "ApplyRefused")
+    assert obj["status"]["phase"] == "Failed"
+    assert not deployments(kube, namespace, "over-quota")
+    time.sleep(6)  # three resyncs, each refused again: nothing new to say
+    wait_for(lambda: _warnings(kube, namespace, "over-quota", "ApplyRefused"), 10, "Warning Event")
+    ev = _warnings(kube, namespace, "over-quota", "ApplyRefused")
+    assert len(ev) == 1 and (ev[0].count or 1) == 1, [(e.reason, e.count, e.message) for e in ev]
+    refusals = [float(line.rsplit(" ", 1)[1]) for line in operator.metrics().splitlines()
+                if line.startswith('vlm_operator_errors_total{reason="Http403"}')]
+    assert refusals and refusals[0] >= 2, refusals  # counted at every resync's try
+    core.patch_namespaced_resource_quota("no-deployments", namespace, {"spec": {"hard": {"count/deployments.apps": "5"}}})
+    obj = wait_condition(kube, namespace, "over-quota", "Ready", "True", timeout=90, op=operator)
+    assert condition(obj, "Degraded")["status"] == "False"
+    assert deployments(kube, namespace, "over-quota")
+
+
 def test_auto_on_old_sglang_reports_ipc_cache_inactive(kube, namespace, operator):
     doc = copy.deepcopy(EXAMPLES["qwen2.5-vl-3b"])
     doc["metadata"]["name"] = "auto-old"

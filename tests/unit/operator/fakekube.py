@@ -55,8 +55,9 @@ class FakeKube:
     revision: int = 0  # the last resourceVersion handed out
     conflicts: int = 0  # conditional status writes refused (the copy was outdated)
     fail_next: list[Exception] = field(default_factory=list)  # raised by the next writes, in order
-    # What the API server's own validation of an object says (an error message, or None to take it): an apply
-    # it refuses raises PermanentError(reason="Http422"), as `apply.classify` maps a 422.
+    # What the API server says of an object (None to take it; an error message: its own validation refuses it,
+    # a 422; or (code, message), e.g. 403 for RBAC, an admission policy or a quota): the apply raises
+    # PermanentError(reason=f"Http{code}"), as `apply.classify` maps a 4xx other than 409 and 429.
     refuse: Any = None
 
     # ------------------------------------------------------------- the KubeAPI the reconcile calls
@@ -71,8 +72,10 @@ class FakeKube:
         self._maybe_fail()
         meta = obj["metadata"]
         if self.refuse is not None and (why := self.refuse(obj)):
+            code, why = why if isinstance(why, tuple) else (422, why)
             self.writes.append(Write("refused", obj["kind"], meta["namespace"], meta["name"]))
-            raise PermanentError(f"apply {obj['kind']} {meta['namespace']}/{meta['name']}: 422 {why}", reason="Http422")
+            raise PermanentError(f"apply {obj['kind']} {meta['namespace']}/{meta['name']}: {code} {why}",
+                                 reason=f"Http{code}")
         key = (obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
         old = self.objects.get(key)
         new = copy.deepcopy(dict(obj))

@@ -388,12 +388,52 @@ def test_an_object_the_api_server_refuses_is_an_invalid_spec_reported_once_and_n
     assert c.condition("Ready")["status"] == "True"
 
 
-def test_a_forbidden_write_is_not_mistaken_for_an_invalid_spec():
-    """403 (the operator's RBAC) is the operator's problem, not the spec's: it propagates as a handler error."""
-    from vlm_operator.errors import PermanentError
+QUOTA = (403, 'deployments.apps "svc" is forbidden: exceeded quota: gpus, requested: requests.nvidia.com/gpu=1, '
+              'used: requests.nvidia.com/gpu=8, limited: requests.nvidia.com/gpu=8')
 
+
+def test_an_apply_refused_outside_the_spec_is_a_condition_and_is_tried_again_at_every_resync():
+    """A 403 (a ResourceQuota, an admission policy, the operator's RBAC) is not the spec's fault and not an
+    error loop to read in the operator's log: the service says Ready=False/ApplyRefused and
+    Degraded=True/ApplyRefused with the API server's answer, one Warning Event; every resync applies again,
+    and once the quota frees the objects are made (those made once per generation too) without a spec change."""
     c = Cluster()
-    c.kube.fail_next.append(PermanentError("apply Service ns/svc: 403 forbidden", reason="Http403"))
-    with pytest.raises(PermanentError):
-        c.run(T0)
-    assert "conditions" not in (c.kube.vlmservice("svc").get("status") or {})
+    c.kube.refuse = lambda obj: QUOTA if obj["kind"] == "Deployment" else None
+    c.run(T0)
+    ready, degraded = c.condition("Ready"), c.condition("Degraded")
+    assert (ready["status"], ready["reason"]) == ("False", "ApplyRefused"), ready
+    assert (degraded["status"], degraded["reason"]) == ("True", "ApplyRefused"), degraded
+    assert "exceeded quota" in ready["message"] and "403" in ready["message"]
+    assert c.status["phase"] == "Failed"
+    assert "observedGeneration" not in c.status  # the objects made once per generation are still to make
+    assert [(e[0], e[1]) for e in c.events] == [("Warning", "ApplyRefused")], c.events
+    c.kube.reset_writes()
+    c.run(T0 + 15)
+    assert [w.kind for w in c.kube.written("refused")] == ["Deployment"]  # tried again
+    assert c.kube.written("status") == [] and len(c.events) == 1  # nothing new to say
+    c.kube.refuse = None  # the quota is raised
+    c.run(T0 + 30)
+    assert "Deployment" in [w.kind for w in c.kube.written("apply")]
+    assert ("policy/v1", "PodDisruptionBudget", "ns", "svc") in c.kube.objects
+    assert c.status["observedGeneration"] == 1
+    c.kube.settle("svc")
+    c.run(T0 + 45)
+    assert (c.condition("Ready")["status"], c.condition("Degraded")["status"]) == ("True", "False")
+    assert c.events[-1][:2] == ("Normal", "AllReplicasReady"), c.events
+
+
+def test_a_refused_change_to_a_serving_service_keeps_it_ready_and_marks_it_degraded():
+    """The pods serve on while a change to them is refused: Ready stays True, Degraded=True/ApplyRefused."""
+    c = Cluster()
+    c.run(T0)
+    c.kube.settle("svc")
+    c.run(T0 + 15)
+    c.events.clear()
+    c.kube.refuse = lambda obj: QUOTA if obj["kind"] == "Deployment" else None
+    c.kube.update_spec("svc", {**SPEC, "sglang": {"args": ["--new"]}})
+    c.run(T0 + 30)
+    assert c.condition("Ready")["status"] == "True"
+    degraded = c.condition("Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "ApplyRefused"), degraded
+    assert c.status["phase"] == "Ready" and c.status["observedGeneration"] == 1
+    assert [(e[0], e[1]) for e in c.events] == [("Warning", "ApplyRefused")], c.events
