@@ -735,7 +735,11 @@ def simulate(rng: np.random.Generator, noise: Noise, sc: Scenario, cad: Cadence,
     """(baseline windows, canary windows, the stable dashboard's loop mean, the long-running stable pods'
     windows in Fresh mode (else empty)) of one trial."""
     tree_b = build_tree(noise, wrapper=sc.wrapper)
-    t_end = t0 + cad.max_duration_s
+    # Pods keep delivering windows past maxDuration from the step's start: the gate's clock starts at the
+    # canary's first window, so its last look comes up to one analysis interval later, and it must find
+    # fresh windows there (windows that stopped at t0 + maxDuration read as a stale profiler at that look,
+    # and every undecided trial became an onInconclusive rollback). The competitors' looks stop at maxDuration.
+    t_end = t0 + cad.max_duration_s + 2 * cad.interval_s
 
     def load(dt: np.ndarray) -> np.ndarray:
         return sc.drift_per_min * np.asarray(dt) / 60.0
@@ -982,7 +986,8 @@ PROFILER_ONLY = "gate, profiler signals only"
 # The same gate with anytime-valid confidence sequences instead of Bonferroni over the planned looks:
 # what the guarantee for any number of looks costs in power.
 ANYTIME = "gate, anytime-valid bounds"
-VARIANT_ROWS = ("aa1", "up2", "up5")
+FINAL_HALF = "gate, half the budget at the last look"
+VARIANT_ROWS = ("aa1", "up2", "up5", "aa2", "ttft")
 
 
 def variant_policies(policy: gate.GatePolicy) -> dict[str, gate.GatePolicy]:
@@ -992,6 +997,8 @@ def variant_policies(policy: gate.GatePolicy) -> dict[str, gate.GatePolicy]:
         out[PROFILER_ONLY] = replace(policy, max_regression=keep)
     if "inference" in {f.name for f in fields(policy)}:
         out[ANYTIME] = replace(policy, inference="anytime")
+    if "final_alpha_share" in {f.name for f in fields(policy)}:
+        out[FINAL_HALF] = replace(policy, final_alpha_share=0.5)
     return out
 
 

@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from vlm_operator.errors import InvalidSpec
-from vlm_operator.gate import Decision, GatePolicy, Window, _units, decide, regressed_function
+from vlm_operator.gate import (
+    Decision,
+    GatePolicy,
+    Window,
+    _rollback_alpha,
+    _units,
+    decide,
+    regressed_function,
+)
 
 T0 = 1_000_000.0
 STEP = 300.0
@@ -858,3 +866,23 @@ def test_a_canary_whose_profiler_never_delivers_is_timed_from_ready_and_never_pr
         d = decide(base, stale, policy, started_at=T0, now=T0 + 901, step_duration_s=STEP)
         assert d.clock_started_at is None
         assert d.reason == "MaxDurationReached" and d.verdict != "Promote" and "ProfilerStale" in d.message
+
+
+def test_a_share_of_the_budget_kept_for_the_last_look_never_spends_more_than_the_budget():
+    """final_alpha_share (a variant measured in bench/gate_quality.py): the last look's rollback level is that
+    share of the step's budget, the planned looks before it split the rest, so the union over every look
+    stays within the budget; 0 (the shipped policy) is the even split, and anytime-valid bounds ignore it."""
+    even = GatePolicy()
+    half = GatePolicy(final_alpha_share=0.5)
+    alpha, looks, families, members = 0.05, 30, 3, 6
+    assert _rollback_alpha(even, alpha, looks, False, families, members) == pytest.approx(
+        alpha / (looks * families * members))
+    assert _rollback_alpha(even, alpha, looks, True, families, members) == pytest.approx(
+        alpha / (looks * families * members))
+    final = _rollback_alpha(half, alpha, looks, True, families, members)
+    interim = _rollback_alpha(half, alpha, looks, False, families, members)
+    assert final == pytest.approx(alpha / 2 / (families * members))
+    assert (looks * interim + final) * families * members == pytest.approx(alpha)
+    anytime = GatePolicy(final_alpha_share=0.5, inference="anytime")
+    assert _rollback_alpha(anytime, alpha, 1, True, families, members) == pytest.approx(
+        alpha / (families * members))
