@@ -451,6 +451,7 @@ class StandinConfig:
     native_threads: int = 0  # native (non-Python) idle threads per scheduler process
     disable_consecutive_prefill_overlap: bool = False  # SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP
     ipc_cache_broken: bool = False  # a cached pool handle never works: SGLang's uncached retry for every feature
+    scheduler_title: str = ""  # the schedulers' process title ("": SGLang's, sglang::scheduler[_TP<n>])
     # The front end (frontend.py): requests come from its HTTP server instead of the scheduler's own arrivals.
     frontend: bool = False
     frontend_port: int = 0
@@ -523,6 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--standin-ipc-cache-broken", action="store_true",
       help="the pool-handle cache is on but a cached handle never works, so every feature takes SGLang's\n"
            "uncached retry and re-opens the handle (a pod told to cache that does not: IPCCacheActive NotObserved)")
+    a("--standin-scheduler-title", default="",
+      help="title the schedulers TITLE (TITLE_TP<n> with tp > 1) instead of SGLang's sglang::scheduler: a release that\n"
+           "renames them, which a sidecar matching SGLang's titles cannot find (vlm_profiler_stale)")
     a("--standin-frontend", action="store_true",
       help="run SGLang's front end (frontend.py): an HTTP server on an asyncio loop in this process, an IO thread\n"
            "pool and a forked process pool for images, a detokenizer process and a load generator posting\n"
@@ -573,7 +577,7 @@ def build_config(argv: list[str], environ: dict[str, str]) -> StandinConfig:
         idle_check_ms=ns.standin_idle_check_ms, threads=max(0, ns.standin_threads),
         native_threads=max(0, ns.standin_native_threads),
         disable_consecutive_prefill_overlap=env_bool(environ, "SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP", False),
-        ipc_cache_broken=ns.standin_ipc_cache_broken,
+        ipc_cache_broken=ns.standin_ipc_cache_broken, scheduler_title=ns.standin_scheduler_title,
         frontend=ns.standin_frontend, frontend_port=ns.standin_frontend_port, cpu_workers=max(1, ns.standin_cpu_workers),
         io_workers=max(1, ns.standin_io_workers), image_cost_ms=ns.standin_image_cost_ms,
         image_convert_ms=ns.standin_image_convert_ms, io_ms=ns.standin_io_ms,
@@ -1090,7 +1094,8 @@ class Scheduler:
 
 def run_scheduler_process(cfg: StandinConfig, rank: int, acct, stats, ring=None, inbox=None, detok=None) -> None:
     """Entry point of one scheduler process (spawned, like SGLang's)."""
-    set_title("sglang::scheduler" if cfg.tp == 1 else f"sglang::scheduler_TP{rank}")
+    title = cfg.scheduler_title or "sglang::scheduler"
+    set_title(title if cfg.tp == 1 else f"{title}_TP{rank}")
     if cfg.frontend:  # its pipes keep the front end's forked pool alive: never outlive a killed stand-in
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG

@@ -20,7 +20,9 @@ Alertmanager through the testbed's API server. Then:
     through the generated alerting config) with namespace, vlmservice, revision, signal and function;
     the conditions of VLMSchedulerLoopLatencyRegression (the cache-off canary), VLMIPCCacheInactive (FAST's
     cache-off stable revision), VLMOperatorReconcileErrors (a ValidatingAdmissionPolicy refusing every
-    Deployment of a fourth service, BLOCKED, so about a quarter of all reconciles fail) and VLMOperatorDown (the
+    Deployment of a fourth service, BLOCKED, so about a fifth of all reconciles fail; the service itself says
+    Degraded=True/ApplyRefused), VLMProfilerStale (a fifth service, STALE, whose server titles its scheduler as
+    a release renaming it would: its sidecar is up and finds nothing to sample) and VLMOperatorDown (the
     operator stopped at the end) hold (pending or firing, with namespace and vlmservice
     where per service), and none is active where it must not be; the others are in ALERTS_NOT_PRODUCED
     with the reason, are loaded and evaluated without error here, and are proven to fire (and not on a
@@ -71,8 +73,6 @@ PANEL_EXCEPTIONS = {
 ALERTS_NOT_PRODUCED = {
     "VLMIPCCacheNotObserved": "needs pods told to cache that re-open CUDA IPC handles for 10 minutes "
                               "(promtool: ipc-cache; pending on such a pod in test_frontend.py)",
-    "VLMProfilerStale": "needs a sidecar that is up but cannot sample for 5 minutes (a killed sidecar has no "
-                        "series: its absence is `up == 0`, not vlm_profiler_stale) (promtool: scheduler)",
     "VLMSchedulerHotFunctionShareHigh": "needs a watched function above 25% of the loop for 10 minutes: the "
                                         "stand-in's stages are busy waits, and a hash_feature that hot (1.2 ms a "
                                         "call) took ~0.3 cores per pod and delayed the other verdicts here by "
@@ -139,11 +139,16 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     fast = copy.deepcopy(quarter)
     fast["sglang"]["ipcCache"] = {"mode": "Off"}
     # An admission policy (as Kyverno or Gatekeeper would) refuses every Deployment of BLOCKED, a service
-    # without replicas: each of its reconciles fails (403 on the apply, every resync), about a quarter of all.
+    # without replicas: each of its reconciles fails (403 on the apply, every resync), about a fifth of all.
     _forbid_deployments(kube, namespace, BLOCKED)
     create(kube, namespace, {**{k: v for k, v in copy.deepcopy(SHIPPED).items() if k != "rollout"}, "replicas": 0},
            name=BLOCKED)
-    start_services(kube, namespace, op, pm, {NAME: SHIPPED, FAST: fast, TTFT: quarter}, settle_s=0)
+    # STALE's server titles its scheduler as a (hypothetical) release renaming it would: its sidecar, matching
+    # SGLang's titles, is up but finds nothing to sample. No requests, no rollout: it costs this host little.
+    stale = {**{k: v for k, v in copy.deepcopy(SHIPPED).items() if k != "rollout"},
+             "sglang": {**SHIPPED["sglang"], "args": ["--standin-scheduler-title", "sglang::sched_v2",
+                                                      "--standin-request-rate", "0"]}}
+    start_services(kube, namespace, op, pm, {NAME: SHIPPED, FAST: fast, TTFT: quarter, STALE: stale}, settle_s=0)
     # The PodMonitor's jobs (SGLang's port and the sidecar's) are in the generated config and scraped.
     # (job is "<namespace>/<PodMonitor>", the Operator's relabeling; the scrape pool is the job_name)
     wait_for(lambda: len(mon.query(f'up{{job="{namespace}/{NAME}",serving_vlmops_dev_vlmservice="{NAME}"}} == 1'))
@@ -157,6 +162,19 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     assert {k: inactive[0]["labels"].get(k) for k in ("namespace", "vlmservice", "severity")} == {
         "namespace": namespace, "vlmservice": FAST, "severity": "info"}, inactive
     assert not _rule_alerts(mon, "VLMIPCCacheInactive", NAME)
+    # STALE's sidecar exports vlm_profiler_stale 1 from its first window: VLMProfilerStale's condition holds
+    # (pending; its `for: 5m` is promtool's) for that pod, with its routing labels, and for no sampled pod.
+    stale_alerts = wait_for(lambda: _rule_alerts(mon, "VLMProfilerStale", STALE), 120,
+                            "VLMProfilerStale pending for the service whose scheduler is not found", interval=3.0,
+                            ignore=(OSError, KeyError))
+    stale_pod = next(p.metadata.name for p in client.CoreV1Api(kube).list_namespaced_pod(
+        namespace, label_selector=f"{B.LABEL_SERVICE}={STALE}").items)
+    assert [{k: a["labels"].get(k) for k in ("namespace", "vlmservice", "pod", "severity")} for a in stale_alerts] \
+        == [{"namespace": namespace, "vlmservice": STALE, "pod": stale_pod, "severity": "warning"}], stale_alerts
+    # A sidecar is stale until its first window too: NAME's pods' condition clears once they sample; STALE's stays.
+    wait_for(lambda: not _rule_alerts(mon, "VLMProfilerStale", NAME), 120,
+             "no VLMProfilerStale for the pods whose scheduler is sampled", interval=3.0, ignore=(OSError,))
+    assert _rule_alerts(mon, "VLMProfilerStale", STALE)
     time.sleep(10)
     patch(kube, namespace, {"sglang": {"ipcCache": {"mode": "Off"}}})
     patch(kube, namespace, {"sglang": {"ipcCache": {"mode": "Auto"}}}, name=FAST)
@@ -290,14 +308,14 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     # Every shipped rule is loaded from the generated rule files and evaluates without error.
     groups = {g["name"]: g for g in mon.api("rules")["groups"]}
     # (BLOCKED's rule group is never made: its reconcile stops at the refused Deployment.)
-    assert set(groups) == {f"vlm-operator-{n}" for n in (NAME, FAST, TTFT)} | {"vlm-operator-self"}, sorted(groups)
+    assert set(groups) == {f"vlm-operator-{n}" for n in (NAME, FAST, TTFT, STALE)} | {"vlm-operator-self"}, sorted(groups)
     loaded = {rule["name"]: rule for g in groups.values() for rule in g["rules"]}
     # TTFT's rollback raises its own VLMCanaryRolledBack; the faster canary raises no regression alert.
     wait_for(lambda: firing("VLMCanaryRolledBack", TTFT), 120, "TTFT's VLMCanaryRolledBack", interval=3.0)
     assert not active("VLMSchedulerLoopLatencyRegression", FAST) and not active("VLMCanaryRolledBack", FAST)
     shipped_alerts = {a["alert"] for a in (*alerts.rules(), *alerts.self_rules())}
     produced = {"VLMCanaryRolledBack", "VLMSchedulerLoopLatencyRegression", "VLMIPCCacheInactive", "VLMOperatorDown",
-                "VLMOperatorReconcileErrors"}
+                "VLMOperatorReconcileErrors", "VLMProfilerStale"}
     assert set(loaded) == shipped_alerts, sorted(loaded)
     assert shipped_alerts - produced <= set(ALERTS_NOT_PRODUCED), "say why these are not produced: " + str(
         sorted(shipped_alerts - produced - set(ALERTS_NOT_PRODUCED)))
@@ -358,6 +376,7 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
 
 
 BLOCKED = "qwen-blocked"
+STALE = "qwen-stale"
 
 
 def _forbid_deployments(kube, namespace: str, service: str | None) -> None:

@@ -206,3 +206,18 @@ def test_effective_rate_counts_rounds_not_thread_stacks():
     many = ParsedTrace(threads={i: seg for i in range(11)})
     assert effective_rate(one, 200) == 100.0
     assert effective_rate(many, 2200) == 100.0
+
+
+def test_a_renamed_scheduler_is_not_found_and_the_profile_is_stale(standin, pyspy):
+    """A release that titles its schedulers differently (the stand-in's --standin-scheduler-title): the sidecar,
+    matching SGLang's titles, finds no scheduler in a live server, counts a no_target window and exports
+    vlm_profiler_stale 1 (the VLMProfilerStale alert's condition); the same stand-in with SGLang's title is found."""
+    s = standin("--standin-scheduler-title", "sglang::sched_v2", "--standin-request-rate", "0")
+    assert s.proc.poll() is None  # the server is up, only its scheduler is unrecognised
+    runner, store = make_runner(pyspy, s, duration=0.5)
+    assert runner.run_window() == []
+    m = metrics(store)
+    assert m[("vlm_profiler_windows_total", (("result", "no_target"), ("tp_rank", "")))] == 1
+    assert m[("vlm_profiler_stale", (("tp_rank", ""),))] == 1
+    found = standin("--standin-request-rate", "0")
+    assert [t.pid for t in discover("/proc", "sglang::scheduler", found.proc.pid)] == found.pids[:1]
