@@ -334,10 +334,19 @@ def _apply_plan(rt: Runtime, t: Target, spec: api.VLMServiceSpec, desired: build
 def _report_invalid(rt: Runtime, t: Target, observed: S.Observed, msg: str, emit: Emit, now: datetime) -> None:
     """Ready=False/InvalidSpec with `msg` (and its Warning Event, on the flip); the last good status is kept."""
     metrics.ERRORS.labels(reason="InvalidSpec").inc()
+    _report(rt, t, observed, emit, now, invalid=msg)
+
+
+def _report(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: datetime, *,
+            invalid: str | None = None, refused: str | None = None) -> None:
+    """The last good status with the conditions of an invalid spec or a refused apply; a refusal leaves
+    observedGeneration where it was."""
     want = t.spec.get("replicas", 1)
     h = S.Health(want=want if isinstance(want, int) and want >= 0 else 1,
-                 ready=observed.ready_replicas(builders.ROLE_STABLE), invalid=msg)
+                 ready=observed.ready_replicas(builders.ROLE_STABLE), invalid=invalid, refused=refused)
     new = S.build_status(t.status, h, generation=t.generation, now=now, **S.carried(t.status))
+    if refused:
+        new = new.model_copy(update={"observed_generation": t.status.get("observedGeneration")})
     _write_status(rt, t, new, emit)
 
 
@@ -346,12 +355,7 @@ def _report_refused(rt: Runtime, t: Target, observed: S.Observed, msg: str, emit
     answer, one Warning Event on the flip; the last good status is kept. observedGeneration stays where it
     was: the objects applied once per generation (budget, policy, monitoring) are tried again on the next
     resync, which retries the whole apply, so a freed quota or a lifted policy needs no spec change."""
-    want = t.spec.get("replicas", 1)
-    h = S.Health(want=want if isinstance(want, int) and want >= 0 else 1,
-                 ready=observed.ready_replicas(builders.ROLE_STABLE), refused=msg)
-    new = S.build_status(t.status, h, generation=t.generation, now=now, **S.carried(t.status))
-    new = new.model_copy(update={"observed_generation": t.status.get("observedGeneration")})
-    _write_status(rt, t, new, emit)
+    _report(rt, t, observed, emit, now, refused=msg)
 
 
 def _reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, now: float) -> str:
