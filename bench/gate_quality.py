@@ -987,6 +987,10 @@ PROFILER_ONLY = "gate, profiler signals only"
 # what the guarantee for any number of looks costs in power.
 ANYTIME = "gate, anytime-valid bounds"
 FINAL_HALF = "gate, half the budget at the last look"
+# The shipped gate promotes on a request signal (TTFT, ITL, throughput) before the last look only when its
+# promotion bound excludes a regression of 2 margins; these variants promote on the estimate alone (the rule
+# before 2026-12-03) or at 3 margins.
+REQUEST_BOUND = {0.0: "gate, request signals on the estimate alone", 3.0: "gate, request bound at 3 margins"}
 VARIANT_ROWS = ("aa1", "up2", "up5", "aa2", "ttft")
 
 
@@ -999,6 +1003,10 @@ def variant_policies(policy: gate.GatePolicy) -> dict[str, gate.GatePolicy]:
         out[ANYTIME] = replace(policy, inference="anytime")
     if "final_alpha_share" in {f.name for f in fields(policy)}:
         out[FINAL_HALF] = replace(policy, final_alpha_share=0.5)
+    if "request_bound_factor" in {f.name for f in fields(policy)}:
+        for factor, name in REQUEST_BOUND.items():
+            if policy.request_bound_factor != factor:
+                out[name] = replace(policy, request_bound_factor=factor)
     return out
 
 

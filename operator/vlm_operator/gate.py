@@ -90,6 +90,8 @@ SIGNALS: Mapping[str, _Spec] = {
     # 10 points more of the time at the same traffic. Compared only where both revisions sampled the role.
     "frontend_busy": _Spec("linear", True, "FrontendBusyRegressed", "front-end busy share", required=False),
 }
+# The signals read from SGLang's own request metrics.
+REQUEST_SIGNALS = ("ttft", "itl", "throughput")
 # The SGLang processes around the scheduler whose busy share the gate compares (sidecar vlm_sidecar.roles).
 FRONTEND_ROLES = ("tokenizer_manager", "tokenizer_worker", "mm_processor", "detokenizer")
 
@@ -293,6 +295,11 @@ class GatePolicy:
     final_alpha_share: with "bonferroni", the share of the step's rollback budget kept for the last look (at
         maxDuration), the looks before it splitting the rest; 0 (shipped) splits it evenly. A variant measured
         in bench/gate_quality.py (same rates at one canary pod, fewer onInconclusive verdicts), not in the API.
+    request_bound_factor: before the last look, a request signal (TTFT, ITL, throughput) passes only when its
+        estimate is within the margin and its promotion bound excludes a regression of this many margins (2,
+        shipped: a TTFT 20% worse is not promoted on an estimate that noise put inside the 10% margin; the
+        bound at the margin itself would rarely close on 5 s request means). 0: the estimate alone (the rule
+        before 2026-12-03, measured in bench/gate_quality.py as a variant). Not in the API.
     """
 
     max_regression: Mapping[str, float] = field(
@@ -312,6 +319,7 @@ class GatePolicy:
     pair_s: float = 15.0
     inference: Literal["bonferroni", "anytime"] = "bonferroni"
     final_alpha_share: float = 0.0
+    request_bound_factor: float = 2.0
 
     def __post_init__(self) -> None:
         where = "spec.rollout.analysis"
@@ -814,6 +822,8 @@ def _evaluate(
     spec = SIGNALS[family]
     log = spec.scale == "log"
     margin = float(policy.max_regression[family])
+    # Request signals may need their promotion bound to exclude a regression of several margins.
+    bounded = policy.request_bound_factor if family in REQUEST_SIGNALS else 0.0
     # The rollback bound sits on the "worse" side of the estimate, the promotion bound on the other.
     worse_low = spec.higher_is_worse
     a_low, a_high = (alpha_rollback, alpha_promote) if worse_low else (alpha_promote, alpha_rollback)
@@ -852,7 +862,11 @@ def _evaluate(
         # condition keeps small-but-certain differences (a slower node) inside the allowance.
         if enough and worse_lcb > (0.0 if final else margin / 2) and worse_est > margin:
             verdict = "fail"
-        elif enough and (worse_ucb < margin if spec.prove and not final else worse_est <= margin):
+        elif enough and (
+            worse_ucb < margin
+            if spec.prove and not final
+            else worse_est <= margin and (final or not bounded or worse_ucb < bounded * margin)
+        ):
             verdict = "pass"
         out.append(
             SignalResult(
@@ -1133,7 +1147,7 @@ def _judge(
     if all(s.verdict == "pass" for s in blocking):
         if elapsed >= step_duration_s:
             worst = max(blocking, key=_severity)
-            if at_max and any(SIGNALS[_family(s.name)].prove and not _proven(s) for s in blocking):
+            if at_max and not all(_proven(policy, s) for s in blocking):
                 # The last look decides on the estimates: none is beyond its margin, none confidently
                 # worse beyond it; holding a canary back for noise is what this look exists to avoid.
                 return Decision(
@@ -1155,13 +1169,18 @@ def _judge(
     return _at_max_duration(policy, signals, msg, data_missing=False, attribution=attribution)
 
 
-def _proven(s: SignalResult) -> bool:
-    """The promotion bound (on the worse side) is inside the margin."""
-    spec = SIGNALS[_family(s.name)]
+def _proven(policy: GatePolicy, s: SignalResult) -> bool:
+    """What a promotion before the last look needs beyond the estimate holds: the promotion bound (on the worse
+    side) inside the margin for the loop signals, beyond `request_bound_factor` margins for request signals."""
+    family = _family(s.name)
+    spec = SIGNALS[family]
+    factor = 1.0 if spec.prove else policy.request_bound_factor if family in REQUEST_SIGNALS else 0.0
+    if not factor:
+        return True
     bound = s.ci_high if spec.higher_is_worse else (None if s.ci_low is None else -s.ci_low)
     if bound is None:
         return False
-    return bound < s.margin
+    return bound < factor * s.margin
 
 
 def _optional_absent(s: SignalResult) -> bool:

@@ -886,3 +886,38 @@ def test_a_share_of_the_budget_kept_for_the_last_look_never_spends_more_than_the
     anytime = GatePolicy(final_alpha_share=0.5, inference="anytime")
     assert _rollback_alpha(anytime, alpha, 1, True, families, members) == pytest.approx(
         alpha / (families * members))
+
+
+def _with_ttft(ws: list[Window], ttft: float, sd: float, seed: int) -> list[Window]:
+    rng = np.random.default_rng(seed)
+    return [replace(w, ttft_seconds=ttft * math.exp(rng.normal(0, sd))) for w in ws]
+
+
+def test_request_signal_bound_holds_a_noisy_ttft_back_until_it_excludes_twice_the_margin():
+    """request_bound_factor 2 (shipped): before the last look a request signal passes only when its estimate is within the
+    margin and its promotion bound excludes a regression of twice the margin. A TTFT estimate inside the 10%
+    margin on 20 noisy windows (per-window log sd 0.4, as the stand-in's) is promoted on the estimate alone
+    (factor 0) but held back with the bound; the same revision on 200 windows is promoted, and the last look
+    still decides on the estimate."""
+    bounded = replace(POLICY, max_regression={"loop_latency": 0.03, "ttft": 0.1}, max_duration_s=3600)
+    assert bounded.request_bound_factor == 2.0
+    policy = replace(bounded, request_bound_factor=0.0)
+
+    def pair(n: int, seed: int):
+        base = _with_ttft(windows("stable", n=n, seed=seed, sd=0.005), 0.5, 0.4, seed)
+        can = _with_ttft(windows("canary", n=n, seed=seed + 1, sd=0.005), 0.5 * 1.02, 0.4, seed + 1)
+        return base, can
+
+    base, can = pair(20, 40)
+    ttft = next(s for s in run(base, can, policy, step=100).signals if s.name == "ttft")
+    assert ttft.delta <= 0.1 and ttft.ci_high > 0.2, ttft  # inside the margin, bound wide
+    assert run(base, can, policy, step=100).verdict == "Promote"
+    held = run(base, can, bounded, step=100)
+    assert (held.verdict, held.reason) == ("Continue", "AwaitingEvidence"), held
+    assert "time to first token" in held.message
+    last = run(base, can, replace(bounded, max_duration_s=200), step=100)  # windows to T0 + 200: the last look
+    assert (last.verdict, last.reason) == ("Promote", "WithinMarginAtMaxDuration"), last
+    base, can = pair(200, 50)
+    d = run(base, can, bounded, step=100)
+    ttft = next(s for s in d.signals if s.name == "ttft")
+    assert ttft.ci_high < 0.2 and (d.verdict, d.reason) == ("Promote", "NoRegression"), (ttft, d)
