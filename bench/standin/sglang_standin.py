@@ -251,6 +251,14 @@ def calibrate_spins(seconds: float = 0.3) -> float:
     return best
 
 
+def _sleep(seconds: float) -> tuple[float, int]:
+    """Cost model "sleep": the stage's time passes asleep in this frame (called from the stage, so a sampler
+    with --idle sees the stage's frame above it: its inclusive share is right, its self time shows here), and
+    the caller's spin loop then runs no round."""
+    time.sleep(seconds)
+    return 0.0, 0
+
+
 class SimTransport:
     """CPU-only stand-in for feature reconstruction: a busy wait whose length follows the feature path.
 
@@ -262,8 +270,10 @@ class SimTransport:
     ipc_handle = ("sim-pool",)
     device = 0
 
-    def __init__(self, path: FeaturePath, costs_ms: dict[str, float], spins_per_s: float | None = None) -> None:
+    def __init__(self, path: FeaturePath, costs_ms: dict[str, float], spins_per_s: float | None = None,
+                 sleep: bool = False) -> None:
         self.spins_per_s = spins_per_s
+        self.sleep = sleep
         if path.transport == "cpu":
             self.per_feature_s = costs_ms["cpu"] / 1e3
         elif path.cache or path.transport == "cuda_vmm":
@@ -274,6 +284,8 @@ class SimTransport:
         self.open_s = max(0.0, costs_ms["uncached"] - costs_ms["cached"]) / 1e3
 
     def _budget(self, seconds: float) -> tuple[float, int]:
+        if self.sleep:
+            return _sleep(seconds)
         if self.spins_per_s is None:
             return time.perf_counter() + seconds, 1 << 62
         return math.inf, int(seconds * self.spins_per_s)
@@ -518,8 +530,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--standin-jitter", type=float, default=0.05, help="relative uniform jitter on every cost")
     a("--standin-feature-bytes", type=int, default=5 << 20)
     a("--standin-seed", type=int, default=0)
-    a("--standin-cost-model", choices=("wall", "work"), default="wall",
-      help="wall: stages last exact wall time; work: fixed CPU work per stage (overhead benchmark)")
+    a("--standin-cost-model", choices=("wall", "work", "sleep"), default="wall",
+      help="wall: stages last exact wall time; work: fixed CPU work per stage (overhead benchmark); sleep: "
+           "stages sleep their time (near-zero CPU, a GPU-bound scheduler's shape; a hot stage costs the host "
+           "nothing, inclusive shares as sampled with --idle are those of wall, self time shows in _budget)")
     a("--standin-restart", action="store_true", help="respawn a scheduler that exits (restart tests)")
     a("--standin-ipc-cache-broken", action="store_true",
       help="the pool-handle cache is on but a cached handle never works, so every feature takes SGLang's\n"
@@ -751,7 +765,7 @@ class Scheduler:
         if cfg.transport == "cuda":
             self.transport = load_cuda_transport(cfg.path.cache, cfg.feature_bytes, rank)
         else:
-            self.transport = SimTransport(cfg.path, cfg.feature_costs_ms, self.spins_per_s)
+            self.transport = SimTransport(cfg.path, cfg.feature_costs_ms, self.spins_per_s, sleep=cfg.cost_model == "sleep")
         # cuda_ipc features go through SGLang's proxy code (cache on or off as the path says); cpu and
         # cuda_vmm keep the transport's own reconstruct (no IPC handle involved).
         self.ipc = (ipc_module(cfg.version) if cfg.path.transport == "cuda_ipc" and hasattr(self.transport, "copy_feature")
@@ -779,6 +793,8 @@ class Scheduler:
         is what the overhead benchmark must see."""
         j = self.cfg.jitter
         seconds = ms / 1e3 * (1.0 + self.jrng.uniform(-j, j))
+        if self.cfg.cost_model == "sleep":
+            return _sleep(seconds)
         if self.spins_per_s is None:
             return time.perf_counter() + seconds, 1 << 62
         return math.inf, int(seconds * self.spins_per_s)

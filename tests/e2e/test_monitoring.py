@@ -22,7 +22,9 @@ Alertmanager through the testbed's API server. Then:
     cache-off stable revision), VLMOperatorReconcileErrors (a ValidatingAdmissionPolicy refusing every
     Deployment of a fourth service, BLOCKED, so about a fifth of all reconciles fail; the service itself says
     Degraded=True/ApplyRefused), VLMProfilerStale (a fifth service, STALE, whose server titles its scheduler as
-    a release renaming it would: its sidecar is up and finds nothing to sample) and VLMOperatorDown (the
+    a release renaming it would: its sidecar is up and finds nothing to sample),
+    VLMSchedulerHotFunctionShareHigh (a sixth service, HOT, whose scheduler spends half its loop in
+    hash_feature, asleep: the stand-in's "sleep" cost model) and VLMOperatorDown (the
     operator stopped at the end) hold (pending or firing, with namespace and vlmservice
     where per service), and none is active where it must not be; the others are in ALERTS_NOT_PRODUCED
     with the reason, are loaded and evaluated without error here, and are proven to fire (and not on a
@@ -73,10 +75,6 @@ PANEL_EXCEPTIONS = {
 ALERTS_NOT_PRODUCED = {
     "VLMIPCCacheNotObserved": "needs pods told to cache that re-open CUDA IPC handles for 10 minutes "
                               "(promtool: ipc-cache; pending on such a pod in test_frontend.py)",
-    "VLMSchedulerHotFunctionShareHigh": "needs a watched function above 25% of the loop for 10 minutes: the "
-                                        "stand-in's stages are busy waits, and a hash_feature that hot (1.2 ms a "
-                                        "call) took ~0.3 cores per pod and delayed the other verdicts here by "
-                                        "minutes (promtool: scheduler)",
     "VLMFrontendSaturated": "needs a front end busy >= 90% while the scheduler idles, for 10 minutes "
                             "(promtool: frontend; pending on a saturated pod in test_frontend.py)",
 }
@@ -148,7 +146,13 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     stale = {**{k: v for k, v in copy.deepcopy(SHIPPED).items() if k != "rollout"},
              "sglang": {**SHIPPED["sglang"], "args": ["--standin-scheduler-title", "sglang::sched_v2",
                                                       "--standin-request-rate", "0"]}}
-    start_services(kube, namespace, op, pm, {NAME: SHIPPED, FAST: fast, TTFT: quarter, STALE: stale}, settle_s=0)
+    # HOT's scheduler spends about half its loop in hash_feature, asleep (the stand-in's "sleep" cost model: the
+    # stack a sampler sees is the same, the host pays no busy wait). No rollout.
+    hot = {**{k: v for k, v in copy.deepcopy(quarter).items() if k != "rollout"},
+           "sglang": {**SHIPPED["sglang"], "args": ["--standin-cost-model", "sleep", "--standin-hash-feature-ms", "6",
+                                                    "--standin-request-rate", "10"]}}
+    start_services(kube, namespace, op, pm, {NAME: SHIPPED, FAST: fast, TTFT: quarter, STALE: stale, HOT: hot},
+                   settle_s=0)
     # The PodMonitor's jobs (SGLang's port and the sidecar's) are in the generated config and scraped.
     # (job is "<namespace>/<PodMonitor>", the Operator's relabeling; the scrape pool is the job_name)
     wait_for(lambda: len(mon.query(f'up{{job="{namespace}/{NAME}",serving_vlmops_dev_vlmservice="{NAME}"}} == 1'))
@@ -175,6 +179,23 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     wait_for(lambda: not _rule_alerts(mon, "VLMProfilerStale", NAME), 120,
              "no VLMProfilerStale for the pods whose scheduler is sampled", interval=3.0, ignore=(OSError,))
     assert _rule_alerts(mon, "VLMProfilerStale", STALE)
+    # HOT's watched hash_feature holds > 25% of its scheduler's samples: VLMSchedulerHotFunctionShareHigh's
+    # condition holds (pending; its `for: 10m` is promtool's) for that pod and function (and for its caller
+    # process_input_requests, also watched, whose inclusive share holds it), and for no other service.
+    def hot() -> list[dict]:
+        found = _rule_alerts(mon, "VLMSchedulerHotFunctionShareHigh", HOT)
+        return found if any(a["labels"].get("function") == "hash_feature" for a in found) else []
+
+    hot_alerts = wait_for(hot, 120, "VLMSchedulerHotFunctionShareHigh pending for hash_feature on the hot service",
+                          interval=3.0, ignore=(OSError, KeyError))
+    hot_pod = next(p.metadata.name for p in client.CoreV1Api(kube).list_namespaced_pod(
+        namespace, label_selector=f"{B.LABEL_SERVICE}={HOT}").items)
+    labels = sorted(({k: a["labels"].get(k) for k in ("namespace", "vlmservice", "pod", "function", "severity")}
+                     for a in hot_alerts), key=lambda d: d["function"])
+    assert labels[0] == {"namespace": namespace, "vlmservice": HOT, "pod": hot_pod, "function": "hash_feature",
+                         "severity": "warning"}, hot_alerts
+    assert labels[1:] in ([], [{**labels[0], "function": "process_input_requests"}]), hot_alerts
+    assert not _rule_alerts(mon, "VLMSchedulerHotFunctionShareHigh", NAME)
     time.sleep(10)
     patch(kube, namespace, {"sglang": {"ipcCache": {"mode": "Off"}}})
     patch(kube, namespace, {"sglang": {"ipcCache": {"mode": "Auto"}}}, name=FAST)
@@ -308,14 +329,15 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     # Every shipped rule is loaded from the generated rule files and evaluates without error.
     groups = {g["name"]: g for g in mon.api("rules")["groups"]}
     # (BLOCKED's rule group is never made: its reconcile stops at the refused Deployment.)
-    assert set(groups) == {f"vlm-operator-{n}" for n in (NAME, FAST, TTFT, STALE)} | {"vlm-operator-self"}, sorted(groups)
+    assert set(groups) == {f"vlm-operator-{n}" for n in (NAME, FAST, TTFT, STALE, HOT)} | {"vlm-operator-self"}, \
+        sorted(groups)
     loaded = {rule["name"]: rule for g in groups.values() for rule in g["rules"]}
     # TTFT's rollback raises its own VLMCanaryRolledBack; the faster canary raises no regression alert.
     wait_for(lambda: firing("VLMCanaryRolledBack", TTFT), 120, "TTFT's VLMCanaryRolledBack", interval=3.0)
     assert not active("VLMSchedulerLoopLatencyRegression", FAST) and not active("VLMCanaryRolledBack", FAST)
     shipped_alerts = {a["alert"] for a in (*alerts.rules(), *alerts.self_rules())}
     produced = {"VLMCanaryRolledBack", "VLMSchedulerLoopLatencyRegression", "VLMIPCCacheInactive", "VLMOperatorDown",
-                "VLMOperatorReconcileErrors", "VLMProfilerStale"}
+                "VLMOperatorReconcileErrors", "VLMProfilerStale", "VLMSchedulerHotFunctionShareHigh"}
     assert set(loaded) == shipped_alerts, sorted(loaded)
     assert shipped_alerts - produced <= set(ALERTS_NOT_PRODUCED), "say why these are not produced: " + str(
         sorted(shipped_alerts - produced - set(ALERTS_NOT_PRODUCED)))
@@ -377,6 +399,7 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
 
 BLOCKED = "qwen-blocked"
 STALE = "qwen-stale"
+HOT = "qwen-hot"
 
 
 def _forbid_deployments(kube, namespace: str, service: str | None) -> None:

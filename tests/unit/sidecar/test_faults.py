@@ -221,3 +221,27 @@ def test_a_renamed_scheduler_is_not_found_and_the_profile_is_stale(standin, pysp
     assert m[("vlm_profiler_stale", (("tp_rank", ""),))] == 1
     found = standin("--standin-request-rate", "0")
     assert [t.pid for t in discover("/proc", "sglang::scheduler", found.proc.pid)] == found.pids[:1]
+
+
+def test_a_hot_function_on_a_sleeping_scheduler_is_sampled_at_its_share(standin, pyspy):
+    """The stand-in's "sleep" cost model (stages sleep their time: a GPU-bound scheduler's shape, nearly no CPU)
+    with a hot hash_feature: the sidecar (py-spy --idle) still samples the stage in its frame, so the watched
+    function's inclusive share is what VLMSchedulerHotFunctionShareHigh reads (> 25%) while the scheduler uses
+    a fraction of a core (the e2e monitoring test produces that alert this way, at no cost to the host)."""
+    s = standin("--standin-cost-model", "sleep", "--standin-hash-feature-ms", "6", "--standin-request-rate", "10")
+    pid = s.pids[0]
+
+    def cpu() -> float:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    runner, _ = make_runner(pyspy, s, duration=2.0)
+    c0, t0 = cpu(), time.monotonic()
+    windows = runner.run_window()
+    cores = (cpu() - c0) / (time.monotonic() - t0)
+    assert len(windows) == 1, windows
+    w = windows[0]
+    # per request, 8 features x 6 ms in hash_feature against one ~45 ms prefill batch: ~50% of the loop
+    assert 0.3 < w.function_shares.get("hash_feature", 0.0) < 0.7, w.function_shares
+    assert cores < 0.2, f"the sleeping scheduler used {cores:.2f} cores"
