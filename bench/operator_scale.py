@@ -222,9 +222,10 @@ def direct(api: client.ApiClient, ns: str, count: int) -> dict:
     from vlm_operator import api as vapi
     from vlm_operator import builders as B
     from vlm_operator.apply import Kube
+    from vlm_operator.kubeconn import Connection
     from vlm_operator.settings import Settings
 
-    kube, settings = Kube(api, "bench-direct"), Settings()
+    kube, settings = Kube(Connection(pool_size=16), "bench-direct"), Settings()
     spec = vapi.parse_spec({"model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"}, "replicas": 1})
 
     def objects(i: int) -> list[dict]:

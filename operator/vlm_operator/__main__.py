@@ -216,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["VLM_NAMESPACES"] = ",".join(args.namespace)
 
     try:
+        from .kubeconn import keep_client_library_out
+
+        # kopf imports the kubernetes library when it is installed (20-30 MiB); the operator does not use it.
+        keep_client_library_out()
         import kopf
         from prometheus_client import start_http_server
 

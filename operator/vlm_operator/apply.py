@@ -14,12 +14,10 @@ import re
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
 from . import metrics
 from .api import GROUP, PLURAL, VERSION
 from .errors import PermanentError, TemporaryError
+from .kubeconn import ApiError
 
 log = logging.getLogger("vlm_operator.apply")
 
@@ -57,10 +55,10 @@ def is_subset(desired: Any, observed: Any) -> bool:
     return desired == observed or (isinstance(desired, str) and str(observed) == desired and observed is not None)
 
 
-def classify(e: ApiException, what: str) -> Exception:
+def classify(e: ApiError, what: str) -> Exception:
     status = e.status or 0
     try:
-        message = json.loads(e.body or "{}").get("message") or e.reason
+        message = json.loads(e.body or b"{}").get("message") or e.reason
     except (ValueError, AttributeError):
         message = str(e.reason)
     metrics.ERRORS.labels(reason=f"Http{status}").inc()
@@ -124,29 +122,34 @@ class KubeAPI(Protocol):
     def free_gpus(self, product: str, resource: str = "nvidia.com/gpu") -> int: ...
 
 
+class Connection(Protocol):
+    """What Kube needs of the wire: `kubeconn.Connection` in the operator, a fake in unit tests."""
+
+    def request(
+        self, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
+        headers: Mapping[str, str] | None = None, body: bytes | None = None,
+    ) -> bytes: ...
+
+
 class Kube:
     """A thin, typed facade over the API server for the reconcile loop."""
 
-    def __init__(self, api_client: client.ApiClient, field_manager: str):
-        self.api = api_client
+    def __init__(self, conn: Connection, field_manager: str):
+        self.conn = conn
         self.field_manager = field_manager
 
     def _call(
         self, method: str, path: str, *, body: Any = None, query: list | None = None, content_type: str | None = None
     ) -> Any:
         headers = {"Accept": "application/json"}
-        if content_type:
-            headers["Content-Type"] = content_type
-        _, url, headers, body, _ = self.api.param_serialize(
-            method, path, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
-        )
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+            if not isinstance(body, bytes):
+                body = json.dumps(body).encode()
         if method != "GET":
             metrics.API_WRITES.labels(verb=method).inc()
-        resp = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=30)
-        resp.read()
-        if not 200 <= resp.status < 300:
-            raise ApiException(status=resp.status, reason=resp.reason, body=resp.data)
-        return json.loads(resp.data or b"null")
+        data = self.conn.request(method, path, query=query, headers=headers, body=body)
+        return json.loads(data or b"null")
 
     def apply(self, obj: Mapping[str, Any], observed: Mapping[str, Any] | None) -> bool:
         """Server-side apply `obj` unless `observed` already has it. Returns True when it wrote.
@@ -163,7 +166,7 @@ class Kube:
                 query=[("fieldManager", self.field_manager), ("force", "true")],
                 content_type="application/apply-patch+yaml",
             )
-        except ApiException as e:
+        except ApiError as e:
             raise classify(e, what) from e
         log.info("%s %s %s/%s", "Created" if observed is None else "Updated", obj["kind"], meta["namespace"], meta["name"])
         return True
@@ -175,7 +178,7 @@ class Kube:
                 object_path(api_version, kind, namespace, name),
                 body={"propagationPolicy": "Background"},
             )
-        except ApiException as e:
+        except ApiError as e:
             if e.status == 404:
                 return False
             raise classify(e, f"delete {kind} {namespace}/{name}") from e
@@ -185,7 +188,7 @@ class Kube:
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return self._call("GET", object_path(api_version, kind, namespace, name))
-        except ApiException as e:
+        except ApiError as e:
             if e.status == 404:
                 return None
             raise classify(e, f"get {kind} {namespace}/{name}") from e
@@ -214,7 +217,7 @@ class Kube:
                 body=body,
                 content_type="application/merge-patch+json",
             )
-        except ApiException as e:
+        except ApiError as e:
             if e.status == 404:  # deleted meanwhile
                 return None
             if e.status == 409 and resource_version:
@@ -237,7 +240,7 @@ class Kube:
                 body={"metadata": {"annotations": {key: None}}},
                 content_type="application/merge-patch+json",
             )
-        except ApiException as e:
+        except ApiError as e:
             if e.status != 404:
                 raise classify(e, f"clear annotation on {namespace}/{name}") from e
             return None
@@ -247,7 +250,7 @@ class Kube:
         try:
             self._call("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
             return True
-        except ApiException as e:
+        except ApiError as e:
             if e.status in (404, 403):
                 return False
             raise classify(e, f"get CRD {name}") from e
@@ -268,5 +271,5 @@ class Kube:
                     for c in p["spec"].get("containers", []):
                         free -= int(((c.get("resources") or {}).get("requests") or {}).get(resource, 0))
             return free
-        except ApiException as e:
+        except ApiError as e:
             raise classify(e, "count free GPUs") from e

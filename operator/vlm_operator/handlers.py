@@ -20,9 +20,8 @@ import zlib
 from typing import Any
 
 import kopf
-from kubernetes import client, config
 
-from . import api, metrics
+from . import api, kubeconn, metrics
 from . import builders as B
 from .apply import Kube
 from .errors import PermanentError, TemporaryError
@@ -98,13 +97,7 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.execution.max_workers = HANDLER_THREADS
     settings.peering.lifetime = SETTINGS.peering_lifetime_seconds  # used with --peering only
     keepalive_every_third_of(settings.peering.lifetime)
-    cfg = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=cfg)
-    except config.ConfigException:
-        config.load_kube_config(client_configuration=cfg)
-    cfg.connection_pool_maxsize = HANDLER_THREADS
-    kube = Kube(client.ApiClient(cfg), SETTINGS.field_manager)
+    kube = Kube(kubeconn.Connection(pool_size=HANDLER_THREADS), SETTINGS.field_manager)
     memo.rt = Runtime(kube=kube, settings=SETTINGS, monitoring=kube.crd_exists("podmonitors.monitoring.coreos.com"))
     log.info("vlm-operator started (monitoring CRDs: %s)", memo.rt.monitoring)
 

@@ -10,10 +10,10 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 from vlm_operator import apply
 from vlm_operator.errors import PermanentError, TemporaryError
+from vlm_operator.kubeconn import ApiError
 
 
 def test_is_subset_ignores_server_defaults_but_not_changes():
@@ -54,7 +54,7 @@ def test_status_patch_nulls_dropped_keys_inside_nested_objects():
                                                      (503, TemporaryError, 15), (0, TemporaryError, 15),
                                                      (422, PermanentError, None), (403, PermanentError, None)])
 def test_classify(code, cls, delay):
-    e = apply.classify(ApiException(status=code, reason="r", body=json.dumps({"message": "the message"})), "apply X")
+    e = apply.classify(ApiError(code, "r", json.dumps({"message": "the message"}).encode()), "apply X")
     assert isinstance(e, cls) and "apply X" in str(e) and "the message" in str(e)
     if delay is not None:
         assert e.delay == delay
@@ -66,22 +66,22 @@ class Resp:
     data: bytes = b"{}"
     reason: str = "OK"
 
-    def read(self):
-        return self.data
-
 
 class FakeApiClient:
+    """kubeconn.Connection's interface: records (method, url, headers, body) and answers from a list."""
+
     def __init__(self, answers=None):
         self.calls: list[tuple[str, str, dict, object]] = []
         self.answers = list(answers or [])
 
-    def param_serialize(self, method, path, query_params, header_params, body, auth_settings):
-        q = "&".join(f"{k}={v}" for k, v in query_params)
-        return method, path + (f"?{q}" if q else ""), header_params, body, None
-
-    def call_api(self, method, url, header_params, body, _request_timeout):
-        self.calls.append((method, url, header_params, body))
-        return self.answers.pop(0) if self.answers else Resp(200)
+    def request(self, method, path, *, query=None, headers=None, body=None):
+        q = "&".join(f"{k}={v}" for k, v in query or [])
+        self.calls.append((method, path + (f"?{q}" if q else ""), dict(headers or {}),
+                           json.loads(body) if body and headers.get("Content-Type", "").endswith("json") else body))
+        r = self.answers.pop(0) if self.answers else Resp(200)
+        if not 200 <= r.status < 300:
+            raise ApiError(r.status, r.reason, r.data)
+        return r.data
 
 
 def writes(verb: str) -> float:

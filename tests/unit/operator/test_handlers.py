@@ -171,7 +171,7 @@ def test_startup_applies_the_operator_settings_to_kopf(monkeypatch: pytest.Monke
             return False
 
     monkeypatch.setattr(H, "SETTINGS", H.SETTINGS.model_copy(update={"peering_lifetime_seconds": 20}))
-    monkeypatch.setattr(H.config, "load_incluster_config", lambda **_: None)
+    monkeypatch.setattr(H.kubeconn, "Connection", lambda **_: None)
     monkeypatch.setattr(H, "Kube", FakeKube)
     from kopf._core.engines import peering
 
