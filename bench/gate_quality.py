@@ -999,11 +999,12 @@ def variant_policies(policy: gate.GatePolicy) -> dict[str, gate.GatePolicy]:
     keep = {k: v for k, v in policy.max_regression.items() if k not in ("ttft", "itl", "throughput")}
     if keep != dict(policy.max_regression):
         out[PROFILER_ONLY] = replace(policy, max_regression=keep)
-    if "inference" in {f.name for f in fields(policy)}:
+    have = {f.name for f in fields(policy)}
+    if "inference" in have:
         out[ANYTIME] = replace(policy, inference="anytime")
-    if "final_alpha_share" in {f.name for f in fields(policy)}:
+    if "final_alpha_share" in have:
         out[FINAL_HALF] = replace(policy, final_alpha_share=0.5)
-    if "request_bound_factor" in {f.name for f in fields(policy)}:
+    if "request_bound_factor" in have:
         for factor, name in REQUEST_BOUND.items():
             if policy.request_bound_factor != factor:
                 out[name] = replace(policy, request_bound_factor=factor)

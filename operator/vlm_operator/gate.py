@@ -822,8 +822,7 @@ def _evaluate(
     spec = SIGNALS[family]
     log = spec.scale == "log"
     margin = float(policy.max_regression[family])
-    # Request signals may need their promotion bound to exclude a regression of several margins.
-    bounded = policy.request_bound_factor if family in REQUEST_SIGNALS else 0.0
+    bound = _bound_factor(policy, family)
     # The rollback bound sits on the "worse" side of the estimate, the promotion bound on the other.
     worse_low = spec.higher_is_worse
     a_low, a_high = (alpha_rollback, alpha_promote) if worse_low else (alpha_promote, alpha_rollback)
@@ -862,11 +861,9 @@ def _evaluate(
         # condition keeps small-but-certain differences (a slower node) inside the allowance.
         if enough and worse_lcb > (0.0 if final else margin / 2) and worse_est > margin:
             verdict = "fail"
-        elif enough and (
-            worse_ucb < margin
-            if spec.prove and not final
-            else worse_est <= margin and (final or not bounded or worse_ucb < bounded * margin)
-        ):
+        # Pass: the estimate within the margin, and before the last look the promotion bound below `bound`
+        # margins where the signal has one (the loop signals' proof at 1, request signals at 2).
+        elif enough and worse_est <= margin and (final or not bound or worse_ucb < bound * margin):
             verdict = "pass"
         out.append(
             SignalResult(
@@ -1169,12 +1166,19 @@ def _judge(
     return _at_max_duration(policy, signals, msg, data_missing=False, attribution=attribution)
 
 
+def _bound_factor(policy: GatePolicy, family: str) -> float:
+    """How many margins a family's promotion bound must stay below before the last look: 1 for the loop
+    signals (proof of non-inferiority), `request_bound_factor` for request signals, 0 (none) for the rest."""
+    if SIGNALS[family].prove:
+        return 1.0
+    return policy.request_bound_factor if family in REQUEST_SIGNALS else 0.0
+
+
 def _proven(policy: GatePolicy, s: SignalResult) -> bool:
-    """What a promotion before the last look needs beyond the estimate holds: the promotion bound (on the worse
-    side) inside the margin for the loop signals, beyond `request_bound_factor` margins for request signals."""
+    """What a promotion before the last look needs beyond the estimate holds (`_bound_factor`)."""
     family = _family(s.name)
     spec = SIGNALS[family]
-    factor = 1.0 if spec.prove else policy.request_bound_factor if family in REQUEST_SIGNALS else 0.0
+    factor = _bound_factor(policy, family)
     if not factor:
         return True
     bound = s.ci_high if spec.higher_is_worse else (None if s.ci_low is None else -s.ci_low)

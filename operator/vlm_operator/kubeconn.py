@@ -135,7 +135,8 @@ class Connection:
         # Connection errors are retried (an API server restarting); an answered request never is.
         retries = urllib3.Retry(total=3, connect=3, read=0, status=0, other=0, redirect=0, backoff_factor=0.2)
         pool = urllib3.PoolManager(num_pools=2, maxsize=self._pool_size, retries=retries, **kwargs)
-        self.server, self._headers, self._pool = server, dict(info.as_http_headers()), pool
+        # One tuple, swapped whole: a request never pairs one login's server or token with another's pool.
+        self._session = (server, dict(info.as_http_headers()), pool)
 
     def request(
         self,
@@ -148,17 +149,20 @@ class Connection:
     ) -> bytes:
         """The answer's body; ApiError for an answer outside 2xx."""
         url = path + (f"?{urlencode(query)}" if query else "")
-        for attempt in (1, 2):
-            server, auth, pool = self.server, self._headers, self._pool
-            resp = pool.request(method, server + url, body=body, headers={**auth, **(headers or {})},
+
+        def send(session: tuple[str, dict[str, str], urllib3.PoolManager]) -> urllib3.BaseHTTPResponse:
+            server, auth, pool = session
+            return pool.request(method, server + url, body=body, headers={**auth, **(headers or {})},
                                 timeout=self._timeout, preload_content=True)
-            if resp.status == 401 and attempt == 1:
-                with self._lock:
-                    if self._pool is pool:  # not renewed meanwhile by another thread
-                        log.info("API server answered 401: logging in again")
-                        self._connect()
-                continue
-            if not 200 <= resp.status < 300:
-                raise ApiError(resp.status, resp.reason or "", resp.data)
-            return resp.data
-        raise AssertionError("unreachable")
+
+        session = self._session
+        resp = send(session)
+        if resp.status == 401:
+            with self._lock:
+                if self._session is session:  # not renewed meanwhile by another thread
+                    log.info("API server answered 401: logging in again")
+                    self._connect()
+            resp = send(self._session)
+        if not 200 <= resp.status < 300:
+            raise ApiError(resp.status, resp.reason or "", resp.data)
+        return resp.data

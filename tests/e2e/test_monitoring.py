@@ -171,8 +171,7 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     stale_alerts = wait_for(lambda: _rule_alerts(mon, "VLMProfilerStale", STALE), 120,
                             "VLMProfilerStale pending for the service whose scheduler is not found", interval=3.0,
                             ignore=(OSError, KeyError))
-    stale_pod = next(p.metadata.name for p in client.CoreV1Api(kube).list_namespaced_pod(
-        namespace, label_selector=f"{B.LABEL_SERVICE}={STALE}").items)
+    stale_pod = _pods(kube, namespace, STALE)[0]
     assert [{k: a["labels"].get(k) for k in ("namespace", "vlmservice", "pod", "severity")} for a in stale_alerts] \
         == [{"namespace": namespace, "vlmservice": STALE, "pod": stale_pod, "severity": "warning"}], stale_alerts
     # A sidecar is stale until its first window too: NAME's pods' condition clears once they sample; STALE's stays.
@@ -188,8 +187,7 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
 
     hot_alerts = wait_for(hot, 120, "VLMSchedulerHotFunctionShareHigh pending for hash_feature on the hot service",
                           interval=3.0, ignore=(OSError, KeyError))
-    hot_pod = next(p.metadata.name for p in client.CoreV1Api(kube).list_namespaced_pod(
-        namespace, label_selector=f"{B.LABEL_SERVICE}={HOT}").items)
+    hot_pod = _pods(kube, namespace, HOT)[0]
     labels = sorted(({k: a["labels"].get(k) for k in ("namespace", "vlmservice", "pod", "function", "severity")}
                      for a in hot_alerts), key=lambda d: d["function"])
     assert labels[0] == {"namespace": namespace, "vlmservice": HOT, "pod": hot_pod, "function": "hash_feature",
@@ -448,6 +446,12 @@ def _forbid_deployments(kube, namespace: str, service: str | None) -> None:
     wait_for(refused, 30, f"the admission policy refusing {service}'s Deployments", interval=0.5)
 
 
+def _pods(kube, namespace: str, service: str) -> list[str]:
+    """The names of a service's pods."""
+    return [p.metadata.name for p in client.CoreV1Api(kube).list_namespaced_pod(
+        namespace, label_selector=f"{B.LABEL_SERVICE}={service}").items]
+
+
 def _rule_alerts(mon, rule_name: str, service: str | None) -> list[dict]:
     """The pending or firing alerts of one loaded rule: of the service's generated group, or with service None
     of the operator's own group."""
@@ -469,8 +473,7 @@ def test_pods_are_discovered_as_they_come_and_go(kube, namespace, shipped):
         return {(t["labels"].get("pod"), t["labels"].get("container")) for t in active
                 if t["scrapePool"].startswith("podMonitor/")}
 
-    pods = lambda: [p.metadata.name for p in client.CoreV1Api(kube).list_namespaced_pod(  # noqa: E731
-        namespace, label_selector=f"{B.LABEL_SERVICE}={NAME}").items]
+    pods = lambda: _pods(kube, namespace, NAME)  # noqa: E731
     wait_for(lambda: len(targets()) == 2 * len(pods()) == 2, 60, "one pod's two targets", interval=1.0)
     patch(kube, namespace, {"replicas": 2})
     wait_for(lambda: len(pods()) == 2 and len(targets()) == 4, 60, "two pods' four targets", interval=1.0)
