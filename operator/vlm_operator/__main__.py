@@ -236,6 +236,13 @@ def main(argv: list[str] | None = None) -> int:
             flag = " (--namespace)" if line.startswith("VLM_NAMESPACES:") and args.namespace else ""
             print(f"{PROG}: {line.replace(':', flag + ':', 1)}", file=sys.stderr)
         return 2
+    from .alerts import override_errors  # (the names and values against the shipped rules)
+
+    bad = override_errors(settings.alert_overrides)
+    if bad:
+        for line in bad:
+            print(f"{PROG}: VLM_ALERT_OVERRIDES: {line}", file=sys.stderr)
+        return 2
 
     again = allocator_exec(settings.allocator, sys.argv[1:] if argv is None else argv)
     if again is None and settings.allocator == "jemalloc" and not os.environ.get(_UNDER_JEMALLOC):

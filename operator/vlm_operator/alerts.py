@@ -17,6 +17,7 @@ Runbooks: docs/alerts.md (one paragraph per alert, anchored by alert name).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -158,8 +159,56 @@ def rules(scope: str = "") -> list[dict[str, Any]]:
     ]
 
 
-def rules_group(scope: str = "", name: str = GROUP) -> dict[str, Any]:
-    return {"groups": [{"name": name, "rules": rules(scope)}]}
+def names() -> list[str]:
+    """Every shipped alert's name (the per-service group's, then the operator's own)."""
+    return [r["alert"] for r in (*rules(), *self_rules())]
+
+
+# An override may change these of a shipped rule (as kube-prometheus-stack's customRules do).
+OVERRIDABLE = ("for", "severity")
+_DURATION = re.compile(r"^((\d+)y)?((\d+)w)?((\d+)d)?((\d+)h)?((\d+)m)?((\d+)s)?((\d+)ms)?$")
+_SEVERITY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def override_errors(overrides: Mapping[str, Any]) -> list[str]:
+    """What is wrong with `overrides` ({alert: {"for": "1m", "severity": "critical"}}), one line each."""
+    known, errors = names(), []
+    for name, o in overrides.items():
+        if name not in known:
+            errors.append(f"{name}: not a shipped alert (one of {', '.join(known)})")
+            continue
+        if not isinstance(o, Mapping) or not o:
+            errors.append(f'{name}: must be an object with "for" and/or "severity"')
+            continue
+        for key, v in o.items():
+            if key not in OVERRIDABLE:
+                errors.append(f"{name}.{key}: only {' and '.join(OVERRIDABLE)} can be overridden")
+            elif key == "for" and not (isinstance(v, str) and v and _DURATION.match(v)):
+                errors.append(f"{name}.for: not a Prometheus duration such as 30s, 5m or 1h30m (got {v!r})")
+            elif key == "severity" and not (isinstance(v, str) and _SEVERITY.match(v)):
+                errors.append(f"{name}.severity: not a label value (got {v!r})")
+    return errors
+
+
+def overridden(rule_list: list[dict[str, Any]], overrides: Mapping[str, Mapping[str, str]] | None) -> list[dict[str, Any]]:
+    """`rule_list` with each override applied: `for` as given, `severity` into the rule's labels."""
+    if not overrides:
+        return rule_list
+    out = []
+    for r in rule_list:
+        o = overrides.get(r["alert"]) or {}
+        r = {**r, "labels": dict(r["labels"])}
+        if "for" in o:
+            r["for"] = o["for"]
+        if "severity" in o:
+            r["labels"]["severity"] = o["severity"]
+        out.append(r)
+    return out
+
+
+def rules_group(scope: str = "", name: str = GROUP,
+                overrides: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
+    return {"groups": [{"name": name, "rules": overridden(rules(scope), overrides)}]}
 
 
 def rules_file() -> dict[str, Any]:
@@ -168,16 +217,18 @@ def rules_file() -> dict[str, Any]:
 
 
 def build_prometheus_rule(name: str, namespace: str, owner_ref: dict[str, Any], labels: dict[str, str],
-                          extra_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+                          extra_labels: Mapping[str, str] | None = None,
+                          overrides: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
     """The per-VLMService PrometheusRule; `extra_labels` (VLM_MONITORING_LABELS, e.g. `release: ...` for a
-    kube-prometheus-stack ruleSelector) go under the operator's own `labels`."""
+    kube-prometheus-stack ruleSelector) go under the operator's own `labels`; `overrides`
+    (VLM_ALERT_OVERRIDES, the chart's monitoring.customRules) change rules' `for` and severity."""
     scope = f'namespace="{namespace}",vlmservice="{name}"'
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {"name": name, "namespace": namespace, "labels": {**dict(extra_labels or {}), **labels},
                      "ownerReferences": [owner_ref]},
-        "spec": rules_group(scope, name=f"vlm-operator-{name}"),
+        "spec": rules_group(scope, name=f"vlm-operator-{name}", overrides=overrides),
     }
 
 

@@ -325,7 +325,8 @@ def _apply_plan(rt: Runtime, t: Target, spec: api.VLMServiceSpec, desired: build
         rt.apply(
             t.uid,
             alerts.build_prometheus_rule(
-                t.name, t.namespace, owner.reference(), builders.common_labels(owner), extra_labels=extra
+                t.name, t.namespace, owner.reference(), builders.common_labels(owner), extra_labels=extra,
+                overrides=rt.settings.alert_overrides,
             ),
             None,
         )

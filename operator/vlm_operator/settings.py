@@ -18,6 +18,7 @@
 | VLM_PROFILER_TOLERANCE      | 0.05                             | status.profiler: relative loop change shown |
 | VLM_PROFILER_REFRESH_SECONDS | 1800                            | status.profiler rewritten at least this often |
 | VLM_MONITORING_LABELS       | {} (JSON object)                 | extra labels on PodMonitor/PrometheusRule |
+| VLM_ALERT_OVERRIDES         | {} (JSON object)                 | per alert: its `for` and/or severity       |
 | VLM_PEERING_LIFETIME_SECONDS | 60                              | --peering: a peer unseen this long is dead |
 | VLM_MALLOC_TRIM_SECONDS     | 30 (0: off)                      | return glibc's free heap pages this often  |
 | VLM_ALLOCATOR               | auto                             | auto/jemalloc: re-exec under jemalloc; pymalloc |
@@ -123,6 +124,11 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="extra labels on the PodMonitor and PrometheusRule the operator creates (JSON object), e.g. "
                     '{"release": "kube-prometheus-stack"} for the Prometheus Operator\'s selectors')
+    alert_overrides: Annotated[dict[str, dict[str, str]], NoDecode] = Field(
+        default_factory=dict,
+        description="per shipped alert, its `for` and/or severity in the PrometheusRule the operator creates "
+                    '(JSON object), e.g. {"VLMSchedulerLoopLatencyRegression": {"for": "5m"}}; the chart\'s '
+                    "monitoring.customRules")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
@@ -169,6 +175,17 @@ class Settings(BaseSettings):
         if reserved:
             raise ValueError(f"reserved for the operator's own labels: {', '.join(map(repr, reserved))}")
         return dict(v)
+
+    @field_validator("alert_overrides", mode="before")
+    @classmethod
+    def _alert_overrides(cls, v: Any) -> Any:
+        # The shape here; the names and values against the shipped rules by alerts.override_errors (a layer up).
+        v = _json(v)
+        if not isinstance(v, Mapping) or not all(
+                isinstance(o, Mapping) and all(isinstance(x, str) for x in o.values()) for o in v.values()):
+            raise ValueError('must be a JSON object of alert names to objects of strings, e.g. '
+                             '{"VLMOperatorDown": {"for": "10m", "severity": "critical"}}')
+        return {k: dict(o) for k, o in v.items()}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

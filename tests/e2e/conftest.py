@@ -17,10 +17,12 @@ on 0.0.0.0 of the namespace (every pod IP is an address of its lo), hence on tha
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from kubernetes import client
+from vlm_operator import alerts
 
 from bench.standin import prom_operator as po
 from bench.standin.kube_sd import Reloader
@@ -107,6 +109,7 @@ def monitoring(request, cluster, kube, namespace, podmap, prometheus_operator, t
     (bench/standin/kube_sd.py `native`). The others run Debian's Prometheus with each kubernetes_sd replaced by
     a file_sd of what it would discover (`runnable`), so a cold CI's e2e tier need not wait for that build."""
     native = request.node.get_closest_marker("native_sd") is not None
+    overrides = alert_overrides(request)
     if native:
         binaries.require("prometheus", "Prometheus with kubernetes_sd")
     core = client.CoreV1Api(kube)
@@ -114,7 +117,8 @@ def monitoring(request, cluster, kube, namespace, podmap, prometheus_operator, t
     core.create_namespaced_pod(namespace, _operator_pod("vlm-operator-0", namespace, port))
     am_objs = po.alertmanager_objects(ALERTMANAGER, namespace, am_port)
     objs = po.chart_objects(cluster.bin_dir / "helm", namespace, "metrics.serviceMonitor.enabled=true",
-                            f"monitoring.extraLabels.release={po.RELEASE}")
+                            f"monitoring.extraLabels.release={po.RELEASE}",
+                            *[f"monitoring.customRules.{n}.for={o['for']}" for n, o in overrides.items()])
     # Rules are evaluated every 15 s (the Operator's default is 30 s): alerts reach Alertmanager sooner.
     objs.append(po.prometheus_object(PROMETHEUS, namespace, evaluationInterval="15s",
                                      alerting=po.alerting(namespace, ALERTMANAGER)))
@@ -135,15 +139,36 @@ def monitoring(request, cluster, kube, namespace, podmap, prometheus_operator, t
     except (RuntimeError, AssertionError) as e:
         mon.stop()
         pytest.fail(f"could not start Prometheus/Alertmanager: {e}")
+    mon.alert_overrides = overrides  # for operator_env: the operator's rules take the same overrides
     yield mon
     mon.stop()
 
 
+def alert_overrides(request) -> dict[str, dict[str, str]]:
+    """The `alert_for(duration)` marker's overrides: that `for` for every shipped alert whose own is longer, as a
+    user tunes them (chart value monitoring.customRules, VLM_ALERT_OVERRIDES); none without the marker."""
+    marker = request.node.get_closest_marker("alert_for")
+    if marker is None:
+        return {}
+    limit = _seconds(marker.args[0])
+    return {r["alert"]: {"for": marker.args[0]} for r in (*alerts.rules(), *alerts.self_rules())
+            if _seconds(r["for"]) > limit}
+
+
+def _seconds(duration: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+)(ms|s|m|h)", duration))
+
+
 def operator_env(mon: Monitoring) -> dict[str, str]:
     """The operator's settings for the e2e monitoring: its Prometheus, its metrics on the port of its stand-in
-    pod (on every address: that pod's IP included), the release label on its PodMonitor and PrometheusRule."""
-    return {"VLM_PROMETHEUS_URL": mon.prometheus_url, "VLM_METRICS_PORT": mon.operator_metrics.rsplit(":", 1)[1],
-            "VLM_METRICS_ADDR": "0.0.0.0", "VLM_MONITORING_LABELS": json.dumps({"release": po.RELEASE})}
+    pod (on every address: that pod's IP included), the release label on its PodMonitor and PrometheusRule, and
+    the alert overrides the chart's PrometheusRule got (`alert_for`)."""
+    env = {"VLM_PROMETHEUS_URL": mon.prometheus_url, "VLM_METRICS_PORT": mon.operator_metrics.rsplit(":", 1)[1],
+           "VLM_METRICS_ADDR": "0.0.0.0", "VLM_MONITORING_LABELS": json.dumps({"release": po.RELEASE})}
+    if getattr(mon, "alert_overrides", None):
+        env["VLM_ALERT_OVERRIDES"] = json.dumps(mon.alert_overrides)
+    return env
 
 
 @pytest.fixture

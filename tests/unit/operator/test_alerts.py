@@ -68,3 +68,35 @@ def test_extra_labels_go_under_the_operators_own():
     rule = alerts.build_prometheus_rule("svc", "ns", {}, own, extra_labels={"release": "kps",
                                                                            "app.kubernetes.io/managed-by": "x"})
     assert rule["metadata"]["labels"] == {"release": "kps", "app.kubernetes.io/managed-by": "vlm-operator"}
+
+
+def test_overrides_change_for_and_severity_of_the_named_rules_only():
+    o = {"VLMSchedulerLoopLatencyRegression": {"for": "5m"}, "VLMProfilerStale": {"severity": "critical"}}
+    got = {r["alert"]: r for g in alerts.build_prometheus_rule("svc", "ns", {}, {}, overrides=o)["spec"]["groups"]
+           for r in g["rules"]}
+    shipped = {r["alert"]: r for r in alerts.rules('namespace="ns",vlmservice="svc"')}
+    assert got["VLMSchedulerLoopLatencyRegression"] == {**shipped["VLMSchedulerLoopLatencyRegression"], "for": "5m"}
+    assert got["VLMProfilerStale"]["labels"] == {**shipped["VLMProfilerStale"]["labels"], "severity": "critical"}
+    assert got["VLMProfilerStale"]["for"] == shipped["VLMProfilerStale"]["for"]
+    rest = set(shipped) - set(o)
+    assert {n: got[n] for n in rest} == {n: shipped[n] for n in rest}
+    assert alerts.rules() == alerts.overridden(alerts.rules(), None)  # the shipped ones are never mutated
+    assert alerts.rules()[0]["for"] == "2m"
+
+
+@pytest.mark.parametrize(("overrides", "error"), [
+    ({"VLMNoSuchAlert": {"for": "1m"}}, "VLMNoSuchAlert: not a shipped alert (one of VLMSchedulerLoopLatency"),
+    ({"VLMProfilerStale": {"for": "5 minutes"}}, "VLMProfilerStale.for: not a Prometheus duration"),
+    ({"VLMProfilerStale": {"for": ""}}, "VLMProfilerStale.for: not a Prometheus duration"),
+    ({"VLMProfilerStale": {"severity": "very bad"}}, "VLMProfilerStale.severity: not a label value"),
+    ({"VLMProfilerStale": {"expr": "vector(1)"}}, "VLMProfilerStale.expr: only for and severity can be overridden"),
+    ({"VLMProfilerStale": {}}, 'VLMProfilerStale: must be an object with "for" and/or "severity"'),
+])
+def test_override_errors_name_the_alert_and_the_key(overrides, error):
+    (line,) = alerts.override_errors(overrides)
+    assert line.startswith(error), line
+
+
+def test_valid_overrides_for_every_shipped_alert_and_the_operators_own():
+    assert not alerts.override_errors({n: {"for": "1h30m", "severity": "page"} for n in alerts.names()})
+    assert set(alerts.names()) == {r["alert"] for g in alerts.rules_file()["groups"] for r in g["rules"]}

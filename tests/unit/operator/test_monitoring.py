@@ -108,3 +108,20 @@ def test_pod_monitor_scrapes_the_sidecar_twice_per_window():
     assert builders.pod_monitor_intervals("1s") == ("1s", "1s")
     pm = builders.build_pod_monitor(OWNER, None, "4s")
     assert {e["port"]: e["interval"] for e in pm["spec"]["podMetricsEndpoints"]} == {"http": "4s", "profiler": "2s"}
+
+
+def test_alert_overrides_setting():
+    assert Settings().alert_overrides == {}
+    s = Settings.from_env({"VLM_ALERT_OVERRIDES": '{"VLMOperatorDown": {"for": "10m", "severity": "page"}}'})
+    assert s.alert_overrides == {"VLMOperatorDown": {"for": "10m", "severity": "page"}}
+
+
+@pytest.mark.parametrize("value, message", [
+    ("[1]", "must be a JSON object of alert names"),
+    ('{"VLMOperatorDown": "10m"}', "must be a JSON object of alert names"),
+    ('{"VLMOperatorDown": {"for": 10}}', "must be a JSON object of alert names"),
+    ("{", "not JSON"),
+])
+def test_bad_alert_overrides_name_the_variable(value, message):
+    with pytest.raises(SettingsError, match=rf"VLM_ALERT_OVERRIDES: .*{message}"):
+        Settings.from_env({"VLM_ALERT_OVERRIDES": value})

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from vlm_operator import alerts
 from vlm_operator.__main__ import JsonFormatter
 from vlm_operator.settings import DEFAULT_PROFILER_PEERS, Settings, SettingsError, env_name
 
@@ -161,3 +162,13 @@ def test_the_operator_re_executes_itself_under_jemalloc_where_it_is_installed(tm
     monkeypatch.setattr(M, "JEMALLOC_PATHS", (str(tmp_path / "none.so"),))
     monkeypatch.setenv("VLM_ALLOCATOR", "jemalloc")
     assert M.main([]) == 2
+
+
+def test_console_script_refuses_an_alert_override_it_cannot_apply():
+    proc = _run(VLM_ALERT_OVERRIDES='{"VLMOperatorDown": {"for": "soon"}, "VLMNope": {"for": "1m"}}')
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "vlm-operator: VLM_ALERT_OVERRIDES: VLMOperatorDown.for: not a Prometheus duration such as 30s, 5m or 1h30m "
+        "(got 'soon')",
+        f"vlm-operator: VLM_ALERT_OVERRIDES: VLMNope: not a shipped alert (one of {', '.join(alerts.names())})"], \
+        proc.stderr

@@ -103,6 +103,9 @@ def test_helm_template_matches_golden(case):
     (["--set", "nameOverride=Not_A_Name"], "nameOverride"),
     (["--set", "namespaceOverride=Bad.Namespace"], "namespaceOverride"),
     (["--set", "crds.install=true"], "install"),
+    (["--set", "monitoring.customRules.VLMNoSuchAlert.for=1m"], "VLMNoSuchAlert"),
+    (["--set", "monitoring.customRules.VLMOperatorDown.for=5 minutes"], "customRules"),
+    (["--set", "monitoring.customRules.VLMOperatorDown.expr=vector(1)"], "expr"),
 ])
 def test_bad_values_are_refused(values, message):
     proc = helm("template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION, *values, check=False)

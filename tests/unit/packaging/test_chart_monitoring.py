@@ -8,7 +8,7 @@ import json
 
 from vlm_operator import alerts
 
-from tests.unit.packaging.test_chart import by_kind, docs, template
+from tests.unit.packaging.test_chart import CHART, by_kind, docs, template
 
 ON = ("--set", "metrics.serviceMonitor.enabled=true")
 
@@ -72,3 +72,32 @@ def test_operator_alerts_ship_with_the_service_monitor_alone():
     assert not by_kind(off, "PrometheusRule")
     (full,) = by_kind(docs(template(None, "--set", "prometheusRule.enabled=true")), "PrometheusRule")
     assert full["spec"] == alerts.rules_file()
+
+
+def test_custom_rules_tune_the_charts_rules_and_reach_the_operator():
+    objs = docs(template(None, *ON, "--set", "prometheusRule.enabled=true",
+                         "--set", "monitoring.customRules.VLMOperatorDown.for=10m",
+                         "--set", "monitoring.customRules.VLMOperatorDown.severity=page",
+                         "--set", "monitoring.customRules.VLMSchedulerLoopLatencyRegression.for=30s"))
+    (pr,) = by_kind(objs, "PrometheusRule")
+    overrides = {"VLMOperatorDown": {"for": "10m", "severity": "page"},
+                 "VLMSchedulerLoopLatencyRegression": {"for": "30s"}}
+    assert pr["spec"] == {"groups": [{**g, "rules": alerts.overridden(g["rules"], overrides)}
+                                     for g in alerts.rules_file()["groups"]]}
+    got = {r["alert"]: r for g in pr["spec"]["groups"] for r in g["rules"]}
+    assert (got["VLMOperatorDown"]["for"], got["VLMOperatorDown"]["labels"]["severity"]) == ("10m", "page")
+    assert got["VLMSchedulerLoopLatencyRegression"]["for"] == "30s"
+    # The operator gets the same overrides for the PrometheusRule it writes per VLMService, and accepts them.
+    assert json.loads(_env(objs)["VLM_ALERT_OVERRIDES"]) == overrides
+    assert not alerts.override_errors(json.loads(_env(objs)["VLM_ALERT_OVERRIDES"]))
+    # Without customRules: the shipped rules, and no variable.
+    plain = docs(template(None, *ON, "--set", "prometheusRule.enabled=true"))
+    assert by_kind(plain, "PrometheusRule")[0]["spec"] == alerts.rules_file()
+    assert "VLM_ALERT_OVERRIDES" not in _env(plain)
+
+
+def test_the_schema_admits_exactly_the_shipped_alert_names():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    custom = schema["properties"]["monitoring"]["properties"]["customRules"]
+    assert custom["propertyNames"]["enum"] == alerts.names()
+    assert custom["additionalProperties"]["properties"]["for"]["pattern"] == alerts._DURATION.pattern
