@@ -27,6 +27,7 @@ time to first token, and this test is about the front-end signal that names wher
 from __future__ import annotations
 
 import copy
+import time
 
 import pytest
 from kubernetes import client
@@ -34,6 +35,7 @@ from vlm_operator import builders as B
 from vlm_operator import conditions as C
 
 from tests.cluster import wait_for
+from tests.e2e import dashboard
 from tests.e2e.test_canary import (
     SPEC,
     dump,
@@ -90,6 +92,7 @@ def _in_alertmanager(mon, namespace: str, name: str) -> list[dict]:
 def test_front_end_saturation_ipc_cache_not_observed_faster_front_end_promoted_slower_rolled_back(
         kube, namespace, stack):
     op, mon, pm = stack
+    t_begin = time.time()
     start_services(kube, namespace, op, pm, {FRONT: SPEC_FRONT})
     [stable_pod] = _pods(kube, namespace, B.ROLE_STABLE)
 
@@ -116,6 +119,13 @@ def test_front_end_saturation_ipc_cache_not_observed_faster_front_end_promoted_s
     ipc_alert = wait_for(lambda: _in_alertmanager(mon, namespace, "VLMIPCCacheNotObserved"), 180,
                          "VLMIPCCacheNotObserved in Alertmanager", interval=3.0, ignore=(OSError,))
     assert [a["labels"].get("severity") for a in ipc_alert] == ["warning"], ipc_alert
+    # The dashboard's front-end targets (test_monitoring.py checks the others) return data for this service.
+    now = time.time()
+    front = [(title, t) for title, t in dashboard.targets(dashboard.load())
+             if (title, t["refId"]) in dashboard.FRONTEND_TARGETS]
+    assert len(front) == len(dashboard.FRONTEND_TARGETS), front
+    empty = [(title, t["refId"]) for title, t in front if not dashboard.has_data(mon, t, namespace, FRONT, t_begin, now)]
+    assert not empty, f"front-end dashboard queries without data: {empty}"
     assert len(warnings(kube, namespace, C.IPC_NOT_OBSERVED_EVENT, name=FRONT)) == 1
 
     # 2. A faster front end: promoted.

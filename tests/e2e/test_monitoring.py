@@ -15,7 +15,8 @@ the Prometheus built with kubernetes_sd (marker native_sd), which finds the pods
 Alertmanager through the testbed's API server. Then:
 
 (a) every Grafana dashboard panel's PromQL (dashboards/vlm-operator.json, variables substituted as Grafana
-    does) returns data from that Prometheus, except the targets in PANEL_EXCEPTIONS (each says why);
+    does, tests/e2e/dashboard.py) returns data from that Prometheus, for NAME (sampling errors: for STALE);
+    the front-end targets, which need pods running SGLang's front end, are test_frontend.py's;
 (b) the shipped alerts the scenario produces fire and reach Alertmanager (found through the generated
     alerting config) with the labels their routing needs: VLMCanaryRolledBack (namespace, vlmservice,
     revision, signal, function; its shipped `for: 0m`), VLMSchedulerLoopLatencyRegression (the cache-off
@@ -37,10 +38,8 @@ Alertmanager through the testbed's API server. Then:
 from __future__ import annotations
 
 import copy
-import json
 import math
 import time
-from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -48,29 +47,18 @@ from vlm_operator import alerts, api, gate, rollout, signals
 from vlm_operator import builders as B
 
 from tests.cluster import wait_for
+from tests.e2e import dashboard
 from tests.e2e.conftest import PROMETHEUS, operator_env
 from tests.e2e.test_canary import NAME, SHIPPED, create, dump, patch, ready, start_services, verdicts
 from tests.operator_proc import condition, get_vlms
 
 pytestmark = pytest.mark.native_sd  # Prometheus with kubernetes_sd on the generated configuration (conftest)
-REPO = Path(__file__).resolve().parents[2]
-DASHBOARD = REPO / "dashboards" / "vlm-operator.json"
-SCRAPE_S = 15  # the PodMonitor's interval; Grafana's $__rate_interval is max(4 x scrape, step + scrape)
-RATE_INTERVAL = f"{4 * SCRAPE_S}s"
+SCRAPE_S = dashboard.SCRAPE_S
 ALERT_FOR = "30s"  # every shipped alert's `for` longer than this, here (see (b))
-
-# (panel title, refId): why that query may be empty in this scenario.
-PANEL_EXCEPTIONS = {
-    ("Stale profilers / sampling errors", "B"): "vlm_profiler_errors_total{kind} only has series once py-spy "
-                                                "failed; nothing fails here",
-    ("Operator reconciles and errors", "B"): "vlm_operator_errors_total{reason} only has series once a reconcile "
-                                             "failed; nothing fails here",
-    ("Busy share per role", "A"): "front-end sampling (the per-role busy shares) is off by default "
-                                  "(VLM_FRONTEND_ROLES), as the operator's pods run it",
-    ("Front-end saturation and processes", "A"): "vlm_processes{role} comes with front-end sampling, off by default",
-    ("Front-end saturation and processes", "B"): "the stand-in pods run no front end (no event loop to be busy)",
-    ("Front-end saturation and processes", "C"): "the stand-in pods run no front end (no event loop to be busy)",
-}
+FAST, TTFT, BLOCKED, STALE, HOT = "qwen-fast", "qwen-ttft", "qwen-blocked", "qwen-stale", "qwen-hot"
+# (panel title, refId) -> the service whose data the panel is read for (the dashboard's $vlmservice), where not
+# NAME: sampling errors come from STALE's sidecar (no scheduler to sample: kind no_target), none from NAME's.
+PANEL_SERVICE = {("Stale profilers / sampling errors", "B"): STALE}
 # Alerts this scenario does not produce, and why. Each is still checked here as loaded from the generated rule
 # files and evaluated without error; that it fires on its condition (and not on a near miss) with its labels is
 # proven by `promtool test rules` on the shipped rule files (tests/unit/operator/test_alert_rules.py, cases in
@@ -81,17 +69,6 @@ ALERTS_NOT_PRODUCED = {
     "VLMFrontendSaturated": "needs a front end busy >= 90% while the scheduler idles (fires and reaches "
                             "Alertmanager for such a pod in test_frontend.py; promtool: frontend)",
 }
-
-
-def _panels(panels: list[dict]):
-    for p in panels:
-        yield p
-        yield from _panels(p.get("panels", []))
-
-
-def _expr(expr: str, namespace: str, range_s: float) -> str:
-    return (expr.replace("$namespace", namespace).replace("$vlmservice", NAME)
-            .replace("$__rate_interval", RATE_INTERVAL).replace("$__range", f"{max(60, int(range_s))}s"))
 
 
 def _key(w: gate.Window) -> tuple[str, int, float]:
@@ -115,7 +92,6 @@ def shipped(make_operator, monitoring, podmap):
     return make_operator(**operator_env(monitoring)), monitoring, podmap
 
 
-FAST, TTFT = "qwen-fast", "qwen-ttft"
 
 
 def _check_fast_and_ttft(kube, namespace, got: dict[str, dict]) -> None:
@@ -354,27 +330,18 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     wait_for(lambda: mon.query('increase(vlm_operator_rollouts_total{result="rolled_back"}[5m]) > 0'), 90,
              "the rollback counted by increase(vlm_operator_rollouts_total)", interval=3.0, ignore=(OSError,))
     now = time.time()
-    dash = json.loads(DASHBOARD.read_text())
+    dash = dashboard.load()
     for var in dash["templating"]["list"]:
         if var["type"] == "query":  # label_values(metric{...}, label): the metric must have the label here
             q = var["query"]["query"]
             metric_sel, label = q[len("label_values("):-1].rsplit(",", 1)
-            got = mon.query(_expr(metric_sel, namespace, 0))
+            got = mon.query(dashboard.expr(metric_sel, namespace, NAME, 0))
             assert any(s["metric"].get(label.strip()) for s in got), (var["name"], q)
-    empty, checked = [], 0
-    for p in _panels(dash["panels"]):
-        for t in p.get("targets", []):
-            expr = _expr(t["expr"], namespace, now - t_begin)
-            if t.get("instant"):
-                got = mon.query(expr, at=now)
-            else:
-                got = [s for s in mon.query_range(expr, t_begin, now, SCRAPE_S) if s["values"]]
-            checked += 1
-            if (p["title"], t["refId"]) in PANEL_EXCEPTIONS:
-                continue
-            if not got:
-                empty.append((p["title"], t["refId"], expr))
-    assert checked >= 17
+    # Every target but the front end's (test_frontend.py: these pods run none) returns data, none excepted.
+    mine = [(title, t) for title, t in dashboard.targets(dash) if (title, t["refId"]) not in dashboard.FRONTEND_TARGETS]
+    assert len(mine) >= 17 and {(title, t["refId"]) for title, t in dashboard.targets(dash)} >= dashboard.FRONTEND_TARGETS
+    empty = [(title, t["refId"], t["expr"]) for title, t in mine
+             if not dashboard.has_data(mon, t, namespace, PANEL_SERVICE.get((title, t["refId"]), NAME), t_begin, now)]
     assert not empty, "dashboard queries without data on the generated config:\n" + "\n".join(map(str, empty))
 
     # BLOCKED's refused reconciles, all along: VLMOperatorReconcileErrors fires and reaches Alertmanager (the
@@ -398,9 +365,6 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     assert {k: down[0]["labels"].get(k) for k in ("severity", *ext)} == {"severity": "critical", **ext}, down
 
 
-BLOCKED = "qwen-blocked"
-STALE = "qwen-stale"
-HOT = "qwen-hot"
 
 
 def _forbid_deployments(kube, namespace: str, service: str | None) -> None:
