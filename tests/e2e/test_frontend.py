@@ -82,13 +82,13 @@ def _active(mon, rule_name: str) -> list[dict]:
     return [a for a in rule.get("alerts", []) if a["state"] in ("pending", "firing")]
 
 
-@pytest.mark.alert_for("30s")
 def _in_alertmanager(mon, namespace: str, name: str) -> list[dict]:
     """The alerts `name` of this service in Alertmanager."""
     return [a for a in mon.alerts() if a["labels"].get("alertname") == name
             and a["labels"].get("namespace") == namespace and a["labels"].get("vlmservice") == FRONT]
 
 
+@pytest.mark.alert_for("30s")
 def test_front_end_saturation_ipc_cache_not_observed_faster_front_end_promoted_slower_rolled_back(
         kube, namespace, stack):
     op, mon, pm = stack
@@ -112,8 +112,15 @@ def test_front_end_saturation_ipc_cache_not_observed_faster_front_end_promoted_s
     busiest = mon.query(f'vlm_frontend_busy_share_ratio{{namespace="{namespace}",pod="{stable_pod}"}}')
     assert busiest and float(busiest[0]["value"][1]) >= 0.9, busiest
     assert {a["labels"].get("pod") for a in _active(mon, "VLMFrontendSaturated")} <= {stable_pod}
-    sat = wait_for(lambda: _in_alertmanager(mon, namespace, "VLMFrontendSaturated"), 180,
-                   "VLMFrontendSaturated in Alertmanager", interval=3.0, ignore=(OSError,))
+    try:
+        sat = wait_for(lambda: _in_alertmanager(mon, namespace, "VLMFrontendSaturated"), 180,
+                       "VLMFrontendSaturated in Alertmanager", interval=3.0, ignore=(OSError,))
+    except AssertionError as e:
+        groups = {g["name"]: g for g in mon.api("rules")["groups"]}
+        rule = next(x for x in groups[f"vlm-operator-{FRONT}"]["rules"] if x["name"] == "VLMFrontendSaturated")
+        series = mon.query_range(f'vlm_frontend_saturated{{namespace="{namespace}"}}', time.time() - 240,
+                                 time.time(), 5)
+        raise AssertionError(f"{e}\nrule: {rule}\nseries: {series}\nam: {mon.alerts()}") from None
     assert [(a["labels"].get("pod"), a["labels"].get("severity")) for a in sat] == [(stable_pod, "warning")], sat
     assert {a["labels"].get("pod") for a in _active(mon, "VLMFrontendSaturated")} == {stable_pod}
     ipc_alert = wait_for(lambda: _in_alertmanager(mon, namespace, "VLMIPCCacheNotObserved"), 180,
