@@ -9,7 +9,10 @@ reconcile latency p50 / p99 (from the operator's own histogram).
 
 Runs inside the testbed's network namespace (pod IPs are addresses there); adds kwok GPU nodes with room
 for every pod and removes them after. It counts Deployments from metadata-only lists and maps pods from a
-watch (raw JSON), so its own load on the API server and on the machine stays small. The operator runs at its
+watch (raw JSON), so its own load on the API server and on the machine stays small; it starts once a previous
+run's namespace is gone. The steady state is measured once every service has converged (Progressing False:
+the controller-manager has caught up with every Deployment), and reports which status fields its writes
+changed (steady_status_changes). The operator runs at its
 shipped settings (resync 15 s, sidecar timeout 1 s); the services at the API defaults (telemetry every 15 s). The sidecar endpoints answer
 `/windows.json` with a new window per telemetry interval, like the real sidecar. Prints a table and
 writes out/operator_scale.json.
@@ -206,6 +209,34 @@ def count_objects(api: client.ApiClient, path: str) -> int:
     return len(json.loads(resp.data).get("items") or [])  # null when there are none yet
 
 
+def status_changes(before: dict[str, dict], after: dict[str, dict]) -> dict[str, int]:
+    """{status field (conditions as conditions.<type>, profiler as profiler.<key>): services whose value changed}."""
+    out: dict[str, int] = {}
+
+    def count(key: str) -> None:
+        out[key] = out.get(key, 0) + 1
+
+    for name, new in after.items():
+        old = before.get(name, {})
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) == new.get(key):
+                continue
+            if key == "conditions":
+                was = {c["type"]: c for c in old.get(key) or []}
+                for c in new.get(key) or []:
+                    w = was.get(c["type"]) or {}
+                    if w != c:
+                        count(f"conditions.{c['type']} {w.get('status')}/{w.get('reason')} -> "
+                              f"{c.get('status')}/{c.get('reason')}")
+            elif key == "profiler" and isinstance(new.get(key), dict):
+                for k in sorted(set(old.get(key) or {}) | set(new[key])):
+                    if (old.get(key) or {}).get(k) != new[key].get(k):
+                        count(f"profiler.{k}")
+            else:
+                count(key)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def get_json(api: client.ApiClient, path: str) -> dict:
     _, url, headers, _, _ = api.param_serialize("GET", path, auth_settings=["BearerToken"])
     r = api.rest_client.pool_manager.request("GET", url, headers=headers, timeout=60)
@@ -250,6 +281,7 @@ def release(co: client.CustomObjectsApi, ns: str) -> None:
 
 def direct(api: client.ApiClient, ns: str, count: int) -> dict:
     """The operator's writes for `count` new services, from a client that does nothing else."""
+    from vlm_operator import alerts
     from vlm_operator import api as vapi
     from vlm_operator import builders as B
     from vlm_operator.apply import Kube
@@ -258,12 +290,16 @@ def direct(api: client.ApiClient, ns: str, count: int) -> dict:
 
     kube, settings = Kube(Connection(pool_size=16), "bench-direct"), Settings()
     spec = vapi.parse_spec({"model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"}, "replicas": 1})
+    # The operator writes a PodMonitor and a PrometheusRule too where the Prometheus Operator's CRDs exist.
+    monitoring = kube.crd_exists("podmonitors.monitoring.coreos.com") and not os.environ.get("BENCH_DIRECT_NO_MONITORING")
 
     def objects(i: int) -> list[dict]:
         owner = B.Owner(f"svc-{i:04d}", ns, f"00000000-0000-0000-0000-{i:012d}")
         d = B.build_desired(owner, spec, settings)
         dep = B.build_deployment(owner, d.template, d.revision, B.ROLE_STABLE, 1)
         out = [d.service, dep, *([d.network_policy] if d.network_policy else [])]
+        if monitoring:
+            out += [B.build_pod_monitor(owner), alerts.build_prometheus_rule(owner.name, ns, {}, B.common_labels(owner))]
         for o in out:  # no owner here: the garbage collector would remove what names a missing one
             o["metadata"].pop("ownerReferences", None)
         return out
@@ -294,6 +330,7 @@ def main() -> int:
         raise SystemExit("run inside the testbed's network namespace: hack/testbed exec -- python "
                          "bench/operator_scale.py (pod IPs must be addresses for the sidecar endpoints)")
     kc = kubeconfig()
+    os.environ["KUBECONFIG"] = str(kc)  # the testbed's, for --direct's own connection (kubeconn reads it)
     api = config.new_client_from_config(config_file=str(kc))
     core, co = client.CoreV1Api(api), client.CustomObjectsApi(api)
 
@@ -302,6 +339,15 @@ def main() -> int:
                               capture_output=True, text=True, check=True).stdout
 
     install_crd(kubectl)
+    # A previous run's namespace (1000 services, their objects and pods) takes minutes to be deleted; a run
+    # started meanwhile shares the API server and the controller-manager with that deletion.
+    t_wait = time.time()
+    while [n for n in core.list_namespace().items if n.metadata.name.startswith("bench-scale-")]:
+        if time.time() - t_wait > 900:
+            raise SystemExit("a previous bench-scale-* namespace is still there after 15 minutes")
+        time.sleep(5)
+    if time.time() - t_wait > 1:
+        print(f"[bench] waited {time.time() - t_wait:.0f} s for a previous run's namespace to go", file=sys.stderr)
     nodes = [f"bench-gpu-{i}" for i in range(-(-a.count // PODS_PER_NODE))]
     for n in nodes:
         core.create_node(node(n))
@@ -384,6 +430,10 @@ def main() -> int:
                 return (sum(1 for s in st if s.get("observedGeneration")),
                         sum(1 for s in st if (s.get("profiler") or {}).get("lastSampleTime")))
 
+            def statuses() -> dict[str, dict]:
+                items = co.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _request_timeout=120)["items"]
+                return {o["metadata"]["name"]: o.get("status") or {} for o in items}
+
             while profiled()[0] < a.count:
                 time.sleep(3)
             t_status = time.time() - t0
@@ -397,10 +447,24 @@ def main() -> int:
                     break
                 time.sleep(2)
             t_profiled = time.time() - t0
+            # Converged: every service's Deployment caught up with (Progressing False: the controller-manager,
+            # starved on a 2-core machine by the burst, can trail the creations by minutes; each catch-up is one
+            # status write, which is the burst's tail, not the steady state).
+            def converged() -> int:
+                items = co.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _request_timeout=120)["items"]
+                return sum(1 for o in items for c in (o.get("status") or {}).get("conditions") or []
+                           if c["type"] == "Progressing" and c["status"] == "False")
+
+            while converged() < a.count and time.time() - t0 < t_profiled + 300:
+                time.sleep(3)
+            t_converged = time.time() - t0
             time.sleep(30)  # past the first-read burst: dead sidecars are now remembered
+            before = statuses()
             w0, h0 = metric_sum(op, "vlm_operator_api_writes_total"), histogram(op, "vlm_operator_reconcile_duration_seconds")
             c0, r0, s0 = cpu_seconds(op.proc.pid), metric_sum(op, "vlm_operator_reconcile_duration_seconds_count"), time.time()
             time.sleep(a.steady)
+            # What the steady writes changed: per status field (conditions by type), how many services.
+            changed = status_changes(before, statuses())
             if "VLM_TRACEMALLOC_DUMP" in extra:  # the operator writes its allocation sites on SIGUSR1
                 os.kill(op.proc.pid, signal.SIGUSR1)
                 time.sleep(20)
@@ -416,6 +480,7 @@ def main() -> int:
                 "burst_writes_per_service": round(burst_writes / a.count, 1),
                 "all_status_s": round(t_status, 1),
                 "profiled_95pct_of_live_s": round(t_profiled, 1),
+                "all_converged_s": round(t_converged, 1),
                 "operator_peak_rss_mib": round(rss_peak_kib(op.proc.pid) / 1024, 1),
                 "operator_steady_rss_mib": round(rss_peak_kib(op.proc.pid, "VmRSS") / 1024, 1),
                 "operator_env": extra,
@@ -425,6 +490,7 @@ def main() -> int:
                 "reconcile_p50_s": quantile(h0, h1, 0.5),
                 "reconcile_p99_s": quantile(h0, h1, 0.99),
                 "sidecar_requests": sidecars.requests,
+                "steady_status_changes": changed,
             }
             out_name = "operator_scale.json"
     finally:
