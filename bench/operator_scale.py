@@ -416,23 +416,23 @@ def main() -> int:
             print(f"[bench] all {a.count} Deployments at {t_deploy:.1f} s, operator peak RSS "
                   f"{rss_peak_kib(op.proc.pid) / 1024:.0f} MiB", file=sys.stderr)
 
-            def profiled() -> tuple[int, int]:
+            def statuses() -> dict[str, dict]:
+                """Every service's status, by name (the one list each wait and the steady census read)."""
                 for attempt in range(5):  # a full list of 1000 services can break off on a loaded API server
                     try:
                         items = co.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _request_timeout=120)["items"]
-                        break
+                        return {o["metadata"]["name"]: o.get("status") or {} for o in items}
                     except Exception as e:
                         if attempt == 4:
                             raise
                         print(f"[bench] service list failed ({e}), again", file=sys.stderr)
                         time.sleep(3.0)
-                st = [o.get("status") or {} for o in items]
+                raise AssertionError("unreachable")
+
+            def profiled() -> tuple[int, int]:
+                st = statuses().values()
                 return (sum(1 for s in st if s.get("observedGeneration")),
                         sum(1 for s in st if (s.get("profiler") or {}).get("lastSampleTime")))
-
-            def statuses() -> dict[str, dict]:
-                items = co.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _request_timeout=120)["items"]
-                return {o["metadata"]["name"]: o.get("status") or {} for o in items}
 
             while profiled()[0] < a.count:
                 time.sleep(3)
@@ -451,8 +451,7 @@ def main() -> int:
             # starved on a 2-core machine by the burst, can trail the creations by minutes; each catch-up is one
             # status write, which is the burst's tail, not the steady state).
             def converged() -> int:
-                items = co.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _request_timeout=120)["items"]
-                return sum(1 for o in items for c in (o.get("status") or {}).get("conditions") or []
+                return sum(1 for st in statuses().values() for c in st.get("conditions") or []
                            if c["type"] == "Progressing" and c["status"] == "False")
 
             while converged() < a.count and time.time() - t0 < t_profiled + 300:

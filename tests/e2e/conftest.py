@@ -17,12 +17,12 @@ on 0.0.0.0 of the namespace (every pod IP is an address of its lo), hence on tha
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 from vlm_operator import alerts
+from vlm_operator.units import parse_duration
 
 from bench.standin import prom_operator as po
 from bench.standin.kube_sd import Reloader
@@ -150,14 +150,9 @@ def alert_overrides(request) -> dict[str, dict[str, str]]:
     marker = request.node.get_closest_marker("alert_for")
     if marker is None:
         return {}
-    limit = _seconds(marker.args[0])
+    limit = parse_duration(marker.args[0])
     return {r["alert"]: {"for": marker.args[0]} for r in (*alerts.rules(), *alerts.self_rules())
-            if _seconds(r["for"]) > limit}
-
-
-def _seconds(duration: str) -> float:
-    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
-    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+)(ms|s|m|h)", duration))
+            if parse_duration(r["for"]) > limit}
 
 
 def operator_env(mon: Monitoring) -> dict[str, str]:
