@@ -8,9 +8,10 @@ reconcile latency p50 / p99 (from the operator's own histogram).
     hack/testbed up && hack/testbed exec -- python bench/operator_scale.py [--count 1000] [--dead 0.1]
 
 Runs inside the testbed's network namespace (pod IPs are addresses there); adds kwok GPU nodes with room
-for every pod and removes them after. It counts Deployments from metadata-only lists and maps pods from a
-watch (raw JSON), so its own load on the API server and on the machine stays small; it starts once a previous
-run's namespace is gone. The steady state is measured once every service has converged (Progressing False:
+for every pod and removes them after. It follows Deployments (metadata only) and pods with a list and a watch
+each (raw JSON), so its own load on the API server and on the machine stays small, and reports when a quarter,
+half, 90% and all of the Deployments existed (deployments_seen_s); it starts once a previous run's namespace
+is gone. The steady state is measured once every service has converged (Progressing False:
 the controller-manager has caught up with every Deployment), and reports which status fields its writes
 changed (steady_status_changes). The operator runs at its
 shipped settings (resync 15 s, sidecar timeout 1 s); the services at the API defaults (telemetry every 15 s). The sidecar endpoints answer
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import signal
@@ -32,6 +34,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -118,6 +121,8 @@ class Sidecars:
             await writer.drain()
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass
+        except asyncio.CancelledError:  # `close` at the end of the run: a dead endpoint ends quietly (asyncio
+            pass                        # logged each cancelled connection with a traceback)
         finally:
             writer.close()
 
@@ -194,19 +199,8 @@ def quantile(before: dict[float, float], after: dict[float, float], q: float) ->
     return les[-1]
 
 
+META = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 META_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
-
-
-def count_objects(api: client.ApiClient, path: str) -> int:
-    """How many objects a list holds, asking for their metadata only: a full list of 1000 Deployments is
-    about 10 MB the API server would encode for every poll, load the bench adds to what it measures."""
-    _, url, headers, _, _ = api.param_serialize("GET", path, header_params={"Accept": META_LIST},
-                                                auth_settings=["BearerToken"])
-    resp = api.call_api("GET", url, header_params=headers, _request_timeout=60)
-    resp.read()
-    if resp.status != 200:
-        raise RuntimeError(f"GET {path}: {resp.status} {resp.data[:200]!r}")
-    return len(json.loads(resp.data).get("items") or [])  # null when there are none yet
 
 
 def status_changes(before: dict[str, dict], after: dict[str, dict]) -> dict[str, int]:
@@ -237,20 +231,21 @@ def status_changes(before: dict[str, dict], after: dict[str, dict]) -> dict[str,
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def get_json(api: client.ApiClient, path: str) -> dict:
-    _, url, headers, _, _ = api.param_serialize("GET", path, auth_settings=["BearerToken"])
+def get_json(api: client.ApiClient, path: str, accept: str | None = None) -> dict:
+    _, url, headers, _, _ = api.param_serialize("GET", path, header_params={"Accept": accept} if accept else None,
+                                                auth_settings=["BearerToken"])
     r = api.rest_client.pool_manager.request("GET", url, headers=headers, timeout=60)
     if r.status != 200:
         raise RuntimeError(f"GET {path}: {r.status} {r.data[:200]!r}")
     return json.loads(r.data)
 
 
-def watch_json(api: client.ApiClient, path: str, rv: str, stop: threading.Event):
+def watch_json(api: client.ApiClient, path: str, rv: str, stop: threading.Event, accept: str | None = None):
     """The watch events of `path` from resourceVersion `rv`, as dicts, until the server ends the watch (at most
     20 s, so the caller can stop within that) or `stop` is set."""
     _, url, headers, _, _ = api.param_serialize(
         "GET", path, query_params=[("watch", "1"), ("resourceVersion", rv), ("timeoutSeconds", "20")],
-        auth_settings=["BearerToken"])
+        header_params={"Accept": accept} if accept else None, auth_settings=["BearerToken"])
     r = api.rest_client.pool_manager.request("GET", url, headers=headers, preload_content=False, timeout=90)
     try:
         if r.status != 200:
@@ -268,6 +263,62 @@ def watch_json(api: client.ApiClient, path: str, rv: str, stop: threading.Event)
         r.release_conn()
 
 
+def follow(api: client.ApiClient, path: str, see: Callable[[str, dict], None], stop: threading.Event,
+           metadata_only: bool = False) -> None:
+    """List `path` once, then watch it, calling `see(event type, object)` for every object as it changes (the
+    list's objects as ADDED), until `stop` is set: each change arrives once, where a list every second or few
+    had the API server encode, and this process decode, every object each time (load the bench added to what
+    it measures). `metadata_only` asks for the objects' metadata alone."""
+    rv = ""
+    while not stop.is_set():
+        try:
+            if not rv:
+                listed = get_json(api, path, META_LIST if metadata_only else None)
+                for o in listed.get("items") or []:  # null when there are none yet
+                    see("ADDED", o)
+                rv = listed["metadata"]["resourceVersion"]
+            for event in watch_json(api, path, rv, stop, META if metadata_only else None):
+                if event["type"] == "ERROR":  # 410 Gone: list again
+                    rv = ""
+                    break
+                rv = event["object"]["metadata"]["resourceVersion"]
+                if event["type"] != "BOOKMARK":
+                    see(event["type"], event["object"])
+        except Exception as e:  # keep following through API hiccups
+            print(f"[bench] watch of {path} failed: {e}", file=sys.stderr)
+            rv = ""
+            stop.wait(2.0)
+
+
+class Counted:
+    """The names of the objects a `follow` has seen and not seen deleted; `wait(n)` until there are n."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.first_seen: list[float] = []  # when each name was first seen (time.time())
+        self.cond = threading.Condition()
+
+    def see(self, type_: str, obj: dict) -> None:
+        name = obj["metadata"]["name"]
+        with self.cond:
+            if type_ == "DELETED":
+                self.names.discard(name)
+            elif name not in self.names:
+                self.names.add(name)
+                self.first_seen.append(time.time())
+            self.cond.notify_all()
+
+    def curve(self, t0: float, n: int) -> dict[str, float]:
+        """Seconds from t0 until a quarter, half, 90% and all of n objects had been seen: where the time goes."""
+        seen = sorted(self.first_seen)
+        return {f"{int(q * 100)}%": round(seen[max(0, math.ceil(q * n) - 1)] - t0, 1)
+                for q in (0.25, 0.5, 0.9, 1.0) if len(seen) >= q * n}
+
+    def wait(self, n: int, timeout_s: float) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: len(self.names) >= n, timeout_s)
+
+
 def release(co: client.CustomObjectsApi, ns: str) -> None:
     """Drop kopf's finalizer from every service: the operator is stopped before the namespace goes, and its
     finalizer (kopf adds one for the resync timer) would keep the namespace Terminating, and its objects loading
@@ -279,7 +330,7 @@ def release(co: client.CustomObjectsApi, ns: str) -> None:
                                                                   patch), items))
 
 
-def direct(api: client.ApiClient, ns: str, count: int) -> dict:
+def direct(ns: str, count: int, deployments: Counted) -> dict:
     """The operator's writes for `count` new services, from a client that does nothing else."""
     from vlm_operator import alerts
     from vlm_operator import api as vapi
@@ -308,10 +359,11 @@ def direct(api: client.ApiClient, ns: str, count: int) -> dict:
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda i: [kube.apply(o, None) for o in objects(i)], range(count)))
     t_written = time.time() - t0
-    while count_objects(api, f"/apis/apps/v1/namespaces/{ns}/deployments") < count:
-        time.sleep(1.0)
+    if not deployments.wait(count, 900):
+        raise SystemExit(f"only {len(deployments.names)} of {count} Deployments after 900 s")
     return {"services": count, "direct_writes_s": round(t_written, 1),
-            "direct_all_deployments_s": round(time.time() - t0, 1), "writes_per_service": len(objects(0))}
+            "direct_all_deployments_s": round(time.time() - t0, 1), "deployments_seen_s": deployments.curve(t0, count),
+            "writes_per_service": len(objects(0))}
 
 
 def main() -> int:
@@ -361,39 +413,27 @@ def main() -> int:
     op = OperatorProcess(kc, ns, tmp / "operator.log", {"VLM_RESYNC_SECONDS": "15", **extra})
     stop = threading.Event()
 
-    def map_pods() -> None:
-        # A watch on the namespace's pods (raw JSON, no client models): each pod's changes arrive once, where a
-        # full list every few seconds had the API server encode, and this process decode, every pod each time.
-        rv = ""
-        while not stop.is_set():
-            try:
-                if not rv:
-                    listed = get_json(api, f"/api/v1/namespaces/{ns}/pods")
-                    for pod in listed["items"]:
-                        see_pod(pod)
-                    rv = listed["metadata"]["resourceVersion"]
-                for event in watch_json(api, f"/api/v1/namespaces/{ns}/pods", rv, stop):
-                    if event["type"] == "ERROR":  # 410 Gone: list again
-                        rv = ""
-                        break
-                    rv = event["object"]["metadata"]["resourceVersion"]
-                    if event["type"] in ("ADDED", "MODIFIED"):
-                        see_pod(event["object"])
-            except Exception as e:  # keep mapping through API hiccups
-                print(f"[bench] pod watch failed: {e}", file=sys.stderr)
-                rv = ""
-                stop.wait(2.0)
-
-    def see_pod(pod: dict) -> None:
+    def see_pod(_type: str, pod: dict) -> None:
         st = pod.get("status") or {}
         if st.get("podIP") and st.get("phase") == "Running":
             sidecars.add(st["podIP"])
 
-    mapper = threading.Thread(target=map_pods, name="podmap", daemon=True)
-    mapper.start()
+    deployments = Counted()
+    watched = [("pods", f"/api/v1/namespaces/{ns}/pods", see_pod, {}),
+               ("deployments", f"/apis/apps/v1/namespaces/{ns}/deployments", deployments.see, {"metadata_only": True})]
+    # Where the Prometheus Operator's CRDs exist, each service gets a PodMonitor and a PrometheusRule too: when
+    # all of those exist is reported as well (in a burst the operator creates them after the Deployments).
+    monitoring = {kind: Counted() for kind in ("podmonitors", "prometheusrules")
+                  if kubectl("get", "crd", "-o", "name").count(f"{kind}.monitoring.coreos.com")}
+    watched += [(kind, f"/apis/monitoring.coreos.com/v1/namespaces/{ns}/{kind}", c.see, {"metadata_only": True})
+                for kind, c in monitoring.items()]
+    followers = [threading.Thread(target=follow, args=(api, path, see, stop), kwargs=kw, name=name, daemon=True)
+                 for name, path, see, kw in watched]
+    for f in followers:
+        f.start()
     try:
         if a.direct:
-            result, out_name = direct(api, ns, a.count), "operator_scale_direct.json"
+            result, out_name = direct(ns, a.count, deployments), "operator_scale_direct.json"
         else:
             op.start()
             print(f"[bench] operator pid {op.proc.pid}, log {op.log_path}", file=sys.stderr)
@@ -406,10 +446,8 @@ def main() -> int:
                     {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VLMService", "metadata": {"name": f"svc-{i:04d}"},
                      "spec": spec}), range(a.count)))
             t_applied = time.time() - t0
-            while (made := count_objects(api, f"/apis/apps/v1/namespaces/{ns}/deployments")) < a.count:
-                if time.time() - t0 > 900:
-                    raise SystemExit(f"only {made} of {a.count} Deployments after 900 s")
-                time.sleep(1.0)
+            if not deployments.wait(a.count, 900 - (time.time() - t0)):
+                raise SystemExit(f"only {len(deployments.names)} of {a.count} Deployments after 900 s")
             t_deploy = time.time() - t0
             # The creation burst: is the operator busy (a core is all one Python process gets) or waiting?
             burst_cpu, burst_writes = cpu_seconds(op.proc.pid) - cpu_start, metric_sum(op, "vlm_operator_api_writes_total")
@@ -475,6 +513,8 @@ def main() -> int:
                 "sidecars_dead": len(sidecars.dead),
                 "create_requests_s": round(t_applied, 1),
                 "all_deployments_s": round(t_deploy, 1),
+                "deployments_seen_s": deployments.curve(t0, a.count),
+                **{f"{kind}_seen_s": c.curve(t0, a.count) for kind, c in monitoring.items()},
                 "burst_operator_cpu_cores": round(burst_cpu / t_deploy, 2),
                 "burst_writes_per_service": round(burst_writes / a.count, 1),
                 "all_status_s": round(t_status, 1),
@@ -494,7 +534,8 @@ def main() -> int:
             out_name = "operator_scale.json"
     finally:
         stop.set()
-        mapper.join(30)  # not mid-request when the interpreter exits
+        for f in followers:
+            f.join(30)  # not mid-request when the interpreter exits
         op.stop()
         sidecars.close()
         release(co, ns)
