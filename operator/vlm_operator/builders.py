@@ -342,6 +342,11 @@ def build_service(owner: Owner) -> dict[str, Any]:
     }
 
 
+# The Prometheus Operator objects made per service where its CRDs exist (group monitoring.coreos.com, v1).
+MONITORING_GROUP, MONITORING_VERSION = "monitoring.coreos.com", "v1"
+MONITORING_KINDS = ("PodMonitor", "PrometheusRule")
+
+
 def monitoring_metadata(owner: Owner, extra_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Metadata of the PodMonitor and PrometheusRule: owned, with the user's extra labels (the operator setting
     VLM_MONITORING_LABELS, e.g. `release: kube-prometheus-stack` for that chart's selectors) under ours."""

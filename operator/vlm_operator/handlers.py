@@ -1,7 +1,8 @@
 """kopf handlers: the only module that registers with kopf. Each handler is a few lines.
 
 Owned Deployments, Pods and Services are held in kopf indexes (filled by
-watches), so a reconcile reads no object from the API server; it writes only
+watches; of the PodMonitors and PrometheusRules, only which exist), so a
+reconcile reads no object from the API server; it writes only
 what differs. Every VLMService is reconciled on create, on update, and on a
 timer (status refresh, drift repair, canary analysis). The timers of a fleet
 are spread over the resync interval (`first_resync_delay`), so a thousand
@@ -33,8 +34,52 @@ SETTINGS = Settings.from_env()
 MANAGED = {"app.kubernetes.io/managed-by": "vlm-operator"}
 _locks: dict[str, threading.Lock] = {}
 log = logging.getLogger("vlm_operator")
-# kopf's record of the last spec it handled: present once the create handler has succeeded.
-DIFFBASE = kopf.AnnotationsDiffBaseStorage(prefix=PREFIX, key="last-applied-spec")
+
+
+class SpecMemory(kopf.DiffBaseStorage):
+    """kopf's record of the last spec it handled, per VLMService, held in this process's memory.
+
+    kopf compares each watch event's object with this record to tell a change of the spec (the update handler
+    runs) from anything else (a status write: nothing runs). Its default keeps the record in an annotation,
+    which costs one more PATCH of every new or changed service, and one more watch event back: 1000 of them
+    in a burst of 1000 creations. The reconcile never reads the record (it compares the spec with the
+    objects that exist), so it need not outlive the process: after a restart, or when a second replica takes
+    over, kopf finds no record and runs the create handler once for every service, a resync that writes
+    nothing where nothing changed.
+
+    Built for VLMServices only: kopf builds one (a deep copy of the body) for every event of every kind it
+    watches, and for the Pods, Deployments, Services and monitoring objects that only fill indexes it was
+    thrown away, 15% of the CPU of kopf's event loop in that burst (py-spy, docs/benchmarks.md). As with the
+    annotation before, the operator's own annotations (`PREFIX/...`, e.g. the plugin's rollout action) are
+    not part of it: the resync timer picks those up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._specs: dict[str, bytes] = {}  # uid -> the record, as JSON
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
+        if body.get("kind") != api.KIND:
+            return None
+        essence = super().build(body=body, extra_fields=extra_fields)
+        annotations = (essence.get("metadata") or {}).get("annotations") or {}
+        for key in [k for k in annotations if k.startswith(f"{PREFIX}/")]:
+            del annotations[key]
+        self.remove_empty_stanzas(essence)
+        return essence
+
+    def fetch(self, *, body: kopf.Body) -> Any:
+        raw = self._specs.get(body.get("metadata", {}).get("uid", ""))
+        return None if raw is None else json.loads(raw)
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
+        self._specs[body.get("metadata", {}).get("uid", "")] = json.dumps(essence, separators=(",", ":")).encode()
+
+    def forget(self, uid: str) -> None:
+        self._specs.pop(uid, None)
+
+
+# Holds a service once this process's create (or update) handler has succeeded for it.
+DIFFBASE = SpecMemory()
 RESTART_RESYNC_DELAY_S = 1.0
 # Handler threads and API connections. A reconcile spends its time waiting for the API server (a few
 # round trips), not on CPU, so 1000 services created at once need more than the default pool (CPUs + 4
@@ -45,8 +90,9 @@ HANDLER_THREADS = SETTINGS.handler_threads
 def first_resync_delay(uid: str, interval: float, *, handled: bool) -> float:
     """Seconds from the first sight of a service to its first timer run.
 
-    A service not yet handled is being created: its create handler reconciles it now, so the timer waits
-    one full interval more. A handled one (the operator restarted) is resynced soon. Both are offset by
+    A service this process has not handled yet (a new one; after a restart, every one: `SpecMemory`) is
+    reconciled by its create handler now, so the timer waits one full interval more. One it has handled
+    (kopf starting the timer again) is resynced soon. Both are offset by
     a phase in [0, interval) fixed by the uid, so the timers of services seen together fire spread over
     the interval instead of all in the same second."""
     phase = random.Random(uid).random() * interval
@@ -140,12 +186,27 @@ async def vlm_services(namespace: str, name: str, body: kopf.Body, **_: Any) -> 
     return {(namespace, name): indexed(body)}
 
 
-def _observed(key: tuple[str, str], deployments: kopf.Index, pods: kopf.Index, services: kopf.Index) -> Observed:
+# The monitoring objects are indexed by kind alone (their bodies are not compared: they are re-applied at each
+# spec generation), so the reconcile knows which exist: a missing one is created (see reconcile._apply_monitoring).
+# kopf watches these only where the Prometheus Operator's CRDs are installed.
+@kopf.index(B.MONITORING_GROUP, B.MONITORING_VERSION, "podmonitors", labels=MANAGED)
+async def vlm_podmonitors(namespace: str, labels: dict, **_: Any) -> dict:
+    return {(namespace, labels.get(B.LABEL_SERVICE)): "PodMonitor"}
+
+
+@kopf.index(B.MONITORING_GROUP, B.MONITORING_VERSION, "prometheusrules", labels=MANAGED)
+async def vlm_prometheusrules(namespace: str, labels: dict, **_: Any) -> dict:
+    return {(namespace, labels.get(B.LABEL_SERVICE)): "PrometheusRule"}
+
+
+def _observed(key: tuple[str, str], deployments: kopf.Index, pods: kopf.Index, services: kopf.Index,
+              *monitoring: kopf.Index) -> Observed:
     service = next(iter(services.get(key, [])), None)
     return Observed(
         deployments={role: packed.unpack() for role, packed in deployments.get(key, [])},
         pods=tuple(pods.get(key, [])),
         service=service.unpack() if service is not None else None,
+        monitoring=frozenset(kind for index in monitoring for kind in index.get(key, [])),
     )
 
 
@@ -155,14 +216,16 @@ def _observed(key: tuple[str, str], deployments: kopf.Index, pods: kopf.Index, s
             initial_delay=_first_resync_delay)
 def reconcile_vlmservice(
     name: str, namespace: str, uid: str, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status, body: kopf.Body,
-    memo: kopf.Memo, vlm_deployments: kopf.Index, vlm_pods: kopf.Index, vlm_services: kopf.Index, **_: Any,
+    memo: kopf.Memo, vlm_deployments: kopf.Index, vlm_pods: kopf.Index, vlm_services: kopf.Index,
+    vlm_podmonitors: kopf.Index, vlm_prometheusrules: kopf.Index, **_: Any,
 ) -> None:
     """Create, update and periodic resync share one idempotent reconcile."""
     target = Target(name, namespace, uid, meta.get("generation"), dict(spec), dict(status), dict(meta.annotations),
                     meta.get("resourceVersion"))
     with _locks.setdefault(uid, threading.Lock()):
         # Inside the lock: a handler that waited for another one sees the objects that one made.
-        observed = _observed((namespace, name), vlm_deployments, vlm_pods, vlm_services)
+        observed = _observed((namespace, name), vlm_deployments, vlm_pods, vlm_services,
+                             vlm_podmonitors, vlm_prometheusrules)
         try:
             reconcile(memo.rt, target, observed, lambda t, r, m: kopf.event(body, type=t, reason=r, message=m))
         except TemporaryError as e:
@@ -176,13 +239,15 @@ def forget_vlmservice(namespace: str, name: str, uid: str, memo: kopf.Memo) -> N
     profiler bookkeeping need removing (the sidecar cache drops pods nobody asks about by itself)."""
     metrics.forget(namespace, name)
     _locks.pop(uid, None)
+    DIFFBASE.forget(uid)
     rt = getattr(memo, "rt", None)
     if rt is not None:
         rt.forget(uid)
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-async def count_vlmservices(type: str | None, name: str, namespace: str, memo: kopf.Memo, uid: str, **_: Any) -> None:
+async def count_vlmservices(type: str | None, name: str, namespace: str, memo: kopf.Memo, uid: str, meta: kopf.Meta,
+                            **_: Any) -> None:
     """Gauge of managed services (the watch's own stream, no extra reads); a deleted service is forgotten.
     The watch's DELETED event is the one sign of a deletion every service gives: VLMServices carry no
     finalizer of ours (`_without_finalizer`), so most go without ever being marked for deletion first.
@@ -195,6 +260,9 @@ async def count_vlmservices(type: str | None, name: str, namespace: str, memo: k
         forget_vlmservice(namespace, name, uid, memo)
     else:
         seen.add(uid)
+        rt = getattr(memo, "rt", None)
+        if rt is not None:  # the backlog of generations not yet reconciled (Runtime.busy)
+            rt.saw(uid, meta.get("generation"))
     metrics.MANAGED.set(len(seen))
 
 

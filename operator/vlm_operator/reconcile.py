@@ -50,6 +50,11 @@ class Runtime:
     unconfirmed: dict[str, dict[tuple[str, str, str, str], tuple[str, float]]] = field(default_factory=dict)
     # uid -> the generation whose objects the API server refused (400/422): not sent again until the spec changes
     refused: dict[str, int | None] = field(default_factory=dict)
+    # uid -> the newest generation seen on the watch / the last generation reconciled by this process; the
+    # services whose newest generation has not been reconciled yet are the backlog (`backlog`)
+    seen_generation: dict[str, int | None] = field(default_factory=dict)
+    reconciled_generation: dict[str, int | None] = field(default_factory=dict)
+    waiting: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -73,6 +78,33 @@ class Runtime:
             self.written.pop(uid, None)
             self.unconfirmed.pop(uid, None)
             self.refused.pop(uid, None)
+            self.seen_generation.pop(uid, None)
+            self.reconciled_generation.pop(uid, None)
+            self.waiting.discard(uid)
+
+    def saw(self, uid: str, generation: int | None) -> None:
+        """The watch showed generation `generation` of a service (called for every event, on the event loop)."""
+        with self._lock:
+            self.seen_generation[uid] = generation
+            if self.reconciled_generation.get(uid, -1) != generation:
+                self.waiting.add(uid)
+
+    def reconciled(self, uid: str, generation: int | None) -> None:
+        """A reconcile of generation `generation` ended (whatever its result)."""
+        with self._lock:
+            self.reconciled_generation[uid] = generation
+            if self.seen_generation.get(uid, -1) == generation:
+                self.waiting.discard(uid)
+
+    def backlog(self) -> int:
+        """How many services have a generation on the watch that no reconcile of this process has handled yet:
+        about 0 in steady state, the number still queued in a burst of creations (or after a restart, until
+        the first resyncs)."""
+        return len(self.waiting)
+
+    def busy(self) -> bool:
+        """More services wait for their first reconcile of a generation than there are handler threads."""
+        return self.backlog() > self.settings.handler_threads
 
     def refuse(self, uid: str, generation: int | None) -> None:
         """Remember that the API server refused what this generation of the service makes."""
@@ -114,6 +146,11 @@ class Runtime:
             mine[key] = (digest, t)
             self.unconfirmed[uid] = mine
         return wrote
+
+    def confirmed(self, uid: str, key: tuple[str, str, str, str]) -> None:
+        """The index shows the object `key` (apiVersion, kind, namespace, name): `apply` sends it again if asked."""
+        with self._lock:
+            self.unconfirmed.get(uid, {}).pop(key, None)
 
     def delete(self, uid: str, api_version: str, kind: str, namespace: str, name: str) -> bool:
         """`kube.delete`; what it deletes is no longer known to exist (the next apply of it is sent)."""
@@ -257,6 +294,7 @@ def reconcile(rt: Runtime, t: Target, observed: S.Observed, emit: Emit, *, now: 
         result = "error"
         raise
     finally:
+        rt.reconciled(t.uid, t.generation)
         metrics.RECONCILE.labels(result=result).observe(time.monotonic() - started)
 
 
@@ -319,9 +357,27 @@ def _apply_plan(rt: Runtime, t: Target, spec: api.VLMServiceSpec, desired: build
                 # (Never reconciled, and its spec never changed: every reconcile so far saw this spec and
                 # wanted none, so none was made. One DELETE answered 404 less per new service.)
                 rt.delete(t.uid, api_version, kind, t.namespace, t.name)
-    if rt.monitoring and t.status.get("observedGeneration") != t.generation:
-        extra = rt.settings.monitoring_labels
+    if rt.monitoring:
+        _apply_monitoring(rt, t, spec, observed, owner)
+
+
+def _apply_monitoring(rt: Runtime, t: Target, spec: api.VLMServiceSpec, observed: S.Observed,
+                      owner: builders.Owner) -> None:
+    """The PodMonitor and the PrometheusRule: re-applied at each spec generation (they follow the spec and the
+    operator's settings), and created where the index does not hold them (a new service, or one deleted by
+    hand: drift repair). Creation waits while the operator is `busy` with a burst of new services: their
+    Services, Deployments and NetworkPolicies go first, these follow at each service's next resync (a pod
+    takes longer than that to be scraped anyway). A spec change of an existing service never waits."""
+    changed = t.status.get("observedGeneration") != t.generation
+    api_version = f"{builders.MONITORING_GROUP}/{builders.MONITORING_VERSION}"
+    for kind in observed.monitoring:  # shown by the index: one deleted from now on is re-created at once
+        rt.confirmed(t.uid, (api_version, kind, t.namespace, t.name))
+    wanted = [kind for kind in builders.MONITORING_KINDS
+              if (kind in observed.monitoring and changed) or (kind not in observed.monitoring and not rt.busy())]
+    extra = rt.settings.monitoring_labels
+    if "PodMonitor" in wanted:
         rt.apply(t.uid, builders.build_pod_monitor(owner, extra, spec.telemetry.interval), None)
+    if "PrometheusRule" in wanted:
         rt.apply(
             t.uid,
             alerts.build_prometheus_rule(

@@ -66,6 +66,7 @@ class Observed:
     deployments: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # role -> body
     pods: Sequence[PodInfo] = ()
     service: Mapping[str, Any] | None = None
+    monitoring: frozenset[str] = frozenset()  # kinds of the service's monitoring objects that exist (PodMonitor, ...)
 
     def deployment_revision(self, role: str) -> str | None:
         d = self.deployments.get(role)

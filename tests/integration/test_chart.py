@@ -189,8 +189,8 @@ def test_cluster_wide_install_crd_and_permission_matrix(cluster, kube, namespace
     got_denied = {case: can_i(cluster, sa, *case) for case in denied}
     # The Prometheus Operator CRDs are not installed here, so kubectl cannot resolve their group for can-i;
     # ask the same authorizer with a SubjectAccessReview, which needs no discovery.
-    for verb, resource in (("create", "podmonitors"), ("patch", "podmonitors"), ("create", "prometheusrules"),
-                           ("patch", "prometheusrules")):
+    for verb, resource in ((v, r) for r in ("podmonitors", "prometheusrules")
+                           for v in ("create", "patch", "list", "watch")):
         got_allowed[(verb, f"{resource}.monitoring.coreos.com", other)] = sar(kube, sa, verb, "monitoring.coreos.com",
                                                                               resource, other)
     got_denied[("delete", "podmonitors.monitoring.coreos.com", other)] = sar(

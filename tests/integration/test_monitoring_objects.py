@@ -63,5 +63,11 @@ def test_podmonitor_and_prometheusrule_follow_the_service(cluster, kube, namespa
         assert {r["alert"] for r in rules} >= {"VLMCanaryRolledBack", "VLMIPCCacheInactive"}
         assert all(f'vlmservice="{name}"' in r["expr"] for r in rules)
         assert pr["metadata"]["ownerReferences"][0]["kind"] == "VLMService"
+        # Watched: one deleted by hand comes back at the service's next resync, with no spec change.
+        uid = pm["metadata"]["uid"]
+        co.delete_namespaced_custom_object("monitoring.coreos.com", "v1", namespace, "podmonitors", name)
+        back = wait_for(lambda: (o := get("podmonitors")) and o["metadata"]["uid"] != uid and o, 60,
+                        "the deleted PodMonitor re-created", ignore=(client.ApiException,))
+        assert back["spec"]["selector"] == pm["spec"]["selector"]
     finally:
         next(gen, None)

@@ -102,10 +102,11 @@ vlm_operator/apply.py (server-side apply: create+patch; canary teardown: delete)
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
-# Applied only when the Prometheus Operator CRDs exist (checked at start-up).
+# Applied only when the Prometheus Operator CRDs exist (checked at start-up); list+watch: the operator follows
+# which exist, so it creates one that is missing (a new service after a burst, one deleted by hand).
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors, prometheusrules]
-  verbs: [get, create, patch]
+  verbs: [get, list, watch, create, patch]
 {{- if and .Values.peering.enabled .Values.watchNamespaces }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]

@@ -50,15 +50,43 @@ def _body(annotations: dict[str, str]) -> kopf.Body:
     })
 
 
-def test_handled_is_read_from_kopfs_diffbase_annotation() -> None:
-    key = f"{PREFIX}/last-applied-spec"
-    fresh = _body({})
-    seen = _body({key: json.dumps({"spec": {"model": {"path": "m"}}})})
-    assert H.DIFFBASE.fetch(body=seen) is not None  # the key kopf itself writes
+def test_handled_means_handled_by_this_process() -> None:
+    """The record kopf keeps of the last spec handled lives in memory: an annotation left by an earlier
+    release, or by another replica, does not count; the create handler resyncs such a service at once."""
+    old_annotation = _body({f"{PREFIX}/last-applied-spec": json.dumps({"spec": {"model": {"path": "m"}}})})
+    assert H.DIFFBASE.fetch(body=old_annotation) is None
     interval = H.SETTINGS.resync_seconds
-    assert H._first_resync_delay(uid=UIDS[0], body=fresh) == H.first_resync_delay(UIDS[0], interval, handled=False)
-    assert H._first_resync_delay(uid=UIDS[0], body=seen) == H.first_resync_delay(UIDS[0], interval, handled=True)
-    assert H._first_resync_delay(uid=UIDS[0], body=seen) < H._first_resync_delay(uid=UIDS[0], body=fresh)
+    fresh = H._first_resync_delay(uid=UIDS[0], body=old_annotation)
+    assert fresh == H.first_resync_delay(UIDS[0], interval, handled=False)
+    essence = H.DIFFBASE.build(body=old_annotation)
+    H.DIFFBASE.store(body=old_annotation, patch=kopf.Patch(), essence=essence)
+    try:
+        assert H.DIFFBASE.fetch(body=old_annotation) == essence
+        assert H._first_resync_delay(uid=UIDS[0], body=old_annotation) == H.first_resync_delay(
+            UIDS[0], interval, handled=True) < fresh
+    finally:
+        H.DIFFBASE.forget(UIDS[0])
+    assert H.DIFFBASE.fetch(body=old_annotation) is None
+
+
+def test_the_spec_record_tells_spec_changes_from_status_writes_and_is_never_written_to_the_object() -> None:
+    body = {"apiVersion": "serving.vlmops.dev/v1alpha1", "kind": "VLMService",
+            "metadata": {"name": "svc", "namespace": "ns", "uid": UIDS[1], "generation": 1,
+                         "annotations": {f"{PREFIX}/rollout-action": "promote", "team": "a"}},
+            "spec": {"replicas": 1}, "status": {"phase": "Pending"}}
+    essence = H.DIFFBASE.build(body=kopf.Body(body))
+    assert essence == {"spec": {"replicas": 1}, "metadata": {"annotations": {"team": "a"}}}
+    patch = kopf.Patch()
+    H.DIFFBASE.store(body=kopf.Body(body), patch=patch, essence=essence)
+    try:
+        assert not patch  # nothing sent to the API server
+        status_write = {**body, "status": {"phase": "Ready"}}
+        assert H.DIFFBASE.build(body=kopf.Body(status_write)) == H.DIFFBASE.fetch(body=kopf.Body(status_write))
+        spec_change = {**body, "spec": {"replicas": 2}}
+        assert H.DIFFBASE.build(body=kopf.Body(spec_change)) != H.DIFFBASE.fetch(body=kopf.Body(spec_change))
+    finally:
+        H.forget_vlmservice("ns", "svc", UIDS[1], kopf.Memo())
+    assert H.DIFFBASE.fetch(body=kopf.Body(body)) is None  # a deleted service is forgotten
 
 
 def test_the_resync_timer_uses_the_spread_delay() -> None:
@@ -84,16 +112,23 @@ def test_a_deleted_service_is_forgotten_on_the_watch_event(monkeypatch: pytest.M
     forgotten = []
     monkeypatch.setattr(H.metrics, "forget", lambda ns, name: forgotten.append((ns, name)))
 
+    saw = []
+
     class RT:
         def forget(self, uid: str) -> None:
             forgotten.append(uid)
 
+        def saw(self, uid: str, generation: int | None) -> None:
+            saw.append((uid, generation))
+
     memo = kopf.Memo(rt=RT())
     H._locks["u1"] = H.threading.Lock()
-    asyncio.run(H.count_vlmservices(type=None, name="svc", namespace="ns", memo=memo, uid="u1"))
-    asyncio.run(H.count_vlmservices(type="MODIFIED", name="svc", namespace="ns", memo=memo, uid="u1"))
-    assert memo.seen == {"u1"} and forgotten == []
-    asyncio.run(H.count_vlmservices(type="DELETED", name="svc", namespace="ns", memo=memo, uid="u1"))
+    for type_, generation in ((None, 1), ("MODIFIED", 2)):
+        asyncio.run(H.count_vlmservices(type=type_, name="svc", namespace="ns", memo=memo, uid="u1",
+                                        meta=kopf.Meta({"metadata": {"generation": generation}})))
+    assert memo.seen == {"u1"} and forgotten == [] and saw == [("u1", 1), ("u1", 2)]  # the backlog's feed
+    asyncio.run(H.count_vlmservices(type="DELETED", name="svc", namespace="ns", memo=memo, uid="u1",
+                                    meta=kopf.Meta({"metadata": {"generation": 2}})))
     assert memo.seen == set() and forgotten == [("ns", "svc"), "u1"] and "u1" not in H._locks
 
 
@@ -262,3 +297,13 @@ def test_memory_dump_on_sigusr1(tmp_path, monkeypatch: pytest.MonkeyPatch, frame
     assert ("traced_mib" in text) is (frames != "0")
     if frames == "0":  # pymalloc's arena statistics (while tracing, pymalloc is behind tracemalloc's hooks)
         assert "arenas" in text
+
+
+def test_the_diff_base_is_built_for_vlmservices_only() -> None:
+    """kopf builds one for every event of every watched kind; only the VLMService's handlers use it."""
+    pod = kopf.Body({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": []}})
+    assert H.DIFFBASE.build(body=pod) is None
+    svc = kopf.Body({"apiVersion": "serving.vlmops.dev/v1alpha1", "kind": "VLMService",
+                     "metadata": {"name": "s", "annotations": {"serving.vlmops.dev/last-applied-spec": "{}"}},
+                     "spec": {"replicas": 1}, "status": {"phase": "Ready"}})
+    assert H.DIFFBASE.build(body=svc) == {"spec": {"replicas": 1}}

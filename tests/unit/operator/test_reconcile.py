@@ -437,3 +437,72 @@ def test_a_refused_change_to_a_serving_service_keeps_it_ready_and_marks_it_degra
     assert (degraded["status"], degraded["reason"]) == ("True", "ApplyRefused"), degraded
     assert c.status["phase"] == "Ready" and c.status["observedGeneration"] == 1
     assert [(e[0], e[1]) for e in c.events] == [("Warning", "ApplyRefused")], c.events
+
+
+def monitored(c: Cluster) -> list[str]:
+    return sorted(w.kind for w in c.kube.writes if w.verb == "apply" and w.kind in builders.MONITORING_KINDS)
+
+
+def test_backlog_counts_generations_seen_and_not_yet_reconciled():
+    rt = reconcile.Runtime(kube=FakeKube(), settings=Settings(handler_threads=2))
+    for uid in ("a", "b", "c"):
+        rt.saw(uid, 1)
+    assert rt.backlog() == 3 and rt.busy()
+    rt.reconciled("a", 1)
+    rt.saw("a", 1)  # its own status write comes back on the watch: same generation, still done
+    assert rt.backlog() == 2 and not rt.busy()
+    rt.saw("b", 2)  # a spec change while generation 1 was queued
+    rt.reconciled("b", 1)
+    assert rt.backlog() == 2
+    rt.reconciled("b", 2)
+    rt.forget("c")
+    assert rt.backlog() == 0
+
+
+def test_monitoring_objects_wait_out_a_burst_then_come_with_the_next_resync():
+    c = Cluster()
+    c.rt.monitoring = True
+    for i in range(c.rt.settings.handler_threads + 1):  # more new services queued than handler threads
+        c.rt.saw(f"queued-{i}", 1)
+    c.run()
+    assert monitored(c) == []  # serving objects first
+    assert {"Service", "Deployment", "NetworkPolicy"} <= {w.kind for w in c.kube.written("apply")}
+    assert c.status["observedGeneration"] == 1
+    c.kube.reset_writes()
+    c.run(T0 + 15)  # still busy: still waiting, and nothing else written
+    assert monitored(c) == []
+    for i in range(c.rt.settings.handler_threads + 1):
+        c.rt.reconciled(f"queued-{i}", 1)
+    c.run(T0 + 30)  # the burst is over: the next resync creates them
+    assert monitored(c) == ["PodMonitor", "PrometheusRule"]
+    c.kube.reset_writes()
+    c.run(T0 + 45)
+    assert monitored(c) == []  # they exist: nothing more
+
+
+def test_monitoring_objects_come_at_once_without_a_burst_and_a_deleted_one_is_recreated():
+    c = Cluster()
+    c.rt.monitoring = True
+    c.run()
+    assert monitored(c) == ["PodMonitor", "PrometheusRule"]
+    rule = ("monitoring.coreos.com/v1", "PrometheusRule", "ns", "svc")
+    assert rule in c.kube.objects
+    c.run(T0 + 15)  # the index shows both
+    del c.kube.objects[rule]  # deleted by hand
+    c.kube.reset_writes()
+    c.run(T0 + 30)
+    assert monitored(c) == ["PrometheusRule"]
+
+
+def test_a_spec_change_reapplies_existing_monitoring_objects_even_in_a_burst():
+    c = Cluster()
+    c.rt.monitoring = True
+    c.run()
+    for i in range(c.rt.settings.handler_threads + 1):
+        c.rt.saw(f"queued-{i}", 1)
+    c.kube.update_spec("svc", {**SPEC, "telemetry": {"interval": "5s"}})
+    c.kube.reset_writes()
+    c.run(T0 + 15)
+    assert monitored(c) == ["PodMonitor", "PrometheusRule"]  # both, at each generation (as before)
+    pm = c.kube.objects[("monitoring.coreos.com/v1", "PodMonitor", "ns", "svc")]
+    assert {e["interval"] for e in pm["spec"]["podMetricsEndpoints"]} == set(builders.pod_monitor_intervals("5s"))
