@@ -188,12 +188,26 @@ def _memory_dumps(path: str | None) -> bool:
     return True
 
 
+class QuietSuccess(logging.Filter):
+    """Drops kopf's INFO line for every handler and timer run that succeeded ("Timer 'reconcile_vlmservice'
+    succeeded.", "Creation is processed: 1 succeeded; 0 failed."): at 1000 services that was 66 lines a second
+    in a steady state where nothing happens, and 17 of every 22 lines of a burst. The operator's own lines say
+    what it changed (objects created, conditions); kopf's failures and retries (WARNING and above) stay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO:
+            return True
+        msg = record.getMessage()
+        return not (msg.endswith(" succeeded.") or msg.endswith(" succeeded; 0 failed."))
+
+
 def _configure_logging(kopf, log_format: str) -> None:
     kopf.configure(verbose=False, log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.FULL)
     if log_format == "json":
         for handler in logging.getLogger().handlers:
             handler.setFormatter(JsonFormatter())
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    logging.getLogger("kopf.objects").addFilter(QuietSuccess())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from vlm_operator import alerts
-from vlm_operator.__main__ import JsonFormatter
+from vlm_operator.__main__ import JsonFormatter, QuietSuccess
 from vlm_operator.settings import DEFAULT_PROFILER_PEERS, Settings, SettingsError, env_name
 
 REPO = Path(__file__).resolve().parents[3]
@@ -133,6 +133,20 @@ def test_json_log_lines_carry_time_level_logger_and_object():
     line = json.loads(JsonFormatter().format(record))
     assert line["level"] == "warning" and line["logger"] == "vlm_operator" and line["msg"] == "Created Deployment qwen"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"]) and line["object"]["name"] == "qwen"
+
+
+def test_kopfs_success_lines_are_dropped_and_its_failures_kept():
+    def record(level: int, msg: str) -> logging.LogRecord:
+        return logging.LogRecord("kopf.objects", level, __file__, 1, msg, (), None)
+
+    quiet = QuietSuccess()
+    for msg in ("Timer 'reconcile_vlmservice' succeeded.", "Handler 'count_vlmservices' succeeded.",
+                "Creation is processed: 1 succeeded; 0 failed.", "Updating is processed: 1 succeeded; 0 failed."):
+        assert not quiet.filter(record(logging.INFO, msg)), msg
+    for level, msg in ((logging.ERROR, "Handler 'reconcile_vlmservice' failed with an exception. Will retry."),
+                       (logging.WARNING, "Timer 'reconcile_vlmservice' failed temporarily: 503"),
+                       (logging.INFO, "Creation is processed: 0 succeeded; 1 failed.")):
+        assert quiet.filter(record(level, msg)), msg
 
 
 def test_the_operator_re_executes_itself_under_jemalloc_where_it_is_installed(tmp_path, monkeypatch):
