@@ -36,50 +36,23 @@ _locks: dict[str, threading.Lock] = {}
 log = logging.getLogger("vlm_operator")
 
 
-class SpecMemory(kopf.DiffBaseStorage):
-    """kopf's record of the last spec it handled, per VLMService, held in this process's memory.
+class ServicesOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf's record of the last spec it handled (an annotation on the service), built for VLMServices only.
 
-    kopf compares each watch event's object with this record to tell a change of the spec (the update handler
-    runs) from anything else (a status write: nothing runs). Its default keeps the record in an annotation,
-    which costs one more PATCH of every new or changed service, and one more watch event back: 1000 of them
-    in a burst of 1000 creations. The reconcile never reads the record (it compares the spec with the
-    objects that exist), so it need not outlive the process: after a restart, or when a second replica takes
-    over, kopf finds no record and runs the create handler once for every service, a resync that writes
-    nothing where nothing changed.
-
-    Built for VLMServices only: kopf builds one (a deep copy of the body) for every event of every kind it
-    watches, and for the Pods, Deployments, Services and monitoring objects that only fill indexes it was
-    thrown away, 15% of the CPU of kopf's event loop in that burst (py-spy, docs/benchmarks.md). As with the
-    annotation before, the operator's own annotations (`PREFIX/...`, e.g. the plugin's rollout action) are
-    not part of it: the resync timer picks those up."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._specs: dict[str, bytes] = {}  # uid -> the record, as JSON
+    kopf builds the diff base (a deep copy of the body, less its status) for every event of every kind it
+    watches, to find changes for handlers that react to changes; only the VLMService has such handlers. For the
+    Pods, Deployments, Services and monitoring objects that only fill indexes the copy was thrown away: in a
+    burst of 1000 new services it was 15% of the CPU of kopf's event loop (py-spy, docs/benchmarks.md). kopf
+    takes no diff base as nothing changed (and those kinds have no handler that would ask)."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
         if body.get("kind") != api.KIND:
             return None
-        essence = super().build(body=body, extra_fields=extra_fields)
-        annotations = (essence.get("metadata") or {}).get("annotations") or {}
-        for key in [k for k in annotations if k.startswith(f"{PREFIX}/")]:
-            del annotations[key]
-        self.remove_empty_stanzas(essence)
-        return essence
-
-    def fetch(self, *, body: kopf.Body) -> Any:
-        raw = self._specs.get(body.get("metadata", {}).get("uid", ""))
-        return None if raw is None else json.loads(raw)
-
-    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
-        self._specs[body.get("metadata", {}).get("uid", "")] = json.dumps(essence, separators=(",", ":")).encode()
-
-    def forget(self, uid: str) -> None:
-        self._specs.pop(uid, None)
+        return super().build(body=body, extra_fields=extra_fields)
 
 
-# Holds a service once this process's create (or update) handler has succeeded for it.
-DIFFBASE = SpecMemory()
+# Present on a service once the create handler has succeeded.
+DIFFBASE = ServicesOnlyDiffBase(prefix=PREFIX, key="last-applied-spec")
 RESTART_RESYNC_DELAY_S = 1.0
 # Handler threads and API connections. A reconcile spends its time waiting for the API server (a few
 # round trips), not on CPU, so 1000 services created at once need more than the default pool (CPUs + 4
@@ -90,9 +63,8 @@ HANDLER_THREADS = SETTINGS.handler_threads
 def first_resync_delay(uid: str, interval: float, *, handled: bool) -> float:
     """Seconds from the first sight of a service to its first timer run.
 
-    A service this process has not handled yet (a new one; after a restart, every one: `SpecMemory`) is
-    reconciled by its create handler now, so the timer waits one full interval more. One it has handled
-    (kopf starting the timer again) is resynced soon. Both are offset by
+    A service not yet handled is being created: its create handler reconciles it now, so the timer waits
+    one full interval more. A handled one (the operator restarted) is resynced soon. Both are offset by
     a phase in [0, interval) fixed by the uid, so the timers of services seen together fire spread over
     the interval instead of all in the same second."""
     phase = random.Random(uid).random() * interval
@@ -239,7 +211,6 @@ def forget_vlmservice(namespace: str, name: str, uid: str, memo: kopf.Memo) -> N
     profiler bookkeeping need removing (the sidecar cache drops pods nobody asks about by itself)."""
     metrics.forget(namespace, name)
     _locks.pop(uid, None)
-    DIFFBASE.forget(uid)
     rt = getattr(memo, "rt", None)
     if rt is not None:
         rt.forget(uid)
