@@ -344,6 +344,7 @@ def build_service(owner: Owner) -> dict[str, Any]:
 
 # The Prometheus Operator objects made per service where its CRDs exist (group monitoring.coreos.com, v1).
 MONITORING_GROUP, MONITORING_VERSION = "monitoring.coreos.com", "v1"
+MONITORING_API_VERSION = f"{MONITORING_GROUP}/{MONITORING_VERSION}"
 MONITORING_KINDS = ("PodMonitor", "PrometheusRule")
 
 

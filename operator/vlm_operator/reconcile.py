@@ -50,11 +50,10 @@ class Runtime:
     unconfirmed: dict[str, dict[tuple[str, str, str, str], tuple[str, float]]] = field(default_factory=dict)
     # uid -> the generation whose objects the API server refused (400/422): not sent again until the spec changes
     refused: dict[str, int | None] = field(default_factory=dict)
-    # uid -> the newest generation seen on the watch / the last generation reconciled by this process; the
-    # services whose newest generation has not been reconciled yet are the backlog (`backlog`)
-    seen_generation: dict[str, int | None] = field(default_factory=dict)
+    # uid -> the last generation reconciled by this process / the newest generation seen on the watch while no
+    # reconcile of it has ended: the services in `waiting` are the backlog (`backlog`)
     reconciled_generation: dict[str, int | None] = field(default_factory=dict)
-    waiting: set[str] = field(default_factory=set)
+    waiting: dict[str, int | None] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -78,23 +77,23 @@ class Runtime:
             self.written.pop(uid, None)
             self.unconfirmed.pop(uid, None)
             self.refused.pop(uid, None)
-            self.seen_generation.pop(uid, None)
             self.reconciled_generation.pop(uid, None)
-            self.waiting.discard(uid)
+            self.waiting.pop(uid, None)
 
     def saw(self, uid: str, generation: int | None) -> None:
         """The watch showed generation `generation` of a service (called for every event, on the event loop)."""
         with self._lock:
-            self.seen_generation[uid] = generation
             if self.reconciled_generation.get(uid, -1) != generation:
-                self.waiting.add(uid)
+                self.waiting[uid] = generation
+            else:
+                self.waiting.pop(uid, None)
 
     def reconciled(self, uid: str, generation: int | None) -> None:
         """A reconcile of generation `generation` ended (whatever its result)."""
         with self._lock:
             self.reconciled_generation[uid] = generation
-            if self.seen_generation.get(uid, -1) == generation:
-                self.waiting.discard(uid)
+            if self.waiting.get(uid, -1) == generation:
+                del self.waiting[uid]
 
     def backlog(self) -> int:
         """How many services have a generation on the watch that no reconcile of this process has handled yet:
@@ -128,8 +127,7 @@ class Runtime:
         key = (str(obj["apiVersion"]), str(obj["kind"]), str(meta["namespace"]), str(meta["name"]))
         t = time.monotonic() if now is None else now
         if observed is not None:
-            with self._lock:
-                self.unconfirmed.get(uid, {}).pop(key, None)
+            self.confirmed(uid, key)
             return self.kube.apply(obj, observed)
         digest = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -154,8 +152,7 @@ class Runtime:
 
     def delete(self, uid: str, api_version: str, kind: str, namespace: str, name: str) -> bool:
         """`kube.delete`; what it deletes is no longer known to exist (the next apply of it is sent)."""
-        with self._lock:
-            self.unconfirmed.get(uid, {}).pop((api_version, kind, namespace, name), None)
+        self.confirmed(uid, (api_version, kind, namespace, name))
         return self.kube.delete(api_version, kind, namespace, name)
 
     def note_written(self, t: Target, resource_version: str) -> None:
@@ -369,9 +366,8 @@ def _apply_monitoring(rt: Runtime, t: Target, spec: api.VLMServiceSpec, observed
     Services, Deployments and NetworkPolicies go first, these follow at each service's next resync (a pod
     takes longer than that to be scraped anyway). A spec change of an existing service never waits."""
     changed = t.status.get("observedGeneration") != t.generation
-    api_version = f"{builders.MONITORING_GROUP}/{builders.MONITORING_VERSION}"
     for kind in observed.monitoring:  # shown by the index: one deleted from now on is re-created at once
-        rt.confirmed(t.uid, (api_version, kind, t.namespace, t.name))
+        rt.confirmed(t.uid, (builders.MONITORING_API_VERSION, kind, t.namespace, t.name))
     wanted = [kind for kind in builders.MONITORING_KINDS
               if (kind in observed.monitoring and changed) or (kind not in observed.monitoring and not rt.busy())]
     extra = rt.settings.monitoring_labels
