@@ -10,7 +10,8 @@ reconcile latency p50 / p99 (from the operator's own histogram).
 Runs inside the testbed's network namespace (pod IPs are addresses there); adds kwok GPU nodes with room
 for every pod and removes them after. It follows Deployments (metadata only) and pods with a list and a watch
 each (raw JSON), so its own load on the API server and on the machine stays small, and reports when a quarter,
-half, 90% and all of the Deployments existed (deployments_seen_s); it starts once a previous run's namespace
+half, 90% and all of the Deployments existed (deployments_seen_s), the same for the Services (services_seen_s)
+and, where the Prometheus Operator's CRDs exist, the PodMonitors and PrometheusRules; it starts once a previous run's namespace
 is gone. The steady state is measured once every service has converged (Progressing False:
 the controller-manager has caught up with every Deployment), and reports which status fields its writes
 changed (steady_status_changes). The operator runs at its
@@ -418,9 +419,11 @@ def main() -> int:
         if st.get("podIP") and st.get("phase") == "Running":
             sidecars.add(st["podIP"])
 
-    deployments = Counted()
+    deployments, services = Counted(), Counted()
     watched = [("pods", f"/api/v1/namespaces/{ns}/pods", see_pod, {}),
-               ("deployments", f"/apis/apps/v1/namespaces/{ns}/deployments", deployments.see, {"metadata_only": True})]
+               ("deployments", f"/apis/apps/v1/namespaces/{ns}/deployments", deployments.see, {"metadata_only": True}),
+               # (in a burst the operator creates a new service's Service at its next resync, after the Deployments)
+               ("services", f"/api/v1/namespaces/{ns}/services", services.see, {"metadata_only": True})]
     # Where the Prometheus Operator's CRDs exist, each service gets a PodMonitor and a PrometheusRule too: when
     # all of those exist is reported as well (in a burst the operator creates them after the Deployments).
     monitoring = {kind: Counted() for kind in ("podmonitors", "prometheusrules")
@@ -514,6 +517,7 @@ def main() -> int:
                 "create_requests_s": round(t_applied, 1),
                 "all_deployments_s": round(t_deploy, 1),
                 "deployments_seen_s": deployments.curve(t0, a.count),
+                "services_seen_s": services.curve(t0, a.count),
                 **{f"{kind}_seen_s": c.curve(t0, a.count) for kind, c in monitoring.items()},
                 "burst_operator_cpu_cores": round(burst_cpu / t_deploy, 2),
                 "burst_writes_per_service": round(burst_writes / a.count, 1),

@@ -329,24 +329,20 @@ def _record_metrics(t: Target, plan: rollout.Plan, desired: builders.Desired, de
 
 def _apply_plan(rt: Runtime, t: Target, spec: api.VLMServiceSpec, desired: builders.Desired, plan: rollout.Plan,
                 observed: S.Observed, owner: builders.Owner) -> None:
-    """Write what the plan wants: the Service and the Deployments always (each only where it differs), the
-    budget, policy and monitoring objects once per spec generation."""
+    """Write what the plan wants: the budget and the policy once per spec generation, before the Deployments (a
+    pod never runs without its NetworkPolicy), the Deployments and the Service always (each only where it
+    differs), then the monitoring objects. In a burst of new services (`Runtime.busy`) a missing Service waits
+    for the service's next resync, like the monitoring objects: a Service costs the API server more than
+    itself (the endpoints controller makes an Endpoints object and an EndpointSlice for it), and nothing
+    routes to a pod for many seconds after its Deployment anyway; the Deployments go first."""
     if plan.hands_off:
         return
-    rt.apply(t.uid, desired.service, observed.service)
-    if plan.stable is not None:
-        rt.apply(t.uid, plan.stable, observed.deployments.get(builders.ROLE_STABLE))
-    for role, want in ((builders.ROLE_CANARY, plan.canary), (builders.ROLE_BASELINE, plan.baseline)):
-        if want is not None:
-            rt.apply(t.uid, want, observed.deployments.get(role))
-        elif role in observed.deployments:
-            rt.delete(t.uid, "apps/v1", "Deployment", t.namespace, builders.deployment_name(owner, role))
     if t.status.get("observedGeneration") != t.generation:
         # Both follow the spec alone (and the operator's settings): applied once per generation, like the
         # PodMonitor; deleted when the spec no longer wants them (replicas <= 1, networkPolicy Off).
         for api_version, kind, want in (
-            ("policy/v1", "PodDisruptionBudget", desired.pdb),
             ("networking.k8s.io/v1", "NetworkPolicy", desired.network_policy),
+            ("policy/v1", "PodDisruptionBudget", desired.pdb),
         ):
             if want is not None:
                 rt.apply(t.uid, want, None)
@@ -354,6 +350,15 @@ def _apply_plan(rt: Runtime, t: Target, spec: api.VLMServiceSpec, desired: build
                 # (Never reconciled, and its spec never changed: every reconcile so far saw this spec and
                 # wanted none, so none was made. One DELETE answered 404 less per new service.)
                 rt.delete(t.uid, api_version, kind, t.namespace, t.name)
+    if plan.stable is not None:
+        rt.apply(t.uid, plan.stable, observed.deployments.get(builders.ROLE_STABLE))
+    for role, want in ((builders.ROLE_CANARY, plan.canary), (builders.ROLE_BASELINE, plan.baseline)):
+        if want is not None:
+            rt.apply(t.uid, want, observed.deployments.get(role))
+        elif role in observed.deployments:
+            rt.delete(t.uid, "apps/v1", "Deployment", t.namespace, builders.deployment_name(owner, role))
+    if observed.service is not None or not rt.busy():
+        rt.apply(t.uid, desired.service, observed.service)
     if rt.monitoring:
         _apply_monitoring(rt, t, spec, observed, owner)
 
@@ -362,8 +367,8 @@ def _apply_monitoring(rt: Runtime, t: Target, spec: api.VLMServiceSpec, observed
                       owner: builders.Owner) -> None:
     """The PodMonitor and the PrometheusRule: re-applied at each spec generation (they follow the spec and the
     operator's settings), and created where the index does not hold them (a new service, or one deleted by
-    hand: drift repair). Creation waits while the operator is `busy` with a burst of new services: their
-    Services, Deployments and NetworkPolicies go first, these follow at each service's next resync (a pod
+    hand: drift repair). Creation waits while the operator is `busy` with a burst of new services, like a new
+    Service's (`_apply_plan`): their Deployments go first, these follow at each service's next resync (a pod
     takes longer than that to be scraped anyway). A spec change of an existing service never waits."""
     changed = t.status.get("observedGeneration") != t.generation
     for kind in observed.monitoring:  # shown by the index: one deleted from now on is re-created at once

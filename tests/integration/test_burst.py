@@ -1,0 +1,47 @@
+"""A burst of new services through the real operator: more services wait for their first reconcile than it
+has handler threads (here one thread and six services, all there before it starts), so each new service's
+Deployment goes first and its Service follows at the service's next resync; its NetworkPolicy is written
+before its Deployment in every case (no pod runs without it)."""
+
+from __future__ import annotations
+
+import copy
+
+from kubernetes import client
+
+from tests.cluster import wait_for
+from tests.integration.test_operator import EXAMPLES, crd, create  # noqa: F401  (crd: a fixture)
+from tests.operator_proc import run_operator
+
+COUNT = 6
+
+
+def test_a_burst_gets_its_deployments_first_and_its_services_at_the_next_resync(cluster, kube, crd, namespace,  # noqa: F811
+                                                                                 tmp_path):
+    names = [f"burst-{i}" for i in range(COUNT)]
+    for name in names:
+        doc = copy.deepcopy(EXAMPLES["qwen2.5-vl-3b"])
+        doc["metadata"]["name"] = name
+        create(kube, namespace, doc)
+    apps, core, net = client.AppsV1Api(kube), client.CoreV1Api(kube), client.NetworkingV1Api(kube)
+
+    def present(lister) -> set[str]:
+        return {o.metadata.name for o in lister(namespace).items} & set(names)
+
+    gen = run_operator(cluster.kubeconfig, namespace, tmp_path, VLM_HANDLER_THREADS="1", VLM_RESYNC_SECONDS="5")
+    op = next(gen)
+    try:
+        wait_for(lambda: present(apps.list_namespaced_deployment) == set(names), 60,
+                 f"the {COUNT} Deployments", interval=0.1)
+        services = present(core.list_namespaced_service)
+        policies = present(net.list_namespaced_network_policy)
+        assert policies == set(names), f"Deployments without their NetworkPolicy: {set(names) - policies}"
+        # The services reconciled while the others waited got no Service yet (the last ones, reconciled once
+        # the backlog was down to the handler threads, may have theirs).
+        assert len(services) < COUNT // 2, f"Services made in the burst: {sorted(services)}\n{op.log_tail(30)}"
+        wait_for(lambda: present(core.list_namespaced_service) == set(names), 60,
+                 "every Service, at its service's next resync")
+        svc = core.read_namespaced_service(names[0], namespace)
+        assert svc.spec.selector == {"serving.vlmops.dev/vlmservice": names[0]}
+    finally:
+        next(gen, None)
