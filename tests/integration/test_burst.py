@@ -10,14 +10,13 @@ import copy
 from kubernetes import client
 
 from tests.cluster import wait_for
-from tests.integration.test_operator import EXAMPLES, crd, create  # noqa: F401  (crd: a fixture)
+from tests.integration.test_operator import EXAMPLES, create
 from tests.operator_proc import run_operator
 
 COUNT = 6
 
 
-def test_a_burst_gets_its_deployments_first_and_its_services_at_the_next_resync(cluster, kube, crd, namespace,  # noqa: F811
-                                                                                 tmp_path):
+def test_a_burst_gets_its_deployments_first_and_its_services_at_the_next_resync(cluster, kube, crd, namespace, tmp_path):
     names = [f"burst-{i}" for i in range(COUNT)]
     for name in names:
         doc = copy.deepcopy(EXAMPLES["qwen2.5-vl-3b"])

@@ -11,16 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.operator_proc import install_crd
 from tests.unit.operator.test_api import INVALID
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
-
-
-@pytest.fixture(scope="module")
-def crd(cluster):
-    install_crd(cluster.kubectl)
 
 
 def _dry_run(cluster, namespace: str, obj: dict) -> tuple[bool, str]:

@@ -22,18 +22,12 @@ from tests.operator_proc import (
     condition,
     dump,
     get_vlms,
-    install_crd,
     run_operator,
     vlms,
 )
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((REPO / "examples").glob("*.yaml"))}
-
-
-@pytest.fixture(scope="module")
-def crd(cluster):
-    install_crd(cluster.kubectl)
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
 
 from tests.cluster import wait_for
-from tests.operator_proc import GROUP, PLURAL, VERSION, condition, dump, install_crd, run_operator, vlms
+from tests.operator_proc import GROUP, PLURAL, VERSION, condition, dump, run_operator, vlms
 from tests.specfuzz import BASE, READY_REASONS, model_accepts, mutants, mutate
 
 COUNT = 500
@@ -71,11 +71,6 @@ def unusual_valid_specs(count: int) -> list[dict[str, Any]]:
 
     gather()
     return specs
-
-
-@pytest.fixture(scope="module")
-def crd(cluster):
-    install_crd(cluster.kubectl)
 
 
 def _settled(kube, namespace: str, names: list[str]) -> dict[str, dict]:

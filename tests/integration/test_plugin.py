@@ -17,21 +17,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 from kubernetes import client
 
 from tests.cluster import wait_for
-from tests.operator_proc import GROUP, PLURAL, VERSION, get_vlms, install_crd, run_operator, vlms
+from tests.operator_proc import GROUP, PLURAL, VERSION, get_vlms, run_operator, vlms
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN_DIR = REPO / "kubectl-plugin"
 EXAMPLE = yaml.safe_load((REPO / "examples" / "qwen2.5-vl-3b.yaml").read_text())
-
-
-@pytest.fixture(scope="module")
-def crd(cluster):
-    install_crd(cluster.kubectl)
 
 
 def kubectl_vlm(cluster, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from kubernetes import client
@@ -23,7 +22,6 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 from vlm_operator.api import VLMServiceSpec
 
-from tests.operator_proc import install_crd
 from tests.specfuzz import BASE, EXAMPLES, MIN_INVALID, PATHS, edge_cases, mutate, values
 
 
@@ -33,11 +31,6 @@ def _model_ok(spec: dict[str, Any]) -> tuple[bool, str]:
         return True, ""
     except ValidationError as e:
         return False, str(e)
-
-
-@pytest.fixture(scope="module")
-def crd(cluster):
-    install_crd(cluster.kubectl)
 
 
 def test_fuzzed_specs_are_refused_by_the_api_server_exactly_when_the_operator_would_refuse_them(

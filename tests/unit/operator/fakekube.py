@@ -217,7 +217,8 @@ class FakeKube:
             deployments={role: copy.deepcopy(d) for role, d in self.deployments(namespace, name).items()},
             pods=tuple(self.pods(name, namespace) if pods is None else pods),
             service=copy.deepcopy(svc) if svc is not None else None,
-            monitoring=frozenset(k for k in builders.MONITORING_KINDS if (builders.MONITORING_API_VERSION, k, namespace, name) in self.objects),
+            monitoring=frozenset(k for k in builders.MONITORING_KINDS
+                                 if (builders.MONITORING_API_VERSION, k, namespace, name) in self.objects),
         )
 
     def written(self, verb: str | None = None, kind: str | None = None) -> list[Write]:
