@@ -228,7 +228,10 @@ def test_a_hot_function_on_a_sleeping_scheduler_is_sampled_at_its_share(standin,
     with a hot hash_feature: the sidecar (py-spy --idle) still samples the stage in its frame, so the watched
     function's inclusive share is what VLMSchedulerHotFunctionShareHigh reads (> 25%) while the scheduler uses
     a fraction of a core (the e2e monitoring test produces that alert this way, at no cost to the host)."""
-    s = standin("--standin-cost-model", "sleep", "--standin-hash-feature-ms", "6", "--standin-request-rate", "10")
+    # Fixed arrivals: ~20 Poisson arrivals in a 2 s window would move the share by +-22% (sd) on their own; a CI
+    # run read 28% that way.
+    s = standin("--standin-cost-model", "sleep", "--standin-hash-feature-ms", "6", "--standin-request-rate", "10",
+                "--standin-arrivals", "fixed")
     pid = s.pids[0]
 
     def cpu() -> float:
