@@ -488,7 +488,7 @@ def test_the_policy_is_written_before_the_deployment_and_the_service_after_it():
         "NetworkPolicy", "PodDisruptionBudget", "Deployment", "Service"]
 
 
-def test_a_service_deleted_by_hand_is_recreated_even_in_a_burst():
+def test_a_service_edited_by_hand_is_repaired_even_in_a_burst():
     """Only a new service's Service waits out a burst: one the index showed is compared and repaired as ever
     (here: its selector edited by hand)."""
     c = Cluster()
