@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 from scipy import stats as _st
-from vlm_operator import gate
+from vlm_operator import gate, names
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "bench" / "standin" / "sglang_standin.py"
@@ -228,7 +228,7 @@ def rederive_noise(path: Path) -> dict:
 # preprocessing per image on 2 pool workers, a tokenizing asyncio loop, a detokenizer), every role sampled at
 # the sidecar's front-end defaults (250 Hz for the first 2 s of each window).
 FRONTEND_PHASE = ("frontend", ["--standin-version", "0.5.23", "--standin-frontend", "--standin-seed", "3"], {})
-FRONTEND_ROLES = ("tokenizer_manager", "tokenizer_worker", "mm_processor", "detokenizer")
+FRONTEND_ROLES = names.FRONTEND_ROLES
 
 
 def record_frontend_noise(path: Path, seconds: float, interval: str = "6s", duration: str = "5s") -> dict:
@@ -434,9 +434,8 @@ def load_noise(path: Path = NOISE_FILE, *, detrended: bool = True, scale: float 
 # =============================================================================================
 # The scheduler's call tree and its windows
 
-STAGE_NAMES = ("recv_requests", "process_input_requests", "get_next_batch_to_run", "run_batch",
-               "process_batch_result")
-WATCH = ("process_input_requests", "hash_feature", "reconstruct_on_target_device")  # api.TelemetrySpec default
+STAGE_NAMES = names.LOOP_STAGES
+WATCH = names.DEFAULT_WATCH_FUNCTIONS  # api.TelemetrySpec default
 TOP_N = 10  # sidecar default
 LOOP = "event_loop_overlap"
 # (name, parent). Self times come from the recording where the stand-in has the frame; the rest is
@@ -1127,7 +1126,7 @@ def markdown(results: dict, chosen: dict, meta: dict) -> str:
              f"Configuration: {meta['config']}\n",
              f"Command: `{meta['command']}` ({meta['trials']} trials per row, seed {meta['seed']}; "
              f"{meta['seconds']:.0f} s wall on {meta['jobs']} workers)\n",
-             f"Gate: `operator/vlm_operator/gate.py` as of {meta['gate_state']}; policy {meta['policy']}\n",
+             f"Gate: `operator/vlm_operator/gate/` as of {meta['gate_state']}; policy {meta['policy']}\n",
              f"Noise: {meta['noise']}\n",
              "RB = rolled back within maxDuration (a false rollback in rows expecting promote, a detection in "
              "rows expecting rollback); (max) = of which by onInconclusive at maxDuration; (last look) = promotions "
@@ -1246,7 +1245,7 @@ def _gate_state() -> str:
     if not where.is_relative_to(ROOT):
         return f"a copy at {where} (not the working tree's)"
     try:
-        r = subprocess.run(["git", "diff", "--stat", "--", "operator/vlm_operator/gate.py"], cwd=ROOT,
+        r = subprocess.run(["git", "diff", "--stat", "--", "operator/vlm_operator/gate", "operator/vlm_operator/window.py"], cwd=ROOT,
                            capture_output=True, text=True, timeout=10)
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               timeout=10).stdout.strip()

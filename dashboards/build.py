@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
+
+from vlm_operator.names import LABEL_ROLE, PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUTS = (ROOT / "dashboards" / "vlm-operator.json", ROOT / "charts" / "vlm-operator" / "files" / "vlm-operator-dashboard.json")
 UID = "vlm-operator"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 SEL = 'namespace=~"$namespace",vlmservice=~"$vlmservice"'
-# Prometheus turns the pod label serving.vlmops.dev/role (PodMonitor podTargetLabels) into this name.
-ROLE = "serving_vlmops_dev_role"
+# Prometheus turns the pod label serving.vlmops.dev/role (PodMonitor podTargetLabels) into
+# serving_vlmops_dev_role: every character a label name cannot hold becomes _.
+ROLE = re.sub(r"[^A-Za-z0-9_]", "_", LABEL_ROLE)
 
 
 def _target(expr: str, legend: str = "", ref: str = "A", instant: bool = False, fmt: str = "time_series") -> dict:
@@ -68,8 +72,7 @@ def panels() -> list[dict]:
     out.append(_panel(2, "Rollout phase", "state-timeline", (0, 1, 12, 7), [
         _target(f"max by (namespace, vlmservice, phase) (vlm_operator_rollout_phase{{{SEL}}}) == 1",
                 "{{vlmservice}}: {{phase}}")],
-        description="Current phase of each VLMService's canary rollout (Idle, Progressing, Analysing, Paused, "
-                    "Promoted, RolledBack, Inconclusive, Aborted).",
+        description=f"Current phase of each VLMService's canary rollout ({', '.join(PHASES)}).",
         extra={"options": {"showValue": "never", "mergeValues": True, "rowHeight": 0.8}}))
     out.append(_panel(3, "Canary vs baseline, relative change per signal", "timeseries", (12, 1, 12, 7), [
         _target(f"vlm_operator_signal_delta{{{SEL}}}", "{{vlmservice}} {{signal}}")],

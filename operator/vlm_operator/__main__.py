@@ -25,8 +25,9 @@ import time
 from typing import Any
 
 from . import __version__
+from .names import OPERATOR
 
-PROG = "vlm-operator"
+PROG = OPERATOR
 
 
 class JsonFormatter(logging.Formatter):

@@ -24,14 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from .generated import write_or_check
+from .names import DEFAULT_WATCH_FUNCTIONS, OPERATOR
 
 RULES_FILE = Path("alerts") / "vlm-operator.rules.yaml"
 OUTPUTS = (RULES_FILE, Path("charts") / "vlm-operator" / "files" / "vlm-operator.rules.yaml")
 RUNBOOK = "https://github.com/vlmops/vlm-operator/blob/main/docs/alerts.md#"
-WATCHED = "process_input_requests|hash_feature|reconstruct_on_target_device"
-OPERATOR_JOB = "vlm-operator"
-GROUP = "vlm-operator"
-SELF_GROUP = "vlm-operator-self"
+WATCHED = "|".join(DEFAULT_WATCH_FUNCTIONS)
+OPERATOR_JOB = OPERATOR
+GROUP = OPERATOR
+SELF_GROUP = f"{OPERATOR}-self"
 
 
 def _sel(extra: str, scope: str) -> str:
@@ -44,7 +45,7 @@ def _alert(name: str, expr: str, for_: str, severity: str, summary: str, descrip
         "alert": name,
         "expr": expr,
         "for": for_,
-        "labels": {"severity": severity, "component": "vlm-operator"},
+        "labels": {"severity": severity, "component": OPERATOR},
         "annotations": {
             "summary": summary,
             "description": description,

@@ -18,14 +18,20 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from . import names
+
+# Re-exported (api.GROUP, api.PLURAL, ...): the API's names, defined in vlm_operator.names.
+from .names import GROUP as GROUP
+from .names import KIND as KIND
+from .names import PLURAL as PLURAL
+from .names import SHORT_NAMES as SHORT_NAMES
+from .names import SINGULAR as SINGULAR
+from .names import VERSION as VERSION
 from .units import DURATION_PATTERN, QUANTITY_PATTERN, parse_duration
 
-GROUP = "serving.vlmops.dev"
-VERSION = "v1alpha1"
-KIND = "VLMService"
-PLURAL = "vlmservices"
-SINGULAR = "vlmservice"
-SHORT_NAMES = ["vlms", "vlmsvc"]
+# Literal types built from the shared names (pydantic and the CRD's enums see the same values).
+FrontendRole = Literal[names.FRONTEND_ROLES]
+RolloutPhase = Literal[names.PHASES]
 
 DEFAULT_SGLANG_IMAGE = "lmsysorg/sglang:v0.5.23"
 DEFAULT_GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
@@ -53,10 +59,8 @@ QUALIFIED_NAME_PATTERN = (
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
 # Pod labels the operator sets itself (builders.common_labels; the watch filters on managed-by); keys under
 # the operator's prefix (selector, revision and role labels, the ipc-cache annotation) are refused as well.
-OPERATOR_PREFIX = f"{GROUP}/"
-OPERATOR_LABELS = (
-    "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component", "app.kubernetes.io/managed-by"
-)
+OPERATOR_PREFIX = f"{names.PREFIX}/"
+OPERATOR_LABELS = names.OPERATOR_LABELS
 
 Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)]
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=32)]
@@ -368,7 +372,7 @@ class TopologySpreadConstraint(KubeModel):
     topology_key: str = Field(min_length=1, max_length=316, pattern=QUALIFIED_NAME_PATTERN)
     when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
     label_selector: LabelSelector | None = Field(
-        None, description="Pods counted; the service's own pods (serving.vlmops.dev/vlmservice) when absent."
+        None, description=f"Pods counted; the service's own pods ({names.LABEL_SERVICE}) when absent."
     )
     min_domains: int | None = Field(None, ge=1)
     node_affinity_policy: Literal["Honor", "Ignore"] | None = None
@@ -526,11 +530,11 @@ class TelemetrySpec(KubeModel):
     duration: Duration = Field("5s", description="Length of one sampling window.")
     rate: int = Field(1000, description="py-spy sampling rate in Hz.", ge=1, le=2000)
     watch_functions: list[Annotated[str, Field(pattern=FUNCTION_PATTERN, max_length=128)]] = Field(
-        default_factory=lambda: ["process_input_requests", "hash_feature", "reconstruct_on_target_device"],
+        default_factory=lambda: list(names.DEFAULT_WATCH_FUNCTIONS),
         description="Functions whose share is always exported (besides the top N).",
         max_length=32,
     )
-    frontend_roles: list[Literal["tokenizer_manager", "tokenizer_worker", "mm_processor", "detokenizer"]] = Field(
+    frontend_roles: list[FrontendRole] = Field(
         default_factory=list,
         description="SGLang front-end roles the sidecar samples besides the schedulers (the main server process's "
         "TokenizerManager loop, tokenizer workers, the image processor pool, the detokenizer): their busy shares "
@@ -543,8 +547,8 @@ class TelemetrySpec(KubeModel):
     image: str | None = Field(None, description="Sidecar image override.", pattern=IMAGE_PATTERN, max_length=512)
     network_policy: Literal["Auto", "On", "Off"] = Field(
         "Auto",
-        description="A NetworkPolicy that admits only the operator and Prometheus to the sidecar's port 9400 "
-        "(SGLang's port stays open). Auto follows the operator's VLM_NETWORK_POLICY setting (on by default).",
+        description=f"A NetworkPolicy that admits only the operator and Prometheus to the sidecar's port "
+        f"{names.SIDECAR_PORT} (SGLang's port stays open). Auto follows the operator's VLM_NETWORK_POLICY setting (on by default).",
     )
     run_as_user: int = Field(
         0,
@@ -748,9 +752,7 @@ class SignalStatus(KubeModel):
 
 
 class RolloutStatus(KubeModel):
-    phase: Literal[
-        "Idle", "Progressing", "Analysing", "Paused", "Promoted", "RolledBack", "Inconclusive", "Aborted"
-    ] = "Idle"
+    phase: RolloutPhase
     revision: str | None = Field(None, description="Canary revision this rollout is about.")
     step: int = Field(0, ge=0)
     capacity: Literal["Surge", "Borrow"] | None = None

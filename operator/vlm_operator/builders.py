@@ -22,23 +22,32 @@ from typing import Any
 from pydantic import BaseModel
 
 from . import sglang
-from .api import GROUP, KIND, VERSION, EnvVar, PodSpec, VLMServiceSpec
+from .api import EnvVar, PodSpec, VLMServiceSpec
 from .errors import InvalidSpec
-from .settings import PREFIX, Settings
+
+# The shared names (vlm_operator.names), re-exported: other modules use builders.LABEL_ROLE and the like.
+from .names import (
+    ANNOTATION_IPC,
+    API_VERSION,
+    KIND,
+    LABEL_APP_COMPONENT,
+    LABEL_APP_INSTANCE,
+    LABEL_APP_NAME,
+    LABEL_MANAGED_BY,
+    LABEL_REVISION,
+    LABEL_ROLE,
+    LABEL_SERVICE,
+    OPERATOR,
+    ROLE_STABLE,
+    SGLANG_PORT,
+    SIDECAR_PORT,
+)
+from .names import PREFIX as PREFIX
+from .names import ROLE_BASELINE as ROLE_BASELINE
+from .names import ROLE_CANARY as ROLE_CANARY
+from .settings import Settings
 from .units import parse_duration
 
-SGLANG_PORT = 30000
-SIDECAR_PORT = 9400
-ROLE_STABLE = "stable"
-ROLE_CANARY = "canary"
-# Pods of the stable revision started next to the canary's, at the same time and in the same number: the
-# gate's baseline with rollout.baseline Fresh (Kayenta's practice: same age, same time, same traffic).
-ROLE_BASELINE = "baseline"
-
-LABEL_SERVICE = f"{PREFIX}/vlmservice"
-LABEL_REVISION = f"{PREFIX}/revision"
-LABEL_ROLE = f"{PREFIX}/role"
-ANNOTATION_IPC = f"{PREFIX}/ipc-cache"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 # Startup budget: large VLMs can take 10+ minutes to load their weights; 20 minutes.
@@ -56,7 +65,7 @@ class Owner:
 
     def reference(self) -> dict[str, Any]:
         return {
-            "apiVersion": f"{GROUP}/{VERSION}",
+            "apiVersion": API_VERSION,
             "kind": KIND,
             "name": self.name,
             "uid": self.uid,
@@ -67,10 +76,10 @@ class Owner:
 
 def common_labels(owner: Owner) -> dict[str, str]:
     return {
-        "app.kubernetes.io/name": "sglang",
-        "app.kubernetes.io/instance": owner.name,
-        "app.kubernetes.io/component": "inference",
-        "app.kubernetes.io/managed-by": "vlm-operator",
+        LABEL_APP_NAME: "sglang",
+        LABEL_APP_INSTANCE: owner.name,
+        LABEL_APP_COMPONENT: "inference",
+        LABEL_MANAGED_BY: OPERATOR,
         LABEL_SERVICE: owner.name,
     }
 

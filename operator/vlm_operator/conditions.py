@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from .units import TIME_FORMAT
+
 READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
@@ -31,7 +33,7 @@ def _status_word(v: bool | None) -> str:
 
 
 def rfc3339(now: datetime) -> str:
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return now.strftime(TIME_FORMAT)
 
 
 def merge(

@@ -22,8 +22,9 @@ from pydantic import BaseModel
 
 from . import api
 from .generated import write_or_check
+from .names import CATEGORIES, GROUP, KIND, OPERATOR, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 
-CRD_FILE = f"{api.GROUP}_{api.PLURAL}.yaml"
+CRD_FILE = f"{GROUP}_{PLURAL}.yaml"
 # The chart's copy is read by charts/vlm-operator/templates/crds.yaml (not Helm's crds/ directory,
 # which `helm upgrade` never applies), so a chart upgrade carries the CRD with it.
 DEFAULT_OUTPUTS = ("crds", "charts/vlm-operator/files/crds")
@@ -152,24 +153,24 @@ def build_crd() -> dict[str, Any]:
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{api.PLURAL}.{api.GROUP}",
-            "labels": {"app.kubernetes.io/part-of": "vlm-operator"},
+            "name": f"{PLURAL}.{GROUP}",
+            "labels": {"app.kubernetes.io/part-of": OPERATOR},
             "annotations": {"vlmops.dev/generated-by": "python -m vlm_operator.crdgen (do not edit by hand)"},
         },
         "spec": {
-            "group": api.GROUP,
+            "group": GROUP,
             "names": {
-                "kind": api.KIND,
-                "listKind": f"{api.KIND}List",
-                "plural": api.PLURAL,
-                "singular": api.SINGULAR,
-                "shortNames": list(api.SHORT_NAMES),
-                "categories": ["vlmops"],
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": list(CATEGORIES),
             },
             "scope": "Namespaced",
             "versions": [
                 {
-                    "name": api.VERSION,
+                    "name": VERSION,
                     "served": True,
                     "storage": True,
                     "schema": {

@@ -22,16 +22,17 @@ from typing import Any
 
 import kopf
 
-from . import api, kubeconn, metrics
 from . import builders as B
+from . import kubeconn, metrics
 from .apply import Kube
 from .errors import PermanentError, TemporaryError
+from .names import GROUP, KIND, LABEL_MANAGED_BY, LABEL_ROLE, LABEL_SERVICE, OPERATOR, PLURAL, PREFIX, VERSION
+from .observed import Observed, PodInfo
 from .reconcile import Runtime, Target, reconcile
-from .settings import PREFIX, Settings
-from .status import Observed, PodInfo
+from .settings import Settings
 
 SETTINGS = Settings.from_env()
-MANAGED = {"app.kubernetes.io/managed-by": "vlm-operator"}
+MANAGED = {LABEL_MANAGED_BY: OPERATOR}
 _locks: dict[str, threading.Lock] = {}
 log = logging.getLogger("vlm_operator")
 
@@ -46,7 +47,7 @@ class ServicesOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
     takes no diff base as nothing changed (and those kinds have no handler that would ask)."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
-        if body.get("kind") != api.KIND:
+        if body.get("kind") != KIND:
             return None
         return super().build(body=body, extra_fields=extra_fields)
 
@@ -145,12 +146,12 @@ def indexed(body: kopf.Body) -> Packed:
 # millisecond of CPU and does no I/O and takes no lock, so it runs on the event loop as the event arrives.
 @kopf.index("apps", "v1", "deployments", labels=MANAGED)
 async def vlm_deployments(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
-    return {(namespace, labels.get(B.LABEL_SERVICE)): (labels.get(B.LABEL_ROLE), indexed(body))}
+    return {(namespace, labels.get(LABEL_SERVICE)): (labels.get(LABEL_ROLE), indexed(body))}
 
 
 @kopf.index("", "v1", "pods", labels=MANAGED)
 async def vlm_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
-    return {(namespace, labels.get(B.LABEL_SERVICE)): PodInfo.from_body(body)}
+    return {(namespace, labels.get(LABEL_SERVICE)): PodInfo.from_body(body)}
 
 
 @kopf.index("", "v1", "services", labels=MANAGED)
@@ -163,12 +164,12 @@ async def vlm_services(namespace: str, name: str, body: kopf.Body, **_: Any) -> 
 # kopf watches these only where the Prometheus Operator's CRDs are installed.
 @kopf.index(B.MONITORING_GROUP, B.MONITORING_VERSION, "podmonitors", labels=MANAGED)
 async def vlm_podmonitors(namespace: str, labels: dict, **_: Any) -> dict:
-    return {(namespace, labels.get(B.LABEL_SERVICE)): "PodMonitor"}
+    return {(namespace, labels.get(LABEL_SERVICE)): "PodMonitor"}
 
 
 @kopf.index(B.MONITORING_GROUP, B.MONITORING_VERSION, "prometheusrules", labels=MANAGED)
 async def vlm_prometheusrules(namespace: str, labels: dict, **_: Any) -> dict:
-    return {(namespace, labels.get(B.LABEL_SERVICE)): "PrometheusRule"}
+    return {(namespace, labels.get(LABEL_SERVICE)): "PrometheusRule"}
 
 
 def _observed(key: tuple[str, str], deployments: kopf.Index, pods: kopf.Index, services: kopf.Index,
@@ -182,9 +183,9 @@ def _observed(key: tuple[str, str], deployments: kopf.Index, pods: kopf.Index, s
     )
 
 
-@kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
-@kopf.on.update(api.GROUP, api.VERSION, api.PLURAL)
-@kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=SETTINGS.resync_seconds,
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+@kopf.timer(GROUP, VERSION, PLURAL, interval=SETTINGS.resync_seconds,
             initial_delay=_first_resync_delay)
 def reconcile_vlmservice(
     name: str, namespace: str, uid: str, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status, body: kopf.Body,
@@ -216,7 +217,7 @@ def forget_vlmservice(namespace: str, name: str, uid: str, memo: kopf.Memo) -> N
         rt.forget(uid)
 
 
-@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+@kopf.on.event(GROUP, VERSION, PLURAL)
 async def count_vlmservices(type: str | None, name: str, namespace: str, memo: kopf.Memo, uid: str, meta: kopf.Meta,
                             **_: Any) -> None:
     """Gauge of managed services (the watch's own stream, no extra reads); a deleted service is forgotten.

@@ -15,8 +15,9 @@ serving.vlmops.dev/rollout-action, which the operator acts on and clears; retry 
 (the operator holds a rolled-back revision only while status.rollout names it); profile goes through the
 API server's pod proxy, so no port-forward is needed.
 
-This module imports nothing from vlm_operator: the plugin must run with the kubernetes client alone.
-tests/unit/packaging/test_kubectl_plugin.py checks its constants against the operator's.
+The plugin must run with the kubernetes client alone: from vlm_operator it imports only `names` (the
+names it shares with the operator, a module without imports), which the krew archive carries next to this
+file as vlm_names.py.
 """
 
 from __future__ import annotations
@@ -31,12 +32,17 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-GROUP, VERSION, PLURAL = "serving.vlmops.dev", "v1alpha1", "vlmservices"
-ACTION_ANNOTATION = f"{GROUP}/rollout-action"
-LABEL_SERVICE, LABEL_ROLE = f"{GROUP}/vlmservice", f"{GROUP}/role"
-SIDECAR_PORT = 9400
-ACTIVE_PHASES = ("Progressing", "Analysing", "Paused")
-HELD_PHASES = ("RolledBack", "Aborted")  # the operator keeps the stable revision until the spec changes
+try:
+    from . import names
+except ImportError:  # the krew archive: this file at the top level, vlm_operator/names.py beside it
+    import vlm_names as names
+
+GROUP, VERSION, PLURAL = names.GROUP, names.VERSION, names.PLURAL
+ACTION_ANNOTATION = names.ANNOTATION_ROLLOUT_ACTION
+LABEL_SERVICE, LABEL_ROLE = names.LABEL_SERVICE, names.LABEL_ROLE
+SIDECAR_PORT = names.SIDECAR_PORT
+ACTIVE_PHASES = names.ACTIVE_PHASES
+HELD_PHASES = names.HELD_PHASES  # the operator keeps the stable revision until the spec changes
 VIEWS = {"svg": "profile/latest.svg", "json": "profile/latest.json", "diff": "profile/diff.svg"}
 COLLAPSED = ("profile/latest.json", {"format": "collapsed"})
 COLUMNS = ("NAME", "MODEL", "READY", "PHASE", "ROLLOUT", "STEP", "CANARY", "VERDICT", "LOOP-P95", "TOP-FUNCTION", "AGE")
@@ -149,7 +155,7 @@ def sidecar_port(pod: Mapping[str, Any], port: int) -> bool:
 
 def parse_against(text: str) -> tuple[str, str | int]:
     """--against: ('role', 'stable'|'baseline'), ('window', ID) or ('pod', NAME)."""
-    if text in ("stable", "baseline"):
+    if text in (names.ROLE_STABLE, names.ROLE_BASELINE):
         return "role", text
     if text.startswith("pod/") and len(text) > 4:
         return "pod", text[4:]
@@ -480,7 +486,8 @@ def parser() -> argparse.ArgumentParser:
     helps = {"promote": "promote the running canary now", "abort": "abort the canary, keep the stable revision",
              "pause": "pause the canary's analysis (no verdict until resumed)",
              "resume": "resume a paused canary (its step's analysis starts afresh)"}
-    for action, text in helps.items():
+    for action in names.ROLLOUT_ACTIONS:
+        text = helps[action]
         s = sub.add_parser(action, parents=[common], help=text)
         s.add_argument("name", help="the VLMService")
         s.add_argument("--force", action="store_true", help="set the annotation even if the operator would ignore it")

@@ -31,6 +31,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .names import PHASES
+
 RECONCILE = Histogram(
     "vlm_operator_reconcile_duration_seconds",
     "Time spent in one reconcile of a VLMService.",
@@ -49,7 +51,6 @@ ROLLOUTS = Counter("vlm_operator_rollouts_total", "Finished canary rollouts by r
 ROLLOUT_RESULTS = {"CanaryPromoted": "promoted", "CanaryRolledBack": "rolled_back", "CanaryAborted": "aborted"}
 for _result in ROLLOUT_RESULTS.values():
     ROLLOUTS.labels(result=_result)
-PHASES = ("Idle", "Progressing", "Analysing", "Paused", "Promoted", "RolledBack", "Inconclusive", "Aborted")
 _SVC = ["namespace", "vlmservice"]
 
 

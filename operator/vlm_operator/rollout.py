@@ -24,18 +24,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from . import builders as B
 from .api import RolloutStatus, SignalStatus, VLMServiceSpec
 from .gate import Decision
-from .status import Observed
-from .units import parse_duration
+from .names import ACTIVE_PHASES as ACTIVE
+from .names import HELD_PHASES
+from .observed import Observed
+from .units import format_time as _iso
+from .units import parse_duration, parse_time
 
-ANNOTATION_ACTION = f"{B.PREFIX}/rollout-action"
-ACTIONS = ("promote", "abort", "pause", "resume")
-ACTIVE = ("Progressing", "Analysing", "Paused")
 # A surged canary pod that stays unschedulable this long falls back to borrowing a stable replica.
 SURGE_PATIENCE_S = 120.0
 
@@ -85,30 +84,8 @@ def _fresh_fits(capacity: str, full: int, canary_replicas: int) -> bool:
     return capacity == "Surge" or full >= 2 * canary_replicas
 
 
-def analysis_due(spec: VLMServiceSpec, prev: RolloutStatus | None, observed: Observed, revision: str, now: float) -> bool:
-    """Should the operator read signals this round? (Only then does it pay for the I/O.)"""
-    if spec.rollout is None or prev is None or prev.revision != revision or prev.phase != "Analysing":
-        return False
-    if prev.analysis_started_at is None or observed.updated_ready(B.ROLE_CANARY, revision) < 1:
-        return False
-    if prev.last_analysis_at is None:
-        return True
-    return now - parse_time(prev.last_analysis_at) >= parse_duration(spec.rollout.analysis.interval)
-
-
 def _upd(r: RolloutStatus, **changes: Any) -> RolloutStatus:
     return r.model_copy(update=changes)
-
-
-def parse_time(text: str | None) -> float:
-    """RFC 3339 from status -> unix seconds (0 when unset)."""
-    if not text:
-        return 0.0
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _signals(d: Decision) -> list[SignalStatus]:
@@ -184,7 +161,7 @@ def plan(
             return take_desired(_upd(prev, phase="Aborted", reason="SpecReverted", message="spec is back at the stable revision"))
         return take_desired(prev if prev and prev.phase not in ACTIVE else None)
 
-    held = prev is not None and prev.revision == rev and prev.phase in ("RolledBack", "Aborted")
+    held = prev is not None and prev.revision == rev and prev.phase in HELD_PHASES
     if held:
         return keep_stable(prev)
 
@@ -220,7 +197,8 @@ def plan(
     else:
         r = prev
 
-    # Manual control through the rollout-action annotation.
+    # The decision point: the user's action (the rollout-action annotation), the canary's start-up and the
+    # gate's verdict are its inputs, each mapped to one transition below; nothing here re-derives a verdict.
     if action == "abort":
         r = _upd(r, phase="Aborted", reason="AbortedByUser", message="aborted by annotation")
         events.append(Event("Warning", "CanaryAborted", f"canary {rev} aborted by annotation"))
@@ -230,8 +208,11 @@ def plan(
         # The step's analysis starts afresh (a new clock), once its canary pods are Ready again.
         r = _upd(r, phase="Progressing", analysis_started_at=None, data_started_at=None, step_started_at=_iso(now), reason="Resumed", message="resumed by annotation")
     elif action == "promote":
-        decision = Decision(verdict="Promote", reason="PromotedByUser", message="promoted by annotation")
-        r = _upd(r, step=len(steps) - 1, phase="Analysing")
+        # The user's promotion is an input like the gate's verdict, and wins over it: the remaining steps are
+        # skipped, and this round's analysis (if any) is not recorded as the reason.
+        r = _upd(r, step=len(steps) - 1, phase="Promoted", verdict="Promote", reason="PromotedByUser",
+                 message="promoted by annotation")
+        events.append(Event("Normal", "CanaryPromoted", f"canary {rev} promoted to stable: promoted by annotation"))
 
     # Canary pods that cannot be placed on spare GPUs: borrow a stable replica instead of waiting.
     step_replicas = steps[min(r.step, len(steps) - 1)].replicas
@@ -278,7 +259,7 @@ def plan(
             r = _upd(r, phase="Paused")
             events.append(Event("Warning", "CanaryPaused", f"canary {rev} paused: {decision.message}"))
         elif decision.verdict == "Promote":
-            if r.step + 1 < len(steps) and decision.reason != "PromotedByUser":
+            if r.step + 1 < len(steps):
                 r = _upd(r, step=r.step + 1, step_started_at=_iso(now), analysis_started_at=None, data_started_at=None,
                          phase="Progressing")
                 events.append(Event("Normal", "CanaryStep", f"canary {rev} passed step {r.step}; moving on"))
@@ -288,7 +269,7 @@ def plan(
 
     if r.phase == "Promoted":
         return take_desired(r, events)
-    if r.phase in ("RolledBack", "Aborted"):
+    if r.phase in HELD_PHASES:
         return keep_stable(r, events)
     canary_replicas = steps[min(r.step, len(steps) - 1)].replicas
     fresh = r.baseline == "Fresh"

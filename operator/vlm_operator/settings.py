@@ -51,25 +51,21 @@ from pydantic_settings import (
 
 from . import __version__
 from .api import DEFAULT_SGLANG_IMAGE
+from .names import LABEL_APP_NAME, OPERATOR, OPERATOR_LABELS, PREFIX
 
-PREFIX = "serving.vlmops.dev"
 ENV_PREFIX = "VLM_"
 # Who may reach the sidecar's port: the operator's pods (the chart's selector label) and Prometheus (the
 # Prometheus Operator labels its pods app.kubernetes.io/name=prometheus), in any namespace. Narrow them with
 # namespaceSelector, or add an ipBlock for the API server (kubectl vlm profile goes through its pod proxy).
 DEFAULT_PROFILER_PEERS: tuple[dict, ...] = (
-    {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "vlm-operator"}}},
-    {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
+    {"namespaceSelector": {}, "podSelector": {"matchLabels": {LABEL_APP_NAME: OPERATOR}}},
+    {"namespaceSelector": {}, "podSelector": {"matchLabels": {LABEL_APP_NAME: "prometheus"}}},
 )
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 # Kubernetes label keys ([prefix/]name) and values.
 _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
 _LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
-# The operator's own labels on the objects it creates: extra monitoring labels may not replace them.
-_RESERVED_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
-                    "app.kubernetes.io/managed-by")
-
 
 def _json(v: Any) -> Any:
     """A JSON-valued variable: parsed when it is still text (an environment value), as is otherwise."""
@@ -95,7 +91,7 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field("text", description="text or json")
     metrics_port: int = Field(8080, ge=0, le=65535, description="the operator's own /metrics port")
     resync_seconds: float = Field(15.0, gt=0, description="status refresh, drift repair and analysis timer")
-    field_manager: str = Field("vlm-operator", min_length=1, description="server-side apply field manager")
+    field_manager: str = Field(OPERATOR, min_length=1, description="server-side apply field manager")
     network_policy: bool = Field(True, description="telemetry.networkPolicy Auto creates a NetworkPolicy")
     profiler_peers: Annotated[tuple[dict, ...], NoDecode] = Field(
         DEFAULT_PROFILER_PEERS, description="NetworkPolicyPeer objects admitted to the sidecar's port (JSON list)")
@@ -171,7 +167,7 @@ class Settings(BaseSettings):
         bad += [f"{k}={x}" for k, x in v.items() if not _LABEL_VALUE.match(x)]
         if bad:
             raise ValueError(f"not a valid label: {', '.join(map(repr, bad))}")
-        reserved = [k for k in v if k in _RESERVED_LABELS or k.startswith(f"{PREFIX}/")]
+        reserved = [k for k in v if k in OPERATOR_LABELS or k.startswith(f"{PREFIX}/")]
         if reserved:
             raise ValueError(f"reserved for the operator's own labels: {', '.join(map(repr, reserved))}")
         return dict(v)

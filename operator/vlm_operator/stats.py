@@ -1,14 +1,15 @@
-"""Two-sample comparisons for the canary gate: effect size, one-sided confidence bounds, p-values.
+"""Comparisons for the canary gate: effect size, one-sided confidence bounds, p-values.
 
 Pure and small on purpose: numbers in, numbers out, no windows, pods or policies (that is `gate`).
-The test is Yuen's trimmed-mean Welch t-test (what `scipy.stats.ttest_ind(trim=...)` computes; here in
-numpy, `tdist`, so the operator does not load scipy):
+The test is Yuen's one-sample trimmed-mean t-test on paired differences (canary minus the baseline of
+the same time slice; `paired_many`), in numpy with `tdist`'s t distribution, so the operator does not
+load scipy:
 - per-window scheduler values have heavy right tails (GC pauses, a long prefill batch in one
   window); trimming 20% per tail keeps one such window from deciding a rollout, while keeping
   far more power than a median test on the 10-60 windows a canary step yields;
-- unlike Mann-Whitney it gives a confidence interval for the effect size itself, which is what a
+- unlike a rank test it gives a confidence interval for the effect size itself, which is what a
   margin ("at most +3% slower") is compared against;
-- unequal variances and sizes (one canary pod against several stable pods) are the normal case.
+- pairing by time slice cancels load that moves both revisions (a traffic ramp).
 Latencies are compared on the log scale, so the effect is a ratio (canary / baseline - 1) and
 multiplicative pod or load factors do not skew it; shares are compared as plain differences.
 """
@@ -22,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from .tdist import t_cdf, t_ppf, t_sf, trim_mean, yuen
+from .tdist import t_cdf, t_ppf, t_sf, trim_mean
 
 Scale = Literal["log", "linear"]
 
@@ -33,142 +34,11 @@ DEFAULT_TRIM = 0.2
 MIN_PER_SIDE = 3
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """Canary against baseline for one signal.
-
-    `delta`, `low` and `high` are on the signal's natural scale: relative change
-    (canary / baseline - 1) for `log`, absolute difference (canary - baseline) for `linear`.
-    `low` is a one-sided lower confidence bound at level 1 - alpha_low, `high` a one-sided upper
-    bound at 1 - alpha_high. `p_greater` is the one-sided p-value of H0 "canary <= baseline",
-    `p_less` of H0 "canary >= baseline".
-    """
-
-    baseline: float
-    canary: float
-    delta: float
-    low: float
-    high: float
-    p_greater: float
-    p_less: float
-    n_baseline: int
-    n_canary: int
-
-
 def finite(values: Sequence[float | None], *, positive: bool = False) -> np.ndarray:
     """The usable values of a sequence: drops None, NaN, infinities and (for log scale) values <= 0."""
     out = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     arr = np.asarray(out, dtype=float)
     return arr[arr > 0] if positive else arr
-
-
-def compare(
-    baseline: Sequence[float | None],
-    canary: Sequence[float | None],
-    *,
-    scale: Scale,
-    alpha_low: float,
-    alpha_high: float,
-    trim: float = DEFAULT_TRIM,
-) -> Comparison | None:
-    """Compare two samples; None when either side has fewer than MIN_PER_SIDE usable values."""
-    return compare_many(
-        [baseline], [canary], scale=scale, alpha_low=alpha_low, alpha_high=alpha_high, trim=trim
-    )[0]
-
-
-def compare_many(
-    baselines: Sequence[Sequence[float | None]],
-    canaries: Sequence[Sequence[float | None]],
-    *,
-    scale: Scale,
-    alpha_low: float,
-    alpha_high: float,
-    trim: float = DEFAULT_TRIM,
-    extra_var: Sequence[float] | None = None,
-) -> list[Comparison | None]:
-    """`compare` for many signals at once (e.g. every stage share): one vectorised computation per
-    group of equally long rows.
-
-    extra_var: per row, a variance (on the test's scale: log for `log`) added to the squared standard
-    error of the difference before bounds and p-values are taken. The gate passes the between-pod
-    variance there (random effects): windows of one pod share its offset, so with few pods per side
-    the window-level standard error alone understates how far two revisions can differ by chance.
-    """
-    if not (0 < alpha_low < 0.5 and 0 < alpha_high < 0.5):
-        raise ValueError(f"alphas must be in (0, 0.5), got {alpha_low}, {alpha_high}")
-    if len(baselines) != len(canaries):
-        raise ValueError("baselines and canaries must pair up")
-    log = scale == "log"
-    out: list[Comparison | None] = [None] * len(baselines)
-    groups: dict[tuple[int, int], list[tuple[int, np.ndarray, np.ndarray]]] = {}
-    for i, (b_raw, c_raw) in enumerate(zip(baselines, canaries, strict=True)):
-        b = finite(b_raw, positive=log)
-        c = finite(c_raw, positive=log)
-        if b.size < MIN_PER_SIDE or c.size < MIN_PER_SIDE:
-            continue
-        if np.ptp(b) == 0 and np.ptp(c) == 0:
-            out[i] = _constant(float(b[0]), float(c[0]), int(b.size), int(c.size), log)
-            continue
-        groups.setdefault((b.size, c.size), []).append((i, b, c))
-    for rows in groups.values():
-        bx = np.stack([r[1] for r in rows])
-        cx = np.stack([r[2] for r in rows])
-        if log:
-            bx, cx = np.log(bx), np.log(cx)
-        centre_b, centre_c = trim_mean(bx, trim, axis=1), trim_mean(cx, trim, axis=1)
-        # Yuen's statistic, Welch degrees of freedom and the standard error of the trimmed-mean difference;
-        # the bounds and p-values are taken from (difference, se, df) so that extra variance can join.
-        t_stat, df, se, _ = yuen(cx, bx, trim)
-        if extra_var is not None:
-            se = np.sqrt(se**2 + np.asarray([max(0.0, float(extra_var[r[0]])) for r in rows]))
-        diff_all = centre_c - centre_b
-        lows = diff_all - t_ppf(1 - alpha_low, df) * se
-        highs = diff_all + t_ppf(1 - alpha_high, df) * se
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t_adj = np.where(se > 0, diff_all / np.where(se > 0, se, 1.0), np.nan)
-        # NaN statistic: both sides constant and equal (no difference, no spread): no evidence either way.
-        flat = np.isnan(t_stat) | np.isnan(t_adj)
-        p_greater = np.where(flat, 1.0, t_sf(np.where(flat, 0.0, t_adj), df))
-        p_less = np.where(flat, 1.0, t_cdf(np.where(flat, 0.0, t_adj), df))
-        lows = np.where(flat, diff_all, lows)
-        highs = np.where(flat, diff_all, highs)
-        for j, (i, b, c) in enumerate(rows):
-            diff = float(centre_c[j] - centre_b[j])
-            low, high = float(lows[j]), float(highs[j])
-            if log:
-                out[i] = Comparison(
-                    baseline=math.exp(centre_b[j]),
-                    canary=math.exp(centre_c[j]),
-                    delta=math.expm1(diff),
-                    low=math.expm1(low),
-                    high=math.expm1(high),
-                    p_greater=float(p_greater[j]),
-                    p_less=float(p_less[j]),
-                    n_baseline=int(b.size),
-                    n_canary=int(c.size),
-                )
-            else:
-                out[i] = Comparison(
-                    float(centre_b[j]),
-                    float(centre_c[j]),
-                    diff,
-                    low,
-                    high,
-                    float(p_greater[j]),
-                    float(p_less[j]),
-                    int(b.size),
-                    int(c.size),
-                )
-    return out
-
-
-def _constant(b: float, c: float, n_b: int, n_c: int, log: bool) -> Comparison:
-    """Both sides without spread: the difference is known exactly (and is evidence only if nonzero)."""
-    delta = c / b - 1 if log else c - b
-    p_greater = 0.0 if delta > 0 else 1.0
-    p_less = 0.0 if delta < 0 else 1.0
-    return Comparison(b, c, delta, delta, delta, p_greater, p_less, n_b, n_c)
 
 
 def planned_looks(max_duration_s: float, interval_s: float) -> int:
@@ -203,8 +73,11 @@ def mixture_multiplier(n: int, alpha: float, r: float) -> float:
 @dataclass(frozen=True)
 class Paired:
     """A one-sample comparison of paired differences (canary minus its concurrent baseline), on the test's
-    scale (log differences for `log`). `delta`, `low`, `high` are on the signal's natural scale like
-    `Comparison`'s; `low` includes `extra_var_low`, `high` includes `extra_var_high`."""
+    scale (log differences for `log`). `delta`, `low` and `high` are on the signal's natural scale:
+    relative change (canary / baseline - 1) for `log`, absolute difference for `linear`. `low` is a
+    one-sided lower bound at level 1 - alpha_low and includes `extra_var_low`, `high` an upper bound at
+    1 - alpha_high with `extra_var_high`. `p_greater` is the one-sided p-value of H0 "canary <= baseline",
+    `p_less` of H0 "canary >= baseline"."""
 
     delta: float
     low: float

@@ -1,7 +1,7 @@
-"""Student's t distribution and Yuen's trimmed-mean statistics in plain numpy. Pure.
+"""Student's t distribution and trimmed means in plain numpy. Pure.
 
 The gate needs the t distribution's tail probabilities and quantiles at a few dozen (value, degrees of
-freedom) pairs per decision, and Yuen's two-sample statistic. scipy has them, but importing scipy.stats
+freedom) pairs per decision, and trimmed means. scipy has them, but importing scipy.stats
 costs the operator about 60 MiB of resident memory (its whole compiled stack loads), a third of the
 operator's memory budget; these are a hundred lines. tests/unit/operator/test_tdist.py checks them
 against scipy (a test dependency only) across the degrees of freedom and tail probabilities the gate uses.
@@ -9,8 +9,7 @@ against scipy (a test dependency only) across the degrees of freedom and tail pr
 - `t_sf(t, df)`: P(T > t), from the regularised incomplete beta function (Lentz's continued fraction),
   `t_cdf(t, df)` = `t_sf(-t, df)`; accurate to ~1e-12 relative where the value is above 1e-300.
 - `t_ppf(p, df)`: the quantile, by Newton's method on the log tail from a normal start (bisection-safe).
-- `trim_mean`, `yuen`: Yuen's trimmed means, winsorized variances and Welch degrees of freedom, as
-  `scipy.stats.ttest_ind(..., equal_var=False, trim=...)` computes them.
+- `trim_mean`: the trimmed mean, as `scipy.stats.trim_mean` computes it.
 """
 
 from __future__ import annotations
@@ -140,34 +139,3 @@ def trim_mean(a: np.ndarray, trim: float, axis: int = -1) -> np.ndarray:
     n = a.shape[axis]
     g = int(trim * n)
     return np.take(a, np.arange(g, n - g), axis=axis).mean(axis=axis)
-
-
-def _trim_var_mean_len(a: np.ndarray, trim: float) -> tuple[np.ndarray, np.ndarray, int]:
-    """Per row (last axis): the winsorized variance (over h - 1), the trimmed mean and h = n - 2g."""
-    a = np.sort(a, axis=-1)
-    n = a.shape[-1]
-    g = int(n * trim)
-    if g == 0:
-        v = a.var(axis=-1, ddof=1)
-    else:
-        w = a.copy()
-        w[..., :g] = w[..., [g]]
-        w[..., -g:] = w[..., [-g - 1]]
-        v = w.var(axis=-1, ddof=2 * g + 1)
-    return v, a[..., g : n - g].mean(axis=-1), n - 2 * g
-
-
-def yuen(c: np.ndarray, b: np.ndarray, trim: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Yuen's two-sample trimmed-mean Welch test of rows `c` against rows `b` (last axis the values):
-    (statistic, degrees of freedom, standard error of the difference, trimmed means of c minus b) as
-    scipy.stats.ttest_ind(c, b, axis=-1, equal_var=False, trim=trim) has them (df 1 where undefined)."""
-    vc, mc, hc = _trim_var_mean_len(np.asarray(c, dtype=float), trim)
-    vb, mb, hb = _trim_var_mean_len(np.asarray(b, dtype=float), trim)
-    vnc, vnb = vc / hc, vb / hb
-    with np.errstate(divide="ignore", invalid="ignore"):
-        df = (vnc + vnb) ** 2 / (vnc**2 / (hc - 1) + vnb**2 / (hb - 1))
-        df = np.where(np.isnan(df), 1.0, df)
-        se = np.sqrt(vnc + vnb)
-        diff = mc - mb
-        stat = diff / se
-    return stat, df, se, diff

@@ -1,12 +1,14 @@
-"""Parsing of the small string types in the API: Go-style durations and Kubernetes quantities.
+"""Parsing of the small string types in the API: Go-style durations, Kubernetes quantities and times.
 
 The same patterns are used in the pydantic models and the generated CRD so the
-API server and the operator agree on what is valid.
+API server and the operator agree on what is valid. Times in status are RFC 3339 in UTC to the second
+(`2027-01-15T08:00:00Z`, as Kubernetes writes them); the operator computes with unix seconds.
 """
 
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from decimal import Decimal
 
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
@@ -52,3 +54,31 @@ def parse_quantity(text: str) -> Decimal:
     if not m:
         raise ValueError(f"invalid quantity {text!r}: e.g. 8, 500m, 64Gi")
     return Decimal(m.group(1)) * _QUANTITY_FACTOR[m.group(2)]
+
+
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def format_time(t: float) -> str:
+    """Unix seconds -> RFC 3339 in UTC, whole seconds: 1800000000.7 -> '2027-01-15T08:00:00Z'."""
+    return datetime.fromtimestamp(t, UTC).strftime(TIME_FORMAT)
+
+
+def parse_time(text: str | None) -> float:
+    """RFC 3339 (as status and metadata hold it) -> unix seconds; 0.0 when unset or empty. Raises
+    ValueError on anything else."""
+    if not text:
+        return 0.0
+    if not isinstance(text, str):
+        raise ValueError(f"not a time: {text!r}")
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def parse_time_or_none(text: str | None) -> float | None:
+    """`parse_time`, leniently: None when unset, empty or not a time."""
+    if not text:
+        return None
+    try:
+        return parse_time(text)
+    except ValueError:
+        return None

@@ -5,6 +5,7 @@
 
     vlm_scheduler_stage_share_ratio{namespace="ml",vlmservice="qwen",pod="qwen-abc",revision="7d9",tp_rank="0",stage="run_batch"} 0.71
     vlm_scheduler_function_share_ratio{...,tp_rank="0",function="hash_feature",kind="inclusive"} 0.042
+    vlm_scheduler_unexported_self_share_max_ratio{...,tp_rank="0"} 0.011
     vlm_profiler_windows_total{...,tp_rank="0",result="ok"} 12.0
     vlm_profiler_stale{...,tp_rank="0"} 0.0
 
@@ -12,7 +13,12 @@ Series without a rank (no target found yet) carry tp_rank="", which Prometheus r
 The front-end series (vlm_sidecar.roles) carry tp_rank="" and a `role`:
 
     vlm_process_busy_share_ratio{...,tp_rank="",role="mm_processor"} 0.97
+    vlm_process_unexported_self_share_max_ratio{...,tp_rank="",role="mm_processor"} 0.004
     vlm_frontend_saturated{...,tp_rank="",role="frontend"} 1.0
+
+Every field of a /windows.json entry the operator reads has a series (the per-window gauges describe the
+window `vlm_profiler_last_window_timestamp_seconds` names), so the operator's Prometheus source builds the
+same windows as its sidecar source (tests/unit/operator/test_sources_parity.py).
 """
 
 from __future__ import annotations
@@ -222,6 +228,8 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
                                               "p95 loop iteration time, last window.", labels=names),
         "iterations": GaugeMetricFamily("vlm_scheduler_window_iterations",
                                         "Loop iterations seen, last window.", labels=names),
+        "samples": GaugeMetricFamily("vlm_scheduler_window_samples",
+                                     "py-spy samples taken, last window.", labels=names),
         "ttft_seconds": GaugeMetricFamily("vlm_sglang_window_ttft_seconds",
                                           "Mean time to first token (SGLang's histogram), last window.", labels=names),
         "itl_seconds": GaugeMetricFamily("vlm_sglang_window_itl_seconds",
@@ -238,6 +246,13 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
             "vlm_scheduler_ipc_handle_reopen_share_ratio",
             "Share of scheduler time re-opening CUDA IPC handles (pool-handle cache not working), last window.",
             labels=names),
+        "feature_transport_samples": GaugeMetricFamily(
+            "vlm_scheduler_window_feature_transport_samples",
+            "Samples in the CUDA IPC multimodal feature transport, last window.", labels=names),
+        "unexported_self_share_max": GaugeMetricFamily(
+            "vlm_scheduler_unexported_self_share_max_ratio",
+            "Largest self share of a function the last window did not export (0: none was left out): the bound "
+            "for a function missing from vlm_scheduler_function_share_ratio.", labels=names),
     }
     for rank, rs in sorted(snap.ranks.items()):
         r = str(rank)
@@ -293,6 +308,9 @@ def frontend_families(snap: StoreSnapshot, labels: dict[str, str]):
     func = GaugeMetricFamily("vlm_process_function_share_ratio",
                              "Share of a front-end role's time in a function (inclusive or self), last window.",
                              labels=[*names, "function", "kind"])
+    unexported = GaugeMetricFamily("vlm_process_unexported_self_share_max_ratio",
+                                   "Largest self share of a function a front-end role's export left out, last "
+                                   "window (0: none was left out).", labels=names)
     procs = GaugeMetricFamily("vlm_processes", "SGLang processes found per role, last window.", labels=names)
     saturated = GaugeMetricFamily("vlm_frontend_saturated",
                                   "1 when the busiest front-end role was busy >= 90% of the window while the "
@@ -318,6 +336,8 @@ def frontend_families(snap: StoreSnapshot, labels: dict[str, str]):
                 func.add_metric(lv(role, fn, "inclusive"), v)
             for fn, v in rsum.self_shares.items():
                 func.add_metric(lv(role, fn, "self"), v)
+            if rsum.unexported_self_share_max is not None:
+                unexported.add_metric(lv(role), rsum.unexported_self_share_max)
         if fw.scheduler_idle_share is not None:
             busy.add_metric(lv("scheduler"), 1.0 - fw.scheduler_idle_share)
         procs.add_metric(lv("scheduler"), sum(1 for rs in snap.ranks.values() if rs.last is not None))
@@ -328,7 +348,7 @@ def frontend_families(snap: StoreSnapshot, labels: dict[str, str]):
         last_ts.add_metric(lv("frontend"), fw.end)
     for (role, kind), v in sorted(snap.frontend_errors_total.items()):
         errors.add_metric(lv(role, kind), v)
-    return [busy, image, func, procs, saturated, busiest, last_ts, errors]
+    return [busy, image, func, unexported, procs, saturated, busiest, last_ts, errors]
 
 
 class SidecarCollector:

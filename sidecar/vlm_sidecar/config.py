@@ -9,13 +9,11 @@ import argparse
 import re
 from dataclasses import dataclass
 
-# model.FRONTEND_ROLES (model is a sibling layer, not importable here; test_frontend_roles checks they agree).
-FRONTEND_ROLES = ("tokenizer_manager", "tokenizer_worker", "mm_processor", "detokenizer")
+from vlm_sidecar.names import DEFAULT_PORT, FRONTEND_ROLES
 
 # Defaults, the operator's too (api.TelemetrySpec; docs/sidecar.md): 1000 Hz resolves 20 ms loop
 # iterations to ~1 ms per boundary, a 5 s window holds ~250 such iterations, and one window every 15 s
 # keeps py-spy's CPU to a third of its in-window cost while the gate gets 4 windows a minute.
-DEFAULT_PORT = 9400
 DEFAULT_INTERVAL_S = 15.0
 DEFAULT_DURATION_S = 5.0
 DEFAULT_RATE_HZ = 1000

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from vlm_sidecar import ipc
-from vlm_sidecar.model import LOOP_STAGES, LoopEstimate, ParsedTrace, Segment, WindowSummary
+from vlm_sidecar.model import LOOP_STAGES, STAGES, LoopEstimate, ParsedTrace, Segment, WindowSummary
 from vlm_sidecar.parser import collapse_segments, function_name
 
 # SGLang's scheduler event loops, 0.5.10..0.5.23 (scheduler.py, disaggregation/, scheduler_pp_mixin.py,
@@ -114,7 +114,7 @@ def pick_scheduler_thread(trace: ParsedTrace) -> int | None:
 
 def stage_shares(segments: Iterable[Segment]) -> dict[str, float]:
     """Fraction of the thread's observed time in each stage (plus idle and other); sums to 1."""
-    totals = dict.fromkeys((*LOOP_STAGES, "idle", "other"), 0.0)
+    totals = dict.fromkeys(STAGES, 0.0)
     for s in segments:
         totals[classify(s.stack)] += s.duration_us
     total = sum(totals.values())

@@ -7,15 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# The scheduler stages the sidecar reports, in the order SGLang's event loop runs them.
-LOOP_STAGES = (
-    "recv_requests",
-    "process_input_requests",
-    "get_next_batch_to_run",
-    "run_batch",
-    "process_batch_result",
-)
-STAGES = (*LOOP_STAGES, "idle", "other")
+# Re-exported (model.STAGES, model.FRONTEND_ROLES, ...): defined in vlm_sidecar.names.
+from vlm_sidecar.names import FRONTEND_ROLES as FRONTEND_ROLES
+from vlm_sidecar.names import LOOP_STAGES as LOOP_STAGES
+from vlm_sidecar.names import ROLES as ROLES
+from vlm_sidecar.names import STAGES as STAGES
 
 # Error kinds counted in vlm_profiler_errors_total{kind}; fixed so dashboards can rely on them.
 ERROR_KINDS = (
@@ -55,12 +51,6 @@ class ParsedTrace:
     bad_events: int = 0
     truncated: bool = False
     error: str | None = None  # set when nothing usable came out
-
-
-# The SGLang processes the sidecar tells apart (the `role` label). Schedulers first; the rest make up the
-# request path's front end and back end around them (docs/sidecar.md, "Roles").
-ROLES = ("scheduler", "tokenizer_manager", "tokenizer_worker", "mm_processor", "detokenizer")
-FRONTEND_ROLES = ROLES[1:]
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ import time
 
 import pytest
 from kubernetes import client
-from vlm_operator import alerts, api, gate, rollout, signals
+from vlm_operator import alerts, api, gate, sources, units
 from vlm_operator import builders as B
 
 from tests.cluster import wait_for
@@ -192,7 +192,7 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     patch(kube, namespace, {"sglang": {"args": ["--standin-ttft-delay-ms", "1500"]}}, name=TTFT)
 
     # Until the verdict: read the sidecars as the gate's sidecar source does, keeping every window seen.
-    reader = signals.SidecarReader()
+    reader = sources.SidecarReader()
     seen: dict[tuple, gate.Window] = {}
     roles: dict[str, str] = {}
     r: dict = {}
@@ -201,7 +201,7 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
         r = (kube_get(kube, namespace).get("status") or {}).get("rollout") or {}
         if r.get("phase") in ("RolledBack", "Promoted"):
             break
-        started = rollout.parse_time(r.get("analysisStartedAt"))
+        started = units.parse_time(r.get("analysisStartedAt"))
         with pm._lock:
             mine = [m for m in pm.mapped.values() if m.pod.startswith(f"{NAME}-")]
             mapped = [(m.pod, m.revision, m.ip) for m in mine]
@@ -210,7 +210,7 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
             try:
                 for w in reader.read(mapped, started, interval=15.0):
                     seen[_key(w)] = w
-            except signals.SignalsUnavailable:
+            except sources.SignalsUnavailable:
                 pass
         time.sleep(3)
     t_verdict = time.time()
@@ -218,17 +218,17 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     _check_fast_and_ttft(kube, namespace, verdicts(kube, namespace, [FAST, TTFT], 300, op))
     vlms_status = kube_get(kube, namespace)["status"]
     stable_rev, canary_rev = vlms_status["stableRevision"], r["revision"]
-    started = rollout.parse_time(r["analysisStartedAt"])
+    started = units.parse_time(r["analysisStartedAt"])
     # The step's clock as the operator recorded it (the canary's first window after Ready), so both sources are
     # judged on the operator's clock, not each on the first canary window it happens to hold.
     # Rolled back on evidence, so a canary window was seen: the clock is set, a window or a few after Ready.
     assert r.get("dataStartedAt"), dump(r)
-    clock = rollout.parse_time(r["dataStartedAt"])
+    clock = units.parse_time(r["dataStartedAt"])
     assert started <= clock <= started + 90, (r["analysisStartedAt"], r["dataStartedAt"])
     function = r.get("regressedFunction")
 
     # (c) The Prometheus source on the same span: the same windows, the same numbers, the same verdict.
-    from_prom = signals.from_prometheus(mon.prometheus_url, namespace, NAME, [stable_rev, canary_rev],
+    from_prom = sources.from_prometheus(mon.prometheus_url, namespace, NAME, [stable_rev, canary_rev],
                                         since=started, now=t_verdict, step=5.0)
     prom = {_key(w): w for w in from_prom}
     side = {k: w for k, w in seen.items() if w.end >= started and w.revision in (stable_rev, canary_rev)}

@@ -2,7 +2,7 @@
 
 The sidecar's series are written as they would be scraped (promtool backfills them into a real TSDB,
 then a real Prometheus serves them), for a sidecar that closes a 5 s window every 15 s (the telemetry
-default) scraped every 15 s (the PodMonitor's interval) and every 5 s. `signals.from_prometheus` must
+default) scraped every 15 s (the PodMonitor's interval) and every 5 s. `prom_source.from_prometheus` must
 return each window exactly once, with its own values, whatever the two intervals: the old source took
 one `rate(...[15s])` per step, which returned nothing at a 15 s scrape and counted one window in several
 overlapping steps at faster ones.
@@ -18,7 +18,7 @@ import time
 import urllib.request
 
 import pytest
-from vlm_operator import signals
+from vlm_operator.sources import prometheus as prom_source
 
 pytestmark = pytest.mark.integration
 
@@ -64,12 +64,15 @@ def _openmetrics(scrape_every: float, *, phase: float) -> str:
             put("vlm_scheduler_window_loop_mean_seconds", v["loop"])
             put("vlm_scheduler_window_loop_p95_seconds", v["loop"] * 1.5)
             put("vlm_scheduler_window_iterations", 250)
+            put("vlm_scheduler_window_samples", 5000)
             put("vlm_sglang_window_ttft_seconds", v["ttft"])
             put("vlm_sglang_window_requests_per_second", v["rate"])
             put("vlm_profiler_stale", 0)
             put("vlm_scheduler_stage_share_ratio", v["share"], ',stage="run_batch"')
             put("vlm_scheduler_stage_share_ratio", 1 - v["share"], ',stage="idle"')
             put("vlm_scheduler_function_share_ratio", 0.1, ',function="hash_feature",kind="inclusive"')
+            put("vlm_scheduler_function_share_ratio", 0.08, ',function="hash_feature",kind="self"')
+            put("vlm_scheduler_unexported_self_share_max_ratio", 0.004)
             # The canary's sidecar samples the front end: its window ends FE_LAG s after the scheduler's, so a
             # scrape in between still shows the previous one (tp_rank="", a role per series).
             kf = k if t >= end + FE_LAG else k - 1
@@ -87,6 +90,7 @@ def _openmetrics(scrape_every: float, *, phase: float) -> str:
                      ',role="mm_processor",function="convert_color",kind="inclusive"')
                 putf("vlm_process_function_share_ratio", 0.01,
                      ',role="mm_processor",function="convert_color",kind="self"')
+                putf("vlm_process_unexported_self_share_max_ratio", 0.002, ',role="mm_processor"')
         t += scrape_every
     lines = []
     for name, samples in fams.items():
@@ -149,7 +153,7 @@ def prometheus(request, tmp_path):
 def test_one_observation_per_window_at_the_shipped_cadence(prometheus):
     base, scrape = prometheus
     since, now = T0, T0 + N_WINDOWS * WINDOW_EVERY + 20
-    ws = signals.from_prometheus(base, "ml", "svc", ["rev1", "rev2"], since=since, now=now, step=WINDOW_EVERY / 3)
+    ws = prom_source.from_prometheus(base, "ml", "svc", ["rev1", "rev2"], since=since, now=now, step=WINDOW_EVERY / 3)
     for pod in PODS:
         mine = sorted((w for w in ws if w.pod == pod), key=lambda w: w.end)
         ends = [w.end for w in mine]
@@ -164,15 +168,19 @@ def test_one_observation_per_window_at_the_shipped_cadence(prometheus):
             assert w.request_rate == pytest.approx(v["rate"])
             assert w.stage_shares["run_batch"] == pytest.approx(v["share"])
             assert w.function_shares == {"hash_feature": pytest.approx(0.1)}
+            # The self shares and the bound of what the window left out (attribution), and the samples.
+            assert w.self_shares == {"hash_feature": pytest.approx(0.08)}
+            assert w.unexported_self_share_max == pytest.approx(0.004) and w.samples == 5000
             assert w.revision == PODS[pod] and not w.stale
 
 
 def test_front_end_windows_join_the_scheduler_windows_they_ran_beside(prometheus):
     """Each canary window gets the front-end window that ended FE_LAG s after it (not the one the scrape showed
     at the same instant, which lags by a window), with its busy shares and inclusive function shares; the
-    stable pod's sidecar samples no front end and its windows have none."""
+    stable pod's sidecar samples no front end and its windows have none. The role's self shares and the bound
+    of what its export left out come along (attribution of a front-end regression)."""
     base, scrape = prometheus
-    ws = signals.from_prometheus(base, "ml", "svc", ["rev1", "rev2"], since=T0, now=T0 + N_WINDOWS * WINDOW_EVERY + 20,
+    ws = prom_source.from_prometheus(base, "ml", "svc", ["rev1", "rev2"], since=T0, now=T0 + N_WINDOWS * WINDOW_EVERY + 20,
                                  step=WINDOW_EVERY / 3)
     assert all(w.frontend == {} for w in ws if w.pod != FE_POD)
     mine = [w for w in ws if w.pod == FE_POD]
@@ -189,12 +197,15 @@ def test_front_end_windows_join_the_scheduler_windows_they_ran_beside(prometheus
         assert w.frontend["mm_processor"].busy_share == pytest.approx(want["mm_processor"]), (scrape, k)
         assert w.frontend["tokenizer_manager"].busy_share == pytest.approx(want["tokenizer_manager"]), (scrape, k)
         assert w.frontend["mm_processor"].function_shares == {"convert_color": pytest.approx(want["mm_processor"] / 2)}
+        assert w.frontend["mm_processor"].self_shares == {"convert_color": pytest.approx(0.01)}
+        assert w.frontend["mm_processor"].unexported_self_share_max == pytest.approx(0.002)
+        assert w.frontend["tokenizer_manager"].unexported_self_share_max is None  # not exported for it here
 
 
 def test_slower_scrape_than_windows_loses_windows_but_never_duplicates(prometheus):
     """Read at a step longer than the window cadence, some windows are never seen; none is seen twice."""
     base, _ = prometheus
-    ws = signals.from_prometheus(base, "ml", "svc", ["rev1"], since=T0, now=T0 + N_WINDOWS * WINDOW_EVERY + 20,
+    ws = prom_source.from_prometheus(base, "ml", "svc", ["rev1"], since=T0, now=T0 + N_WINDOWS * WINDOW_EVERY + 20,
                                  step=2 * WINDOW_EVERY)
     ends = [w.end for w in ws]
     assert 0 < len(ends) <= N_WINDOWS and len(ends) == len(set(ends))

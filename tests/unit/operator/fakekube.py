@@ -18,8 +18,8 @@ from typing import Any
 from vlm_operator import api, builders
 from vlm_operator.apply import is_subset, status_patch
 from vlm_operator.errors import PermanentError, TemporaryError
+from vlm_operator.observed import Observed, PodInfo
 from vlm_operator.reconcile import Target
-from vlm_operator.status import Observed, PodInfo
 
 Key = tuple[str, str, str, str]  # (apiVersion, kind, namespace, name)
 

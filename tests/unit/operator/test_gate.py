@@ -13,11 +13,11 @@ from vlm_operator.gate import (
     Decision,
     GatePolicy,
     Window,
-    _rollback_alpha,
-    _units,
     decide,
     regressed_function,
 )
+from vlm_operator.gate.compare import rollback_alpha as _rollback_alpha
+from vlm_operator.gate.samples import make_units as _units
 
 T0 = 1_000_000.0
 STEP = 300.0

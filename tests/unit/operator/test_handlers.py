@@ -11,7 +11,7 @@ import kopf
 import pytest
 from vlm_operator import builders as B
 from vlm_operator import handlers as H
-from vlm_operator.settings import PREFIX
+from vlm_operator.names import PREFIX
 
 UIDS = [f"0000{i:04d}-5d2c-4a8e-9c1f-{i * 7919:012d}" for i in range(1000)]
 

@@ -9,7 +9,8 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vlm_operator import gate, signals
+from vlm_operator import gate, sources
+from vlm_operator.sources import base, prometheus
 
 T0 = 1_700_000_000.0
 POLICY = gate.GatePolicy(max_duration_s=900, interval_s=60, min_samples=3)
@@ -46,8 +47,9 @@ def test_any_sidecar_answer_gives_windows_and_a_decision(base, can):
 
 
 prom_series = st.fixed_dictionaries({
-    "metric": st.dictionaries(st.sampled_from(["pod", "revision", "tp_rank", "stage", "function", "x"]),
-                              st.text(max_size=5) | st.sampled_from(["stable", "canary", "0"]), max_size=5)
+    "metric": st.dictionaries(st.sampled_from(["pod", "revision", "tp_rank", "stage", "function", "kind", "role", "x"]),
+                              st.text(max_size=5) | st.sampled_from(["stable", "canary", "0", "self", "inclusive",
+                                                                     "mm_processor"]), max_size=6)
     | json_values,
     "values": st.lists(st.tuples(st.floats(T0, T0 + 900) | scalars, st.sampled_from(
         ["0.02", "0.03", "NaN", "+Inf", "x", "", str(T0 + 100)]) | scalars).map(list), max_size=6) | json_values,
@@ -64,11 +66,11 @@ prom_answers = st.one_of(
                                                                    HealthCheck.function_scoped_fixture])
 @given(answer=prom_answers)
 def test_any_prometheus_answer_gives_windows_or_unavailable(monkeypatch, answer):
-    monkeypatch.setattr(signals, "_get_json", lambda url, timeout=signals.TIMEOUT_S: json.loads(json.dumps(answer)))
+    monkeypatch.setattr(prometheus, "get_json", lambda url, timeout=base.TIMEOUT_S: json.loads(json.dumps(answer)))
     try:
-        ws = signals.from_prometheus("http://prom", "ns", "svc", ["stable", "canary"], since=T0, now=T0 + 600,
+        ws = prometheus.from_prometheus("http://prom", "ns", "svc", ["stable", "canary"], since=T0, now=T0 + 600,
                                      step=15)
-    except signals.SignalsUnavailable:
+    except sources.SignalsUnavailable:
         return
     assert all(isinstance(w, gate.Window) for w in ws)
     gate.decide([w for w in ws if w.revision == "stable"], [w for w in ws if w.revision == "canary"], POLICY,
@@ -78,6 +80,6 @@ def test_any_prometheus_answer_gives_windows_or_unavailable(monkeypatch, answer)
 def test_a_prometheus_answer_of_the_wrong_shape_is_unavailable_not_a_crash(monkeypatch):
     for answer in ([], {"status": "success"}, {"status": "success", "data": []},
                    {"status": "success", "data": {"result": {"a": 1}}}, "null"):
-        monkeypatch.setattr(signals, "_get_json", lambda url, timeout=signals.TIMEOUT_S, a=answer: a)
-        with pytest.raises(signals.SignalsUnavailable):
-            signals._query_range("http://prom", "up", T0, T0 + 60, 15)
+        monkeypatch.setattr(prometheus, "get_json", lambda url, timeout=base.TIMEOUT_S, a=answer: a)
+        with pytest.raises(sources.SignalsUnavailable):
+            prometheus._query_range("http://prom", "up", T0, T0 + 60, 15)

@@ -136,7 +136,7 @@ def test_the_operator_process_imports_kopf_and_its_handlers_without_the_kubernet
         from vlm_operator.kubeconn import keep_client_library_out
         kept_out = keep_client_library_out()
         import kopf
-        from vlm_operator import handlers, reconcile, rollout, signals  # noqa: F401
+        from vlm_operator import analysis, handlers, reconcile, rollout, sources  # noqa: F401
         loaded = [m for m in sys.modules if m.split(".")[0] == "kubernetes" and sys.modules[m] is not None]
         print(kept_out, loaded)
     """)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from prometheus_client import REGISTRY
-from vlm_operator import api, builders, handlers, reconcile, rollout, signals
+from vlm_operator import api, builders, handlers, names, reconcile, sources
 from vlm_operator.errors import TemporaryError
 from vlm_operator.settings import Settings
 
@@ -24,7 +24,7 @@ class Cluster:
 
     def __init__(self, spec=SPEC, *, gpus: int = 0, fetch=no_sidecars, settings: Settings | None = None, name="svc"):
         self.kube = FakeKube(gpus=gpus)
-        self.reader = signals.SidecarReader(timeout_s=0.2, workers=2, fetch=fetch)
+        self.reader = sources.SidecarReader(timeout_s=0.2, workers=2, fetch=fetch)
         self.rt = reconcile.Runtime(kube=self.kube, settings=settings or Settings(), sidecars=self.reader)
         self.name = name
         self.events: list[tuple[str, str, str]] = []
@@ -156,14 +156,14 @@ def test_paused_changes_no_deployment_but_still_reports():
 
 def test_unknown_action_is_a_warning_and_a_known_one_is_cleared():
     c = Cluster()
-    c.kube.annotate("svc", rollout.ANNOTATION_ACTION, "launch")
+    c.kube.annotate("svc", names.ANNOTATION_ROLLOUT_ACTION, "launch")
     c.run()
     assert ("Warning", "UnknownAction") in [(e[0], e[1]) for e in c.events]
     assert c.kube.written("annotation") == []
-    c.kube.annotate("svc", rollout.ANNOTATION_ACTION, "Promote")
+    c.kube.annotate("svc", names.ANNOTATION_ROLLOUT_ACTION, "Promote")
     c.run(T0 + 15)
-    assert [w.body for w in c.kube.written("annotation")] == [rollout.ANNOTATION_ACTION]
-    assert rollout.ANNOTATION_ACTION not in c.kube.vlmservice("svc")["metadata"]["annotations"]
+    assert [w.body for w in c.kube.written("annotation")] == [names.ANNOTATION_ROLLOUT_ACTION]
+    assert names.ANNOTATION_ROLLOUT_ACTION not in c.kube.vlmservice("svc")["metadata"]["annotations"]
 
 
 def test_a_temporary_api_error_propagates_and_the_next_reconcile_recovers():
@@ -328,16 +328,16 @@ def test_a_reconcile_on_an_index_behind_our_own_writes_does_not_apply_them_again
 def test_what_the_index_never_showed_is_applied_again_after_the_ttl_and_a_delete_forgets_it():
     c = Cluster()
     obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": "ns", "name": "x"}, "data": {"a": "1"}}
-    assert c.rt.apply("u", obj, None, now=100.0)
-    assert not c.rt.apply("u", obj, None, now=130.0)  # the same object, moments later: not sent
-    assert c.rt.apply("u", {**obj, "data": {"a": "2"}}, None, now=131.0)  # a change is always sent
+    assert c.rt.writer.apply("u", obj, None, now=100.0)
+    assert not c.rt.writer.apply("u", obj, None, now=130.0)  # the same object, moments later: not sent
+    assert c.rt.writer.apply("u", {**obj, "data": {"a": "2"}}, None, now=131.0)  # a change is always sent
     later = 131.0 + reconcile.UNCONFIRMED_TTL_S
-    assert c.rt.apply("u", {**obj, "data": {"a": "2"}}, None, now=later)  # TTL over
-    assert not c.rt.apply("u", {**obj, "data": {"a": "2"}}, None, now=later + 1)
-    c.rt.delete("u", "v1", "ConfigMap", "ns", "x")
-    assert c.rt.apply("u", {**obj, "data": {"a": "2"}}, None, now=later + 2)  # deleted: no longer known to exist
+    assert c.rt.writer.apply("u", {**obj, "data": {"a": "2"}}, None, now=later)  # TTL over
+    assert not c.rt.writer.apply("u", {**obj, "data": {"a": "2"}}, None, now=later + 1)
+    c.rt.writer.delete("u", "v1", "ConfigMap", "ns", "x")
+    assert c.rt.writer.apply("u", {**obj, "data": {"a": "2"}}, None, now=later + 2)  # deleted: no longer known to exist
     c.rt.forget("u")
-    assert "u" not in c.rt.unconfirmed
+    assert "u" not in c.rt.writer.unconfirmed
 
 
 def test_a_new_service_deletes_nothing_it_never_made_but_a_changed_spec_still_cleans_up():

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import REGISTRY
 from vlm_operator import conditions as C
 from vlm_operator import gate
-from vlm_operator import status as S
+from vlm_operator import profile_summary as P
 
 from .test_reconcile import SPEC
 from .test_reconcile_profiler import Cluster, ready
@@ -116,31 +116,31 @@ def win(pod: str, feature: float | None, reopen: float | None, samples: int | No
 
 
 def test_observation_needs_feature_traffic_and_averages_per_pod():
-    assert S.ipc_observation([]) is None
-    assert S.ipc_observation([win("a", 0.0, 0.0), win("a", None, None), win("a", 0.2, 0.2, stale=True),
+    assert P.ipc_observation([]) is None
+    assert P.ipc_observation([win("a", 0.0, 0.0), win("a", None, None), win("a", 0.2, 0.2, stale=True),
                               win("a", 0.2, 0.2, samples=2)]) is None
-    obs = S.ipc_observation([win("a", 0.1, 0.0), win("a", 0.1, 0.01), win("b", 0.1, 0.09), win("c", 0.1, 0.0, None)])
+    obs = P.ipc_observation([win("a", 0.1, 0.0), win("a", 0.1, 0.01), win("b", 0.1, 0.09), win("c", 0.1, 0.0, None)])
     assert obs.windows == 4 and obs.reopening == ["b"]
     assert obs.reopen_fraction["a"] == pytest.approx(0.05)
 
 
 def test_condition_carry_rules():
-    obs_ok = S.ipc_observation([win("a", 0.1, 0.0)])
-    obs_bad = S.ipc_observation([win("a", 0.1, 0.1)])
+    obs_ok = P.ipc_observation([win("a", 0.1, 0.0)])
+    obs_bad = P.ipc_observation([win("a", 0.1, 0.1)])
     flags = (True, "Enabled", "cache on.")
     kw = {"revision": "r2", "stable_revision": "r2", "current": None}
-    assert S.ipc_condition(*flags, observation=None, **kw) == flags
-    assert S.ipc_condition(*flags, observation=obs_ok, **kw)[:2] == (True, "ObservedInProfile")
-    bad = S.ipc_condition(*flags, observation=obs_bad, **kw)
+    assert P.ipc_condition(*flags, observation=None, **kw) == flags
+    assert P.ipc_condition(*flags, observation=obs_ok, **kw)[:2] == (True, "ObservedInProfile")
+    bad = P.ipc_condition(*flags, observation=obs_bad, **kw)
     assert bad[:2] == (False, "NotObserved") and bad[2].startswith("revision r2: ")
     current = {"type": C.IPC_CACHE_ACTIVE, "status": "False", "reason": "NotObserved", "message": bad[2]}
-    assert S.ipc_condition(*flags, observation=None, **{**kw, "current": current}) == bad  # kept
+    assert P.ipc_condition(*flags, observation=None, **{**kw, "current": current}) == bad  # kept
     # another revision's verdict, a rollout in progress, the cache not switched on: the flags
-    assert S.ipc_condition(*flags, observation=None, **{**kw, "revision": "r3", "stable_revision": "r3",
+    assert P.ipc_condition(*flags, observation=None, **{**kw, "revision": "r3", "stable_revision": "r3",
                                                         "current": current}) == flags
-    assert S.ipc_condition(*flags, observation=obs_bad, **{**kw, "stable_revision": "r1"}) == flags
+    assert P.ipc_condition(*flags, observation=obs_bad, **{**kw, "stable_revision": "r1"}) == flags
     off = (False, "DisabledBySpec", "off.")
-    assert S.ipc_condition(*off, observation=obs_bad, **kw) == off
+    assert P.ipc_condition(*off, observation=obs_bad, **kw) == off
 
 
 def test_not_observed_is_a_warning_event():

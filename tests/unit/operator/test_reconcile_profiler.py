@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import REGISTRY
-from vlm_operator import builders, reconcile, signals
+from vlm_operator import builders, reconcile, sources
 from vlm_operator.settings import Settings
 
 from .fakekube import FakeKube
@@ -55,7 +55,7 @@ class Cluster:
     def __init__(self, spec=SPEC, *, gpus=0, settings=None, **sidecar_kw):
         self.kube = FakeKube(gpus=gpus)
         self.sidecars = Sidecars(self.kube, **sidecar_kw)
-        self.reader = signals.SidecarReader(timeout_s=0.2, workers=2, fetch=self.sidecars.fetch)
+        self.reader = sources.SidecarReader(timeout_s=0.2, workers=2, fetch=self.sidecars.fetch)
         self.rt = reconcile.Runtime(kube=self.kube, settings=settings or Settings(), sidecars=self.reader)
         self.events: list = []
         self.kube.create_vlmservice("svc", spec)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from vlm_operator import api, builders, rollout
+from vlm_operator import analysis, api, builders, rollout, units
 from vlm_operator.gate import Decision
+from vlm_operator.observed import Observed, PodInfo
 from vlm_operator.settings import Settings
-from vlm_operator.status import Observed, PodInfo
 
 OWNER = builders.Owner("svc", "ns", "uid-1")
 SETTINGS = Settings()
@@ -95,7 +95,7 @@ def _ready(old, new, now=T0 + 10, canary_ready=1):
     """The canary started at T0 and its pods were Ready at `now`: the step's analysis starts then."""
     p0 = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=8)
     obs = observed_with_stable(desired(old), canary=desired(new), canary_ready=canary_ready)
-    assert not rollout.analysis_due(new, p0.rollout, obs, desired(new).revision, T0 + 1)  # not Analysing yet
+    assert not analysis.due(new, p0.rollout, obs, desired(new).revision, T0 + 1)  # not Analysing yet
     p1 = rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=now, free_gpus=None)
     return p1, obs
 
@@ -103,7 +103,7 @@ def _ready(old, new, now=T0 + 10, canary_ready=1):
 def _analysing(old, new, verdict, now):
     p1, obs = _ready(old, new)
     assert p1.rollout.phase == "Analysing" and p1.rollout.analysis_started_at
-    assert rollout.analysis_due(new, p1.rollout, obs, desired(new).revision, T0 + 11)
+    assert analysis.due(new, p1.rollout, obs, desired(new).revision, T0 + 11)
     return rollout.plan(OWNER, new, desired(new), obs, p1.rollout, now=now, free_gpus=None, decision=verdict)
 
 
@@ -150,7 +150,7 @@ def test_gate_verdicts_map_to_actions():
     paused = _analysing(old, new, decision("Pause", reason="MaxDurationReached"), T0 + 1900)
     assert paused.rollout.phase == "Paused" and paused.canary is not None
     assert [e.reason for e in paused.events] == ["CanaryPaused"]
-    assert not rollout.analysis_due(new, paused.rollout, observed_with_stable(desired(old), canary=desired(new), canary_ready=1), desired(new).revision, T0 + 2000)
+    assert not analysis.due(new, paused.rollout, observed_with_stable(desired(old), canary=desired(new), canary_ready=1), desired(new).revision, T0 + 2000)
 
 
 def test_multi_step_each_step_has_its_own_analysis_clock():
@@ -166,10 +166,10 @@ def test_multi_step_each_step_has_its_own_analysis_clock():
     obs_one = observed_with_stable(desired(old), 4, canary=desired(new), canary_ready=1)
     waiting = rollout.plan(OWNER, new, desired(new), obs_one, r, now=T0 + 1600, free_gpus=None)
     assert waiting.rollout.phase == "Progressing"
-    assert not rollout.analysis_due(new, waiting.rollout, obs_one, desired(new).revision, T0 + 1600)
+    assert not analysis.due(new, waiting.rollout, obs_one, desired(new).revision, T0 + 1600)
     obs_two = observed_with_stable(desired(old), 4, canary=desired(new), canary_ready=2)
     ready = rollout.plan(OWNER, new, desired(new), obs_two, waiting.rollout, now=T0 + 1700, free_gpus=None)
-    assert ready.rollout.phase == "Analysing" and rollout.parse_time(ready.rollout.analysis_started_at) == T0 + 1700
+    assert ready.rollout.phase == "Analysing" and units.parse_time(ready.rollout.analysis_started_at) == T0 + 1700
     # The operator hands the gate that start time; an early Inconclusive keeps the step going.
     later = rollout.plan(OWNER, new, desired(new), obs_two, ready.rollout, now=T0 + 1800, free_gpus=None,
                          decision=decision("Inconclusive", reason="TooFewSamples"))
@@ -195,7 +195,7 @@ def test_manual_actions():
     assert rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=T0 + 5, free_gpus=None, action="promote").rollout.phase == "Promoted"
     paused = rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=T0 + 5, free_gpus=None, action="pause")
     assert paused.rollout.phase == "Paused" and paused.canary is not None
-    assert not rollout.analysis_due(new, paused.rollout, obs, desired(new).revision, T0 + 500)
+    assert not analysis.due(new, paused.rollout, obs, desired(new).revision, T0 + 500)
 
 
 def test_same_inputs_same_plan_after_a_restart():
@@ -290,7 +290,7 @@ def test_the_clock_the_gate_found_is_kept_and_each_step_starts_without_one():
     assert p1.rollout.phase == "Analysing" and p1.rollout.data_started_at is None
     first = rollout.plan(OWNER, new, desired(new), obs1, p1.rollout, now=T0 + 60, free_gpus=None,
                          decision=decision("Continue", reason="StepInProgress", clock_started_at=T0 + 40))
-    assert rollout.parse_time(first.rollout.data_started_at) == T0 + 40
+    assert units.parse_time(first.rollout.data_started_at) == T0 + 40
     # A later look that reports another clock (the first window fell out of the sidecar's history) moves nothing.
     later = rollout.plan(OWNER, new, desired(new), obs1, first.rollout, now=T0 + 120, free_gpus=None,
                          decision=decision("Continue", reason="StepInProgress", clock_started_at=T0 + 100))

@@ -7,63 +7,61 @@ import pytest
 from vlm_operator import stats
 
 
-def _cmp(b, c, scale="log", a_low=0.05, a_high=0.05):
-    return stats.compare(b, c, scale=scale, alpha_low=a_low, alpha_high=a_high)
+def _paired(d, scale="log", a_low=0.05, a_high=0.05, **kw):
+    return stats.paired_many([d], scale=scale, alpha_low=a_low, alpha_high=a_high, **kw)[0]
 
 
-def test_log_scale_recovers_an_exact_ratio():
+def test_log_scale_reports_a_ratio():
     rng = np.random.default_rng(1)
-    base = rng.lognormal(math.log(0.020), 0.03, 40)
-    # Same draws, canary 10% slower: the relative effect is exactly 10% whatever the noise.
-    res = _cmp(list(base), list(base * 1.10))
-    assert res is not None
-    assert res.delta == pytest.approx(0.10, abs=1e-12)
+    d = rng.normal(math.log(1.10), 0.03, 40)  # log(canary) - log(baseline) per time slice: 10% slower
+    res = _paired(list(d))
+    assert res is not None and res.n == 40
+    assert res.delta == pytest.approx(math.expm1(np.sort(d)[8:32].mean()), abs=1e-12)  # 20% trimmed per tail
     assert res.low < 0.10 < res.high
-    assert res.canary / res.baseline == pytest.approx(1.10)
-    assert res.n_baseline == res.n_canary == 40
 
 
 def test_linear_scale_is_an_absolute_difference():
     rng = np.random.default_rng(2)
-    base = rng.normal(0.13, 0.005, 30)
-    res = _cmp(list(base), list(base + 0.04), scale="linear")
-    assert res.delta == pytest.approx(0.04, abs=1e-12)
-    assert res.baseline == pytest.approx(np.sort(base)[6:24].mean())  # 20% trimmed from each tail
+    d = rng.normal(0.04, 0.005, 30)
+    res = _paired(list(d), scale="linear")
+    assert res.delta == pytest.approx(np.sort(d)[6:24].mean(), abs=1e-12)  # 20% trimmed from each tail
+    assert res.low < res.delta < res.high
 
 
 def test_unusable_values_are_dropped_and_too_few_gives_none():
-    res = _cmp([0.02, None, float("nan"), 0.021, 0.019, -1.0, 0.0], [0.02, 0.022, float("inf"), 0.021])
-    assert res is not None
-    assert (res.n_baseline, res.n_canary) == (3, 3)  # log scale drops <= 0 too
-    assert _cmp([0.02, 0.021], [0.02, 0.021, 0.022]) is None
-    assert _cmp([0.02, 0.021, 0.019], [None, None, 0.02]) is None
+    res = _paired([0.02, None, float("nan"), 0.021, -0.019, float("inf")])
+    assert res is not None and res.n == 3  # differences may be negative: only None and non-finite go
+    assert _paired([0.02, 0.021]) is None
+    assert _paired([None, None, 0.02]) is None
 
 
-def test_constant_equal_samples_are_no_evidence():
-    res = _cmp([0.02] * 5, [0.02] * 5)
+def test_constant_differences_are_known_exactly():
+    res = _paired([0.0] * 5)
     assert (res.delta, res.low, res.high) == (0.0, 0.0, 0.0)
-    assert res.p_greater == res.p_less == 1.0
+    assert res.p_greater == res.p_less == 1.0  # no difference: no evidence either way
+    res = _paired([0.01] * 5, scale="linear")
+    assert (res.delta, res.low, res.high) == (0.01, 0.01, 0.01)
+    assert (res.p_greater, res.p_less) == (0.0, 1.0)
 
 
 def test_bounds_widen_as_alpha_shrinks():
     rng = np.random.default_rng(3)
-    b, c = list(rng.lognormal(0, 0.05, 20)), list(rng.lognormal(0.02, 0.05, 20))
-    loose = _cmp(b, c, a_low=0.05, a_high=0.05)
-    strict = _cmp(b, c, a_low=0.001, a_high=0.001)
+    d = list(rng.normal(0.02, 0.07, 20))
+    loose = _paired(d, a_low=0.05, a_high=0.05)
+    strict = _paired(d, a_low=0.001, a_high=0.001)
     assert strict.low < loose.low < loose.delta < loose.high < strict.high
     assert strict.delta == loose.delta
 
 
 def test_one_sided_lower_bound_covers_the_truth_at_its_level():
-    # 400 seeded experiments, normal windows, true ratio 1.05: the 95% lower bound should sit below
+    # 400 seeded experiments, normal differences, true ratio 1.05: the 95% lower bound should sit below
     # the truth ~95% of the time (binomial sd ~1.1%; 91-98.5% leaves room for Yuen's approximation).
     truth = 0.05
     covered = 0
     for seed in range(400):
         rng = np.random.default_rng([7, seed])
-        b = rng.lognormal(0, 0.03, 24)
-        c = rng.lognormal(math.log1p(truth), 0.03, 12)
-        covered += _cmp(list(b), list(c), a_low=0.05).low < truth
+        d = rng.normal(math.log1p(truth), 0.04, 12)
+        covered += _paired(list(d), a_low=0.05).low < truth
     assert 0.91 <= covered / 400 <= 0.985
 
 
@@ -73,38 +71,47 @@ def test_false_positive_rate_holds_under_heavy_tails():
     hits = 0
     for seed in range(400):
         rng = np.random.default_rng([11, seed])
-        noise = 0.03 * rng.standard_t(3, 36)
-        noise += np.where(rng.random(36) < 0.03, np.log(1.5), 0.0)
-        hits += _cmp(list(np.exp(noise[:24])), list(np.exp(noise[24:]))).p_greater < 0.05
+        d = 0.03 * rng.standard_t(3, 24)
+        d += np.where(rng.random(24) < 0.03, np.log(1.5), 0.0)
+        hits += _paired(list(d)).p_greater < 0.05
     assert hits / 400 <= 0.08
 
 
 def test_a_single_wild_window_does_not_decide():
     rng = np.random.default_rng(5)
-    b = list(rng.lognormal(math.log(0.02), 0.02, 30))
-    c = list(rng.lognormal(math.log(0.02), 0.02, 12))
-    c[3] = 0.2  # one window 10x slower (a GC pause, a stuck batch)
-    res = _cmp(b, c, a_low=0.01)
+    d = list(rng.normal(0.0, 0.02, 12))
+    d[3] = math.log(10)  # one slice 10x slower (a GC pause, a stuck batch)
+    res = _paired(d, a_low=0.01)
     assert res.low < 0 < res.high
     assert abs(res.delta) < 0.03
 
 
-def test_compare_many_matches_compare_row_by_row():
+def test_extra_variance_widens_its_own_side():
+    d = list(np.random.default_rng(6).normal(0.03, 0.02, 16))
+    plain = _paired(d, scale="linear")
+    low = _paired(d, scale="linear", extra_var_low=[0.01**2])
+    high = _paired(d, scale="linear", extra_var_high=[0.01**2])
+    assert low.low < plain.low and low.high == plain.high and low.delta == plain.delta
+    assert high.high > plain.high and high.low == plain.low
+    # p-values take the larger variance: extra variance on either side is less evidence.
+    assert low.p_greater > plain.p_greater and high.p_greater > plain.p_greater
+
+
+def test_rows_are_compared_independently():
     rng = np.random.default_rng(9)
-    rows_b = [list(rng.normal(0.1 * i, 0.01, 15)) for i in range(1, 5)]
-    rows_c = [list(rng.normal(0.1 * i + 0.01, 0.01, 8)) for i in range(1, 5)]
-    rows_c[2] = rows_c[2][:5]  # a different length goes through its own vectorised group
-    many = stats.compare_many(rows_b, rows_c, scale="linear", alpha_low=0.01, alpha_high=0.05)
-    for b, c, m in zip(rows_b, rows_c, many, strict=True):
-        one = stats.compare(b, c, scale="linear", alpha_low=0.01, alpha_high=0.05)
-        assert m == pytest.approx(one)
+    rows = [list(rng.normal(0.01 * i, 0.01, 8 + i)) for i in range(4)]
+    rows[2] = rows[2][:2]  # too few: None, the others unaffected
+    many = stats.paired_many(rows, scale="linear", alpha_low=0.01, alpha_high=0.05)
+    assert many[2] is None
+    for row, m in zip(rows, many, strict=True):
+        assert m == stats.paired_many([row], scale="linear", alpha_low=0.01, alpha_high=0.05)[0]
 
 
 def test_alpha_outside_range_is_rejected():
     with pytest.raises(ValueError):
-        _cmp([1, 2, 3], [1, 2, 3], a_low=0.0)
+        _paired([1, 2, 3], a_low=0.0)
     with pytest.raises(ValueError):
-        _cmp([1, 2, 3], [1, 2, 3], a_high=0.5)
+        _paired([1, 2, 3], a_high=0.5)
 
 
 def test_planned_looks_and_bonferroni():

@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 from vlm_operator import api
+from vlm_operator import observed as O
+from vlm_operator import profile_summary as P
 from vlm_operator import status as S
 from vlm_operator.gate import Window
 
@@ -102,9 +104,9 @@ def test_health_to_phase_and_conditions(health, phase, ready, degraded):
 
 
 def test_running_health_counts_ready_pods_and_names_the_first_unschedulable():
-    obs = S.Observed(pods=(S.PodInfo("b", "stable", "r", "Pending", False, unschedulable="no GPU"),
-                           S.PodInfo("a", "stable", "r", "Pending", False, unschedulable="no node"),
-                           S.PodInfo("c", "stable", "r", "Running", True)))
+    obs = O.Observed(pods=(O.PodInfo("b", "stable", "r", "Pending", False, unschedulable="no GPU"),
+                           O.PodInfo("a", "stable", "r", "Pending", False, unschedulable="no node"),
+                           O.PodInfo("c", "stable", "r", "Running", True)))
     h = S.running_health(obs, want=3, rollout=None, ipc_active=None)
     assert h.ready == 1 and h.unschedulable == "pod a: no node" and h.rollout_phase is None
 
@@ -124,44 +126,44 @@ T = 1_800_000_000.0
 
 
 def test_profiler_summary_skips_stale_windows_and_loop_wrappers():
-    s = S.profiler_summary([win(T, 0.02), win(T + 15, 0.03), win(T + 30, 0.5, stale=True)])
+    s = P.profiler_summary([win(T, 0.02), win(T + 15, 0.03), win(T + 30, 0.5, stale=True)])
     assert s is not None and s.last_end == T + 15 and s.loop_p50_s == pytest.approx(0.025)
     assert s.top_function == "run_batch"  # event_loop_overlap wraps the whole loop
     st = s.to_status()
     assert st.loop_p50 == "25.0ms" and st.loop_p95 == "30.0ms" and st.last_sample_time == "2027-01-15T08:00:15Z"
-    assert S.profiler_summary([win(T, stale=True)]) is None
+    assert P.profiler_summary([win(T, stale=True)]) is None
 
 
 def test_profiler_status_first_summary_then_only_real_changes():
-    first = S.profiler_status(None, [win(T)])
+    first = P.profiler_status(None, [win(T)])
     assert first is not None and first.loop_p50 == "21.4ms"
     # 2% noise and a newer window: what is shown stays (no write).
-    assert S.profiler_status(first, [win(T + 15, 0.0218)]) is first
+    assert P.profiler_status(first, [win(T + 15, 0.0218)]) is first
     # 10% slower: news.
-    moved = S.profiler_status(first, [win(T + 30, 0.0236)])
+    moved = P.profiler_status(first, [win(T + 30, 0.0236)])
     assert moved is not first and moved.loop_p50 == "23.6ms" and moved.last_sample_time == "2027-01-15T08:00:30Z"
     # p95 appearing or vanishing is news too.
-    assert S.profiler_status(first, [win(T + 15, p95=None)]).loop_p95 is None
+    assert P.profiler_status(first, [win(T + 15, p95=None)]).loop_p95 is None
 
 
 def test_profiler_status_top_function_needs_a_margin():
-    first = S.profiler_status(None, [win(T, shares={"run_batch": 0.30, "hash_feature": 0.29})])
+    first = P.profiler_status(None, [win(T, shares={"run_batch": 0.30, "hash_feature": 0.29})])
     assert first.top_function == "run_batch"
-    close = S.profiler_status(first, [win(T + 15, shares={"run_batch": 0.30, "hash_feature": 0.31})])
+    close = P.profiler_status(first, [win(T + 15, shares={"run_batch": 0.30, "hash_feature": 0.31})])
     assert close is first
-    far = S.profiler_status(first, [win(T + 15, shares={"run_batch": 0.30, "hash_feature": 0.40})])
+    far = P.profiler_status(first, [win(T + 15, shares={"run_batch": 0.30, "hash_feature": 0.40})])
     assert far.top_function == "hash_feature"
-    gone = S.profiler_status(first, [win(T + 15, shares={"hash_feature": 0.31})])
+    gone = P.profiler_status(first, [win(T + 15, shares={"hash_feature": 0.31})])
     assert gone.top_function == "hash_feature"
 
 
 def test_profiler_status_refreshes_and_handles_what_it_cannot_read():
-    first = S.profiler_status(None, [win(T)], refresh_s=600)
-    assert S.profiler_status(first, [win(T + 599)], refresh_s=600) is first
-    assert S.profiler_status(first, [win(T + 600)], refresh_s=600).last_sample_time == "2027-01-15T08:10:00Z"
+    first = P.profiler_status(None, [win(T)], refresh_s=600)
+    assert P.profiler_status(first, [win(T + 599)], refresh_s=600) is first
+    assert P.profiler_status(first, [win(T + 600)], refresh_s=600).last_sample_time == "2027-01-15T08:10:00Z"
     odd = api.ProfilerStatus(last_sample_time="2027-01-15T08:00:00Z", loop_p50="fast", top_function="run_batch")
-    assert S.profiler_status(odd, [win(T + 15)]).loop_p50 == "21.4ms"
-    assert S.profiler_status(first, []) is first and S.profiler_status(None, []) is None
+    assert P.profiler_status(odd, [win(T + 15)]).loop_p50 == "21.4ms"
+    assert P.profiler_status(first, []) is first and P.profiler_status(None, []) is None
 
 
 def test_margin_resolvable_follows_the_gate_s_warning_during_a_rollout():

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from vlm_operator import kubectl_vlm as vlm
+from vlm_operator import names
 
 REPO = Path(__file__).resolve().parents[3]
 PLUGIN = REPO / "kubectl-plugin" / "kubectl-vlm"
@@ -43,18 +44,37 @@ def test_shim_runs_the_module_and_console_script_is_declared():
     assert proc.returncode == 0 and "retry" in proc.stdout and "profile" in proc.stdout, proc
 
 
-def test_shim_falls_back_to_the_module_next_to_it(tmp_path):
-    """The krew archive's layout: shim and kubectl_vlm.py side by side, vlm_operator not importable."""
-    spec = importlib.util.find_spec("vlm_operator")
-    (tmp_path / "kubectl-vlm").write_text(PLUGIN.read_text())
-    (tmp_path / "kubectl_vlm.py").write_text((REPO / "operator/vlm_operator/kubectl_vlm.py").read_text())
+def _krew_archive():
+    loader = importlib.machinery.SourceFileLoader("krew_archive", str(REPO / "kubectl-plugin" / "krew-archive"))
+    spec = importlib.util.spec_from_loader("krew_archive", loader)
+    krew = importlib.util.module_from_spec(spec)
+    loader.exec_module(krew)
+    return krew
+
+
+def _without_vlm_operator(tmp_path: Path) -> dict[str, str]:
+    """An environment in which `import vlm_operator` fails (it is installed for the tests)."""
     blocker = tmp_path / "block"
     blocker.mkdir()
     (blocker / "vlm_operator.py").write_text("raise ImportError('not installed')\n")
-    env = {"PYTHONPATH": str(blocker), "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, str(tmp_path / "kubectl-vlm"), "status", "--help"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    return {"PYTHONPATH": str(blocker), "PATH": "/usr/bin:/bin"}
+
+
+def test_shim_falls_back_to_the_modules_next_to_it(tmp_path):
+    """The krew archive's layout: the archive's files side by side, vlm_operator not importable."""
+    spec = importlib.util.find_spec("vlm_operator")
+    for name, path in _krew_archive().FILES.items():
+        (tmp_path / name).write_text(path.read_text())
+    proc = subprocess.run([sys.executable, str(tmp_path / "kubectl-vlm"), "status", "--help"],
+                          env=_without_vlm_operator(tmp_path), capture_output=True, text=True, timeout=60)
     assert spec is not None and proc.returncode == 0 and "--watch" in proc.stdout, proc
+
+
+def test_shim_falls_back_to_the_checkout(tmp_path):
+    """kubectl-plugin/ on PATH in a checkout, vlm_operator not installed: the shim finds the package beside it."""
+    proc = subprocess.run([sys.executable, str(PLUGIN), "status", "--help"],
+                          env=_without_vlm_operator(tmp_path), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "--watch" in proc.stdout, proc
 
 
 def test_every_flag_has_help():
@@ -109,7 +129,7 @@ def test_actions_apply_to_a_canary_in_progress(phase):
     assert vlm.check_action(svc(canaryRevision="r2", rollout={"phase": phase}), "promote") == "r2"
 
 
-@pytest.mark.parametrize("rollout", [None, {"phase": "Promoted"}, {"phase": "RolledBack"}, {"phase": "Idle"}])
+@pytest.mark.parametrize("rollout", [None, {"phase": "Promoted"}, {"phase": "RolledBack"}, {"phase": "Aborted"}])
 def test_actions_without_a_canary_are_refused_with_the_reason(rollout):
     with pytest.raises(vlm.PluginError, match="no canary in progress"):
         vlm.check_action(svc(rollout=rollout), "abort")
@@ -120,11 +140,11 @@ def test_action_patch_sets_the_operator_annotation():
 
 
 def test_action_annotation_matches_the_operator():
-    from vlm_operator import builders, rollout
+    from vlm_operator import builders
 
-    assert rollout.ANNOTATION_ACTION == vlm.ACTION_ANNOTATION
-    assert {"promote", "abort", "pause", "resume"} <= set(rollout.ACTIONS)
-    assert set(vlm.ACTIVE_PHASES) == set(rollout.ACTIVE)
+    assert names.ANNOTATION_ROLLOUT_ACTION == vlm.ACTION_ANNOTATION
+    assert {"promote", "abort", "pause", "resume"} <= set(names.ROLLOUT_ACTIONS)
+    assert set(vlm.ACTIVE_PHASES) == set(names.ACTIVE_PHASES)
     assert (vlm.LABEL_SERVICE, vlm.LABEL_ROLE) == (builders.LABEL_SERVICE, builders.LABEL_ROLE)
 
 
@@ -346,10 +366,7 @@ def test_krew_manifest_matches_the_reproducible_archive():
     assert (m["apiVersion"], m["kind"], m["metadata"]["name"]) == (
         "krew.googlecontainertools.github.com/v1alpha2", "Plugin", "vlm")
     assert m["spec"]["version"] == f"v{PYPROJECT['project']['version']}"
-    loader = importlib.machinery.SourceFileLoader("krew_archive", str(REPO / "kubectl-plugin" / "krew-archive"))
-    spec = importlib.util.spec_from_loader("krew_archive", loader)
-    krew = importlib.util.module_from_spec(spec)
-    loader.exec_module(krew)
+    krew = _krew_archive()
     data = krew.archive_bytes()
     assert data == krew.archive_bytes()  # reproducible
     for platform in m["spec"]["platforms"]:

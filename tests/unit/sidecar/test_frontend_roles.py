@@ -39,9 +39,11 @@ def sglang_tree(root):
 
 
 def test_config_knows_the_roles_the_model_defines():
-    from vlm_sidecar import config, model
+    from vlm_sidecar import config, model, names
 
-    assert config.FRONTEND_ROLES == model.FRONTEND_ROLES == model.ROLES[1:]
+    # One definition (vlm_sidecar.names), the same object wherever it is read.
+    assert config.FRONTEND_ROLES is model.FRONTEND_ROLES is names.FRONTEND_ROLES
+    assert ("scheduler", *names.FRONTEND_ROLES) == names.ROLES
 
 
 def test_roles_of_an_sglang_pod(tmp_path):

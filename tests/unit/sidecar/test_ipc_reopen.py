@@ -9,7 +9,7 @@ import inspect
 import os
 
 import pytest
-from vlm_operator.status import REOPEN_FRACTION
+from vlm_operator.profile_summary import REOPEN_FRACTION
 from vlm_sidecar import ipc
 from vlm_sidecar.collector import ProfileStore, build_families
 from vlm_sidecar.config import SidecarConfig
@@ -149,7 +149,7 @@ def test_pyspy_on_the_standin_sees_reopens_only_where_the_cache_does_not_work(st
         # A working cache re-opens nothing, but one window sees only 10-40 feature samples, and a sample that
         # lands in reconstruct_on_target_device's own code (the 0.5.10-0.5.17 inline shape) reads as a
         # re-open: one such sample in 20 is 0.05 (two CI runs of 0.5.15 read 0.052 and 0.068). The bound is
-        # the operator's NotObserved threshold (status.REOPEN_FRACTION), far below the cache-off cases.
+        # the operator's NotObserved threshold (profile_summary.REOPEN_FRACTION), far below the cache-off cases.
         assert reopened < REOPEN_FRACTION, w
     else:
         assert reopened > 0.5, w

@@ -55,7 +55,7 @@ def test_names_are_the_checked_table():
 def test_every_per_window_gauge_is_read_by_the_gates_prometheus_source():
     """The request rate (and every other per-window value) the sidecar exports is one the operator's
     Prometheus source reads into the same Window field: a renamed gauge on either side fails here."""
-    from vlm_operator import signals
+    from vlm_operator.sources import prometheus
     from vlm_sidecar.collector import ProfileStore, build_families
     from vlm_sidecar.model import WindowSummary
 
@@ -64,14 +64,16 @@ def test_every_per_window_gauge_is_read_by_the_gates_prometheus_source():
                       loop_p50_seconds=0.02, loop_p95_seconds=0.03, iterations=250, stage_shares={},
                       function_shares={}, self_shares={}, top_function=None, stale=False, error=None,
                       ttft_seconds=0.4, itl_seconds=0.02, throughput=900.0, request_rate=3.5,
-                      feature_transport_share=0.08, ipc_handle_reopen_share=0.07, feature_transport_samples=400)
+                      feature_transport_share=0.08, ipc_handle_reopen_share=0.07, feature_transport_samples=400,
+                      unexported_self_share_max=0.012)
     store.add_window(w, None, 1000.0)
     fams = {f.name: f for f in build_families(store.snapshot(), {"pod": "p"}, 6.0, 60.0)}
     assert [s.value for s in fams["vlm_sglang_window_requests_per_second"].samples] == [3.5]
     exported = {n for n in fams if n.startswith(("vlm_scheduler_window_", "vlm_sglang_window_"))
-                or n in ("vlm_scheduler_feature_transport_share_ratio", "vlm_scheduler_ipc_handle_reopen_share_ratio")}
-    read = set(signals._WINDOW_GAUGES) - {"vlm_profiler_stale"}
+                or n in ("vlm_scheduler_feature_transport_share_ratio", "vlm_scheduler_ipc_handle_reopen_share_ratio",
+                         "vlm_scheduler_unexported_self_share_max_ratio")}
+    read = set(prometheus._WINDOW_GAUGES) - {"vlm_profiler_stale"}
     assert exported == read, (exported ^ read)
-    for name, field in signals._WINDOW_GAUGES.items():
+    for name, field in prometheus._WINDOW_GAUGES.items():
         if name != "vlm_profiler_stale":
             assert [s.value for s in fams[name].samples] == [pytest.approx(float(getattr(w, field)))], name

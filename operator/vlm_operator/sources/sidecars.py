@@ -1,21 +1,13 @@
-"""Reading canary and baseline signals: from Prometheus (PromQL over HTTP) or straight from the sidecars.
+"""The sidecar source: every ready pod's `/windows.json`, read directly on the pod network.
 
-Both sources return `gate.Window`s; a source that cannot be reached raises
-`SignalsUnavailable`, which the reconcile turns into an Inconclusive analysis
-(never a promotion).
-
-Sidecar source: GET http://<pod IP>:9400/windows.json for every ready pod, through a
-`SidecarReader`: a short timeout (`VLM_SIDECAR_TIMEOUT_SECONDS`), all pods of a call at once on a
-small shared thread pool (`VLM_SIDECAR_WORKERS`), and a per-pod cache that is read again only when
-the pod's next window is due, so a live sidecar is read about once per telemetry window and a dead
-one costs one timeout per window (then less: it backs off), never one per reconcile. A pod that did
-not answer is unavailable until its next read, never "no regression".
-`VLM_SIDECAR_ENDPOINTS` (a JSON file: pod name -> host:port) overrides pod IPs; only a testbed run
-without its network namespace (VLM_TESTBED_NETNS=0) uses it, so kwok's pod IPs are never dialled on
-the host's network. The e2e tier and the demo read sidecars by pod IP.
-
-Prometheus source: one window per sidecar window, from the sidecar's per-window
-gauges, identified by the window's end time (`from_prometheus` says how).
+GET http://<pod IP>:9400/windows.json for every ready pod, through a `SidecarReader`: a short timeout
+(`VLM_SIDECAR_TIMEOUT_SECONDS`), all pods of a call at once on a small shared thread pool
+(`VLM_SIDECAR_WORKERS`), and a per-pod cache that is read again only when the pod's next window is due, so a
+live sidecar is read about once per telemetry window and a dead one costs one timeout per window (then less:
+it backs off), never one per reconcile. A pod that did not answer is unavailable until its next read, never
+"no regression". `VLM_SIDECAR_ENDPOINTS` (a JSON file: pod name -> host:port) overrides pod IPs; only a
+testbed run without its network namespace (VLM_TESTBED_NETNS=0) uses it, so kwok's pod IPs are never dialled
+on the host's network. The e2e tier and the demo read sidecars by pod IP.
 """
 
 from __future__ import annotations
@@ -26,35 +18,28 @@ import math
 import os
 import threading
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.client import HTTPException
 from typing import Any
 
-from .gate import FRONTEND_ROLES, Window
+from ..names import SIDECAR_PORT
+from ..window import Window
+from .base import SignalsUnavailable, get_json
 
-log = logging.getLogger("vlm_operator.signals")
-SIDECAR_PORT = 9400
-TIMEOUT_S = 5.0  # default of _get_json (the Prometheus reads); sidecar reads use SidecarReader.timeout_s
+log = logging.getLogger("vlm_operator.sources.sidecars")
 SIDECAR_TIMEOUT_S = 1.0  # VLM_SIDECAR_TIMEOUT_SECONDS' default: a sidecar on the pod network answers in ms
 SIDECAR_WORKERS = 8  # VLM_SIDECAR_WORKERS' default
 KEEP_WINDOWS = 4  # a cached pod keeps at least its windows of the last 4 intervals (the profiler summary's span)
+# A `since` some caller asked for (an analysis' start) keeps the windows after it in the cache while it is asked for
+# again within this long; then the cache shrinks back to what the remaining callers need (memory stays bounded by
+# what the running analyses read).
+HORIZON_IDLE_S = 300.0
 MAX_BACKOFF_WINDOWS = 8  # a pod that keeps failing is tried at most every 8 telemetry intervals
 PRUNE_AFTER_S = 600.0  # cache entries of pods nobody asked about for this long are dropped
 _READ_ERRORS = (OSError, ValueError, HTTPException)  # a sidecar that cannot be read (refused, timed out, garbled)
-
-
-class SignalsUnavailable(Exception):
-    """No data could be read (Prometheus down, no sidecar answering)."""
-
-
-def _get_json(url: str, timeout: float = TIMEOUT_S) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read())
 
 
 _overrides_cache: dict[str, Any] = {}
@@ -97,6 +82,7 @@ class _PodEntry:
     next_read: float = 0.0  # not read again before this (the next window is not due / backing off)
     used: float = 0.0
     inflight: bool = False  # a background retry is under way
+    horizons: dict[float, float] = field(default_factory=dict)  # `since` asked for -> when it was last asked
 
 
 class SidecarReader:
@@ -106,7 +92,7 @@ class SidecarReader:
     telemetry interval, between a quarter and one interval from now), then read again. A read that
     fails or times out marks the pod unavailable until its next expected window, backing off (1, 2, 4
     ... up to MAX_BACKOFF_WINDOWS intervals) while it keeps failing; the pod is reported unavailable
-    meanwhile, its old windows dropped. Retries of a failed pod run in the background (the caller is
+    meanwhile (the windows it had stay cached for its next good read). Retries of a failed pod run in the background (the caller is
     told "unavailable" at once and the answer is there for the next read), so a dead sidecar blocks a
     reconcile at most once, on its first read. Thread-safe: reconciles of different services share one
     reader.
@@ -130,7 +116,7 @@ class SidecarReader:
         self.failures = 0
 
     def _get(self, url: str) -> Any:
-        fetch = self._fetch or _get_json
+        fetch = self._fetch or get_json
         return fetch(url, self.timeout_s)
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -175,6 +161,8 @@ class SidecarReader:
         with self._lock:
             for name, revision, addr in wanted:
                 e = self._entries.get(name)
+                if e is not None:
+                    e.horizons[since] = now
                 if e is None or e.addr != addr or e.revision != revision:
                     todo.append((name, revision, addr))
                 elif not e.ok:
@@ -256,29 +244,40 @@ class SidecarReader:
                 self._store(name, revision, addr, results[name], since, interval, now)
 
     def _store(self, name: str, revision: str, addr: str, res: Any, since: float, interval: float, now: float) -> None:
-        """Caller holds the lock. One read's outcome (the answer, or the exception) into the cache."""
+        """Caller holds the lock. One read's outcome (the answer, or the exception) into the cache.
+
+        Reads are merged, not replaced: a sidecar keeps a bounded history (64 windows across its TP ranks by
+        default: 16 minutes at TP1, 2 minutes at TP8), and the reader reads each pod about once per window, so
+        the cache holds every window since the oldest `since` still asked for (an analysis' start; see
+        HORIZON_IDLE_S), whatever the TP degree. A failed read keeps what was cached (not returned while the
+        pod is unavailable) for the pod's next good read."""
         self.reads += 1
         old = self._entries.get(name)
-        failures = old.failures if old is not None and old.addr == addr else 0
+        same = old is not None and old.addr == addr and old.revision == revision
+        horizons = {s: t for s, t in (old.horizons.items() if same else ()) if now - t < HORIZON_IDLE_S}  # type: ignore[union-attr]
+        horizons[since] = now
+        keep = min(min(horizons), now - KEEP_WINDOWS * interval)
+        carried = tuple(w for w in old.windows if w.end >= keep) if same else ()  # type: ignore[union-attr]
         if isinstance(res, BaseException):
-            failures += 1
+            failures = (old.failures if old is not None and old.addr == addr else 0) + 1
             self.failures += 1
             log.info("sidecar of pod %s not readable (%d in a row): %s", name, failures, res)
             backoff = interval * min(2 ** (failures - 1), MAX_BACKOFF_WINDOWS)
-            self._entries[name] = _PodEntry(addr, revision, ok=False, error=_short(res), failures=failures,
-                                            next_read=now + backoff, used=now)
+            self._entries[name] = _PodEntry(addr, revision, ok=False, windows=carried, error=_short(res),
+                                            failures=failures, next_read=now + backoff, used=now, horizons=horizons)
             return
-        keep = min(since, now - KEEP_WINDOWS * interval)
-        windows = tuple(
-            w for w in (Window.from_sidecar(revision, name, d) for d in (res if isinstance(res, list) else []))
-            if w.end >= keep
-        )
+        merged = {(w.tp_rank, w.id, w.end): w for w in carried}  # ids restart with the sidecar; ends do not repeat
+        for d in res if isinstance(res, list) else []:
+            w = Window.from_sidecar(revision, name, d)
+            if w.end >= keep:
+                merged[(w.tp_rank, w.id, w.end)] = w
+        windows = tuple(sorted(merged.values(), key=lambda w: (w.end, w.tp_rank)))
         newest = max((w.end for w in windows), default=now - interval)
         # The next window ends about one interval after the newest; a little slack for the sidecar to
         # publish it. Clamped so a skewed or stopped sidecar clock neither floods nor freezes us.
         wait = min(max(newest + interval + min(1.0, interval / 10) - now, interval / 4), interval)
         self._entries[name] = _PodEntry(addr, revision, ok=True, windows=windows, kept_since=keep,
-                                        next_read=now + wait, used=now)
+                                        next_read=now + wait, used=now, horizons=horizons)
 
     def _prune(self, now: float) -> None:
         """Caller holds the lock. Drops pods nobody asked about for PRUNE_AFTER_S (gone pods), once a minute."""
@@ -316,176 +315,3 @@ def from_sidecars(
             _default_reader = SidecarReader()
         reader = _default_reader
     return reader.read(pods, since, interval=interval, now=now)
-
-
-def _query_range(base: str, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-    params = urllib.parse.urlencode({"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.0f}s"})
-    try:
-        data = _get_json(f"{base}/api/v1/query_range?{params}")
-    except (OSError, ValueError) as e:
-        raise SignalsUnavailable(f"Prometheus at {base} not readable: {e}") from e
-    if not isinstance(data, dict) or data.get("status") != "success":
-        error = data.get("error") if isinstance(data, dict) else f"not a Prometheus answer: {str(data)[:80]}"
-        raise SignalsUnavailable(f"Prometheus query failed: {error}")
-    result = data.get("data", {}).get("result") if isinstance(data.get("data"), dict) else None
-    if not isinstance(result, list):
-        raise SignalsUnavailable(f"Prometheus answered without a result list for {query[:80]}")
-    return [s for s in (_clean_series(r) for r in result) if s is not None]
-
-
-def _number(x: Any) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return v if isinstance(x, (str, int, float)) and not isinstance(x, bool) else None
-
-
-def _clean_series(r: Any) -> dict[str, Any] | None:
-    """One range-query series with string labels and [finite time, numeric string] points; None if unusable
-    (a proxy or a broken Prometheus may answer anything: a bad point is dropped, never raised)."""
-    if not isinstance(r, dict) or not isinstance(r.get("metric"), dict) or not isinstance(r.get("values"), list):
-        return None
-    metric = {k: v for k, v in r["metric"].items() if isinstance(k, str) and isinstance(v, str)}
-    values = []
-    for point in r["values"]:
-        if not isinstance(point, (list, tuple)) or len(point) != 2:
-            continue
-        t, v = _number(point[0]), point[1]
-        if t is None or not math.isfinite(t) or not isinstance(v, str) or _number(v) is None:
-            continue
-        values.append([t, v])
-    return {"metric": metric, "values": values}
-
-
-# Per-window gauges the sidecar exports (all from its last usable window), and the Window field each fills.
-_WINDOW_GAUGES = {
-    "vlm_scheduler_window_loop_mean_seconds": "loop_mean_seconds",
-    "vlm_scheduler_window_loop_p95_seconds": "loop_p95_seconds",
-    "vlm_scheduler_window_iterations": "iterations",
-    "vlm_sglang_window_ttft_seconds": "ttft_seconds",
-    "vlm_sglang_window_itl_seconds": "itl_seconds",
-    "vlm_sglang_window_generation_tokens_per_second": "throughput",
-    "vlm_sglang_window_requests_per_second": "request_rate",
-    "vlm_profiler_stale": "stale",
-    "vlm_scheduler_feature_transport_share_ratio": "feature_transport_share",
-    "vlm_scheduler_ipc_handle_reopen_share_ratio": "ipc_handle_reopen_share",
-}
-_KEY = "pod, revision, tp_rank"
-
-
-# A front-end window ends just after the scheduler windows it ran beside (the sidecar summarizes it last).
-_FRONTEND_ATTACH_S = 10.0
-
-
-def _attach_frontend(series: Callable[..., list[dict[str, Any]]], windows: dict[tuple[str, str, str, float],
-                                                                                dict[str, Any]]) -> None:
-    """Give each scheduler window the front-end window sampled beside it (`frontend.roles`, as the sidecar's
-    /windows.json has it: busy shares and inclusive function shares per role), when the sidecar samples the
-    front end. The front-end gauges describe the newest front-end window, identified by
-    `vlm_frontend_last_window_timestamp_seconds`; each is read at the first step that shows it."""
-    ends = series("vlm_frontend_last_window_timestamp_seconds", by="pod, revision")
-    if not ends:
-        return  # front-end sampling is off: no further queries
-    at: dict[tuple[str, str], dict[float, float]] = {}  # (pod, revision) -> {t: front-end window end}
-    for sr in ends:
-        k = (sr["metric"].get("pod", ""), sr["metric"].get("revision", ""))
-        first: dict[float, float] = {}
-        for t, v in sr["values"]:
-            first.setdefault(float(v), float(t))
-        at[k] = {t: end for end, t in first.items()}
-    roles: dict[tuple[str, str, float], dict[str, dict[str, Any]]] = {}
-
-    def put(sr: Mapping[str, Any], apply: Callable[[dict[str, Any], float], None]) -> None:
-        m = sr["metric"]
-        role = m.get("role", "")
-        by_t = at.get((m.get("pod", ""), m.get("revision", "")))
-        if role not in FRONTEND_ROLES or not by_t:
-            return
-        for t, v in sr["values"]:
-            end = by_t.get(float(t))
-            if end is not None and v not in ("NaN", "+Inf", "-Inf"):
-                apply(roles.setdefault((m["pod"], m["revision"], end), {}).setdefault(role, {}), float(v))
-
-    for sr in series("vlm_process_busy_share_ratio", by="pod, revision, role"):
-        put(sr, lambda r, v: r.__setitem__("busy_share", v))
-    for sr in series("vlm_process_function_share_ratio", ',kind="inclusive"', by="pod, revision, role, function"):
-        fn = sr["metric"].get("function", "")
-        put(sr, lambda r, v, fn=fn: r.setdefault("function_shares", {}).__setitem__(fn, v))
-    by_pod: dict[tuple[str, str], list[float]] = {}
-    for pod, revision, end in roles:
-        by_pod.setdefault((pod, revision), []).append(end)
-    for (pod, revision, _rank, end), d in windows.items():
-        near = [e for e in by_pod.get((pod, revision), ()) if end - 1.0 <= e <= end + _FRONTEND_ATTACH_S]
-        if near:
-            d["frontend"] = {"roles": roles[(pod, revision, min(near))]}
-
-
-def from_prometheus(
-    base: str, namespace: str, service: str, revisions: Sequence[str], *, since: float, now: float, step: float
-) -> list[Window]:
-    """One Window per sidecar window, for the given revisions, from the sidecar's per-window gauges.
-
-    Every gauge describes the sidecar's last usable window, whose end time
-    `vlm_profiler_last_window_timestamp_seconds` carries: that value is the window's identity. The range
-    is read at `step` (at most the telemetry interval, so no window is skipped while the scrape keeps up),
-    and each window is taken once, at the first step that shows it, so a window scraped many times is
-    still one observation (no pseudo-replication), whatever the scrape and telemetry intervals are. A
-    window whose sidecar reported itself stale at that point is marked stale.
-    """
-    sel = f'namespace="{namespace}",vlmservice="{service}",revision=~"{"|".join(revisions)}"'
-    start = max(since, now - 6 * 3600)
-    if now <= start:
-        return []
-
-    def series(metric: str, extra: str = "", by: str = _KEY) -> list[dict[str, Any]]:
-        return _query_range(base, f"max by ({by}) ({metric}{{{sel}{extra}}})", start, now, step)
-
-    def key(m: Mapping[str, str]) -> tuple[str, str, str]:
-        return m.get("pod", ""), m.get("revision", ""), m.get("tp_rank", "")
-
-    # (pod, revision, rank) -> [(t, window end)], then the first t at which each window end appears.
-    first_seen: dict[tuple[str, str, str], dict[float, float]] = {}
-    for sr in series("vlm_profiler_last_window_timestamp_seconds"):
-        seen = first_seen.setdefault(key(sr["metric"]), {})
-        for t, v in sr["values"]:
-            end = float(v)
-            if end >= since and end not in seen:
-                seen[end] = float(t)
-    if not first_seen:
-        return []
-    at: dict[tuple[str, str, str], dict[float, float]] = {  # (series) -> {t: window end}
-        k: {t: end for end, t in ends.items()} for k, ends in first_seen.items()
-    }
-    windows: dict[tuple[str, str, str, float], dict[str, Any]] = {}
-    for k, by_t in at.items():
-        for end in by_t.values():
-            windows[(*k, end)] = {"end": end, "samples": 1, "stage_shares": {}, "function_shares": {}}
-
-    def assign(sr: Mapping[str, Any], put) -> None:
-        k = key(sr["metric"])
-        by_t = at.get(k)
-        if not by_t:
-            return
-        for t, v in sr["values"]:
-            end = by_t.get(float(t))
-            if end is not None and v not in ("NaN", "+Inf", "-Inf"):
-                put(windows[(*k, end)], float(v))
-
-    for metric, field in _WINDOW_GAUGES.items():
-        for sr in series(metric):
-            assign(sr, lambda d, v, f=field: d.__setitem__(f, v))
-    for sr in series("vlm_scheduler_stage_share_ratio", by=f"{_KEY}, stage"):
-        st = sr["metric"].get("stage", "")
-        assign(sr, lambda d, v, st=st: d["stage_shares"].__setitem__(st, v))
-    for sr in series("vlm_scheduler_function_share_ratio", ',kind="inclusive"', by=f"{_KEY}, function"):
-        fn = sr["metric"].get("function", "")
-        assign(sr, lambda d, v, fn=fn: d["function_shares"].__setitem__(fn, v))
-    _attach_frontend(series, windows)
-    out = []
-    for (pod, revision, rank, end), d in sorted(windows.items()):
-        if "loop_mean_seconds" not in d:
-            continue
-        rank_n = int(rank) if rank.isdigit() else 0
-        out.append(Window.from_sidecar(revision, pod, {"id": f"{pod}/{rank}@{end:.3f}", "tp_rank": rank_n, **d}))
-    return out

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from vlm_operator import signals
+from vlm_operator import sources
+from vlm_operator.sources import sidecars
 
 from tests.jsonhttp import serve_json
 
@@ -25,7 +26,7 @@ def test_endpoints_file_names_the_sidecars(tmp_path, monkeypatch, sidecar):
     f = tmp_path / "endpoints.json"
     f.write_text(json.dumps({"pod-a": sidecar}))
     monkeypatch.setenv("VLM_SIDECAR_ENDPOINTS", str(f))
-    ws = signals.from_sidecars([("pod-a", "rev1", "10.0.0.9")], since=1500.0)
+    ws = sources.from_sidecars([("pod-a", "rev1", "10.0.0.9")], since=1500.0)
     assert [(w.pod, w.revision, w.loop_mean_seconds) for w in ws] == [("pod-a", "rev1", 0.03)]
 
 
@@ -37,11 +38,11 @@ def test_pod_ips_are_never_dialled_when_an_endpoints_file_is_set(tmp_path, monke
     def no_network(url):
         raise AssertionError(f"dialled {url}")
 
-    monkeypatch.setattr(signals, "_get_json", no_network)
-    with pytest.raises(signals.SignalsUnavailable):
-        signals.from_sidecars([("pod-a", "rev1", "10.0.0.9")], since=0.0)
+    monkeypatch.setattr(sidecars, "get_json", no_network)
+    with pytest.raises(sources.SignalsUnavailable):
+        sources.from_sidecars([("pod-a", "rev1", "10.0.0.9")], since=0.0)
 
 
 def test_prometheus_down_is_signals_unavailable():
-    with pytest.raises(signals.SignalsUnavailable):
-        signals.from_prometheus("http://127.0.0.1:9", "ns", "svc", ["r"], since=0.0, now=100.0, step=10.0)
+    with pytest.raises(sources.SignalsUnavailable):
+        sources.from_prometheus("http://127.0.0.1:9", "ns", "svc", ["r"], since=0.0, now=100.0, step=10.0)

@@ -1,0 +1,102 @@
+"""Act: write what a reconcile decided, through the one writer (`kube.Writer`), then the status and Events.
+
+Nothing here decides: the plan (vlm_operator.rollout), the desired objects (vlm_operator.builders) and the
+status (vlm_operator.status) arrive made; this module only orders the writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import alerts, api, builders, rollout
+from . import conditions as C
+from . import status as S
+from .kube import Writer
+from .names import ROLE_BASELINE, ROLE_CANARY, ROLE_STABLE
+from .observed import Observed
+
+Emit = Callable[[str, str, str], None]  # (type, reason, message)
+
+
+def apply_plan(w: Writer, uid: str, status: Mapping[str, Any], generation: int | None, spec: api.VLMServiceSpec,
+               desired: builders.Desired, plan: rollout.Plan, observed: Observed, owner: builders.Owner, *,
+               busy: bool, monitoring: bool, monitoring_labels: Mapping[str, str],
+               alert_overrides: Any) -> None:
+    """Write what the plan wants: the budget and the policy once per spec generation, before the Deployments (a
+    pod never runs without its NetworkPolicy), the Deployments and the Service always (each only where it
+    differs), then the monitoring objects. In a burst of new services (`busy`) a missing Service waits
+    for the service's next resync, like the monitoring objects: a Service costs the API server more than
+    itself (the endpoints controller makes an Endpoints object and an EndpointSlice for it), and nothing
+    routes to a pod for many seconds after its Deployment anyway; the Deployments go first."""
+    if plan.hands_off:
+        return
+    changed = status.get("observedGeneration") != generation
+    if changed:
+        # Both follow the spec alone (and the operator's settings): applied once per generation, like the
+        # PodMonitor; deleted when the spec no longer wants them (replicas <= 1, networkPolicy Off).
+        for api_version, kind, want in (
+            ("networking.k8s.io/v1", "NetworkPolicy", desired.network_policy),
+            ("policy/v1", "PodDisruptionBudget", desired.pdb),
+        ):
+            if want is not None:
+                w.apply(uid, want, None)
+            elif not (generation == 1 and "observedGeneration" not in status):
+                # (Never reconciled, and its spec never changed: every reconcile so far saw this spec and
+                # wanted none, so none was made. One DELETE answered 404 less per new service.)
+                w.delete(uid, api_version, kind, owner.namespace, owner.name)
+    if plan.stable is not None:
+        w.apply(uid, plan.stable, observed.deployments.get(ROLE_STABLE))
+    for role, want in ((ROLE_CANARY, plan.canary), (ROLE_BASELINE, plan.baseline)):
+        if want is not None:
+            w.apply(uid, want, observed.deployments.get(role))
+        elif role in observed.deployments:
+            w.delete(uid, "apps/v1", "Deployment", owner.namespace, builders.deployment_name(owner, role))
+    if observed.service is not None or not busy:
+        w.apply(uid, desired.service, observed.service)
+    if monitoring:
+        _apply_monitoring(w, uid, changed, spec, observed, owner, busy=busy, extra=monitoring_labels,
+                          overrides=alert_overrides)
+
+
+def _apply_monitoring(w: Writer, uid: str, changed: bool, spec: api.VLMServiceSpec, observed: Observed,
+                      owner: builders.Owner, *, busy: bool, extra: Mapping[str, str], overrides: Any) -> None:
+    """The PodMonitor and the PrometheusRule: re-applied at each spec generation (they follow the spec and the
+    operator's settings), and created where the index does not hold them (a new service, or one deleted by
+    hand: drift repair). Creation waits while the operator is `busy` with a burst of new services, like a new
+    Service's (`apply_plan`): their Deployments go first, these follow at each service's next resync (a pod
+    takes longer than that to be scraped anyway). A spec change of an existing service never waits."""
+    for kind in observed.monitoring:  # shown by the index: one deleted from now on is re-created at once
+        w.confirmed(uid, (builders.MONITORING_API_VERSION, kind, owner.namespace, owner.name))
+    wanted = [kind for kind in builders.MONITORING_KINDS
+              if (kind in observed.monitoring and changed) or (kind not in observed.monitoring and not busy)]
+    if "PodMonitor" in wanted:
+        w.apply(uid, builders.build_pod_monitor(owner, extra, spec.telemetry.interval), None)
+    if "PrometheusRule" in wanted:
+        w.apply(
+            uid,
+            alerts.build_prometheus_rule(
+                owner.name, owner.namespace, owner.reference(), builders.common_labels(owner), extra_labels=extra,
+                overrides=overrides,
+            ),
+            None,
+        )
+
+
+def write_status(w: Writer, uid: str, namespace: str, name: str, current: Mapping[str, Any],
+                 resource_version: str | None, new: api.VLMServiceStatus, emit: Emit) -> bool:
+    """One status patch (none when nothing changed); Events for the conditions that flipped."""
+    body = S.status_body(new)
+    before = current.get("conditions") or []
+    if w.patch_status(uid, namespace, name, current, body, resource_version) is None:
+        return False
+    for ev in C.events_for(C.transitions(before, body["conditions"])):
+        emit(*ev)
+    return True
+
+
+def post_events(plan: rollout.Plan, emit: Emit) -> None:
+    """The rollout's Events, after its status: an operator stopped in between loses the Event rather than
+    posting it twice (a restart recomputes the plan from the status it finds and posts what that plan says)."""
+    for ev in plan.events:
+        emit(ev.type, ev.reason, ev.message)

@@ -1,0 +1,139 @@
+"""The one hand-off between reading signals and deciding.
+
+For one reconcile of one service: the policy is built once from the spec, the source is chosen once
+(`sources.choose`), the pods are split into baseline and canary once, and the gate decides; the stable pods'
+windows of the same read feed the profiler summary and the IPC cache's verdict. Reconcile calls `gather`
+once; what it returns is all the rest of the reconcile knows about signals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import api, gate, sources
+from .names import ROLE_BASELINE, ROLE_CANARY
+from .observed import Observed
+from .profile_summary import profiler_status
+from .units import parse_duration, parse_time
+from .window import Window
+
+PROFILER_SPAN_WINDOWS = 4  # status.profiler summarises the windows of the last 4 telemetry intervals
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """What one reconcile read and judged: the gate's decision (None when no look was due), status.profiler
+    (the current one when not recomputed), and the stable pods' windows when they were read (else None)."""
+
+    decision: gate.Decision | None
+    profiler: api.ProfilerStatus | None
+    stable_windows: list[Window] | None
+
+
+@dataclass(frozen=True)
+class Context:
+    """The operator-wide inputs of the hand-off (from its settings and its runtime)."""
+
+    reader: sources.SidecarReader
+    prometheus_url: str | None  # the operator's default, when the spec names none
+    profiler_tolerance: float
+    profiler_refresh_s: float
+
+
+def policy_for(spec: api.VLMServiceSpec) -> gate.GatePolicy | None:
+    """The gate's policy of a spec with a rollout block (None without one). Raises InvalidSpec for an analysis
+    the gate cannot run: called while the spec is validated, so such a spec is reported, never half-applied."""
+    return gate.GatePolicy.from_spec(spec) if spec.rollout is not None else None
+
+
+def due(spec: api.VLMServiceSpec, prev: api.RolloutStatus | None, observed: Observed, revision: str, now: float) -> bool:
+    """Is a look of the gate due this round? (Only then does the reconcile pay for reading the canary's signals.)"""
+    if spec.rollout is None or prev is None or prev.revision != revision or prev.phase != "Analysing":
+        return False
+    if prev.analysis_started_at is None or observed.updated_ready(ROLE_CANARY, revision) < 1:
+        return False
+    if prev.last_analysis_at is None:
+        return True
+    return now - parse_time(prev.last_analysis_at) >= parse_duration(spec.rollout.analysis.interval)
+
+
+def source_for(ctx: Context, spec: api.VLMServiceSpec, namespace: str, name: str, observed: Observed) -> sources.Source:
+    analysis = spec.rollout.analysis if spec.rollout else None
+    url = (analysis.prometheus_url if analysis else None) or ctx.prometheus_url
+    return sources.choose(
+        analysis.source if analysis else "Auto",
+        url,
+        namespace=namespace,
+        service=name,
+        interval_s=parse_duration(spec.telemetry.interval),
+        pods=[(p.name, p.revision, p.ip) for p in observed.pods if p.ready],
+        reader=ctx.reader,
+    )
+
+
+def gather(
+    ctx: Context,
+    spec: api.VLMServiceSpec,
+    policy: gate.GatePolicy | None,
+    observed: Observed,
+    *,
+    namespace: str,
+    name: str,
+    prev: api.RolloutStatus | None,
+    revision: str,
+    stable_rev: str | None,
+    current_profiler: api.ProfilerStatus | None,
+    profiler_due: Callable[[float], bool],
+    now: float,
+) -> Gathered:
+    """Read the signals this round needs (a look of the gate when `due`, the profiler summary when
+    `profiler_due(interval)` says so) from one source, and judge them."""
+    source = source_for(ctx, spec, namespace, name, observed)
+    decision = None
+    if stable_rev and policy is not None and due(spec, prev, observed, revision, now):
+        decision = _look(source, spec, policy, observed, prev, stable_rev, now)  # type: ignore[arg-type]
+    profiler, windows = current_profiler, None
+    if spec.telemetry.enabled and stable_rev:
+        interval = parse_duration(spec.telemetry.interval)
+        if profiler_due(interval):
+            try:
+                windows = source.read([stable_rev], now - PROFILER_SPAN_WINDOWS * interval, now)
+            except sources.SignalsUnavailable:
+                windows = None
+            else:
+                profiler = profiler_status(
+                    current_profiler, windows, tolerance=ctx.profiler_tolerance, refresh_s=ctx.profiler_refresh_s
+                )
+    return Gathered(decision, profiler, windows)
+
+
+def split(windows: Sequence[Window], observed: Observed, stable_rev: str, canary_rev: str, baseline: str
+          ) -> tuple[list[Window], list[Window], list[Window]]:
+    """(baseline, canary, spread reference): with a Fresh baseline the fresh pods are the baseline and the
+    long-running stable pods only tell how much pods differ; otherwise the stable pods are the baseline."""
+    fresh = {p.name for p in observed.pods if p.role == ROLE_BASELINE}
+    stable = [w for w in windows if w.revision == stable_rev and w.pod not in fresh]
+    canary = [w for w in windows if w.revision == canary_rev]
+    if baseline == "Fresh":
+        return [w for w in windows if w.pod in fresh and w.revision == stable_rev], canary, stable
+    return stable, canary, []
+
+
+def _look(
+    source: sources.Source, spec: api.VLMServiceSpec, policy: gate.GatePolicy, observed: Observed,
+    prev: api.RolloutStatus, stable_rev: str, now: float,
+) -> gate.Decision:
+    started = parse_time(prev.analysis_started_at)
+    data = parse_time(prev.data_started_at) if prev.data_started_at else None
+    step = spec.rollout.steps[min(prev.step, len(spec.rollout.steps) - 1)]  # type: ignore[union-attr]
+    common: Mapping[str, Any] = dict(started_at=started, now=now, step_duration_s=parse_duration(step.analysis),
+                                     data_started_at=data)
+    try:
+        windows = source.read([stable_rev, prev.revision or ""], started, now)
+    except sources.SignalsUnavailable as e:
+        # Still the gate's call: at maxDuration it applies onInconclusive (and never promotes without data).
+        return gate.decide([], [], policy, unavailable=str(e), **common)
+    base, can, ref = split(windows, observed, stable_rev, prev.revision or "", prev.baseline or "Stable")
+    return gate.decide(base, can, policy, spread_reference=ref, **common)
