@@ -25,6 +25,10 @@ def names(layout: Layout) -> list[str]:
     return [*ORDER, BRIDGE] if layout.netns else list(ORDER)
 
 KWOK_STAGES = ["node-initialize", "node-heartbeat-with-lease", "pod-ready", "pod-complete", "pod-delete"]
+# The project's own stages (hack/kwok-stages), loaded instead of kwok's of the same name or next to them:
+# pod-ready leaves pods with a container fault to pod-container-fault (docs/testbed.md).
+OWN_STAGES_DIR = Path(__file__).resolve().parents[1] / "kwok-stages"
+OWN_STAGES = ["pod-ready", "pod-container-fault"]
 FAKE_NODE_SELECTOR = "kwok.x-k8s.io/node=fake"
 
 
@@ -153,7 +157,8 @@ def _kwok(lo: Layout) -> list[str]:
         "--node-ip=127.0.0.1",
         "--node-lease-duration-seconds=40",
         f"--server-address=127.0.0.1:{lo.port('kwok')}",
-        *(f"--config={lo.stages_dir / s}.yaml" for s in KWOK_STAGES),
+        *(f"--config={lo.stages_dir / s}.yaml" for s in KWOK_STAGES if s not in OWN_STAGES),
+        *(f"--config={OWN_STAGES_DIR / s}.yaml" for s in OWN_STAGES),
     ]
 
 

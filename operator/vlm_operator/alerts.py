@@ -151,11 +151,44 @@ def rules(scope: str = "") -> list[dict[str, Any]]:
             f"max by (namespace, vlmservice, revision, signal, function) "
             f"(vlm_operator_canary_rollback_info{_sel('', scope)}) == 1",
             "0m",
-            "critical",
+            # The gate did its job: nobody needs waking. VLMCanaryRollbackFailed pages when the rollback did not
+            # leave a serving service.
+            "warning",
             "Canary {{ $labels.revision }} of {{ $labels.namespace }}/{{ $labels.vlmservice }} was rolled back "
             "({{ $labels.signal }}, function {{ $labels.function }})",
             "The canary made SGLang slower: signal {{ $labels.signal }} regressed and "
             "{{ $labels.function }} grew most. The stable revision keeps serving; see status.rollout.",
+        ),
+        alert(
+            "VLMServiceNotServing",
+            # The operator's Ready condition (vlm_operator_service_failure_info): replicas missing and a pod that
+            # cannot serve for a reason no retry fixes. 10 minutes: an image pull that a registry hiccup broke, or
+            # one OOM of a pod that then starts, clears before; a crash loop or a refused pod does not.
+            f"max by (namespace, vlmservice, reason) (vlm_operator_service_failure_info{_sel('', scope)} == 1)",
+            "10m",
+            "warning",
+            "{{ $labels.namespace }}/{{ $labels.vlmservice }} is missing replicas: {{ $labels.reason }}",
+            "For 10 minutes the service has had fewer ready replicas than it wants and its pods fail for a reason "
+            "that needs a person ({{ $labels.reason }}); the GPUs they hold serve nothing. The Ready condition's "
+            "message (kubectl describe vlms) names the pod and its last error.",
+        ),
+        alert(
+            "VLMCanaryRollbackFailed",
+            # The operator's own view of the pods (vlm_operator_service_failure_info: replicas missing for a reason
+            # that needs a person) while it holds a rolled-back canary, when the canary's pods are gone: the
+            # stable revision the rollback fell back to cannot serve. One failure reason per service, one held
+            # revision: group_left is one-to-one per service.
+            f"max by (namespace, vlmservice, reason) (vlm_operator_service_failure_info{_sel('', scope)} == 1) "
+            f"* on (namespace, vlmservice) group_left (revision) "
+            f"max by (namespace, vlmservice, revision) (vlm_operator_canary_rollback_info{_sel('', scope)} == 1)",
+            "5m",
+            "critical",
+            "Canary {{ $labels.revision }} of {{ $labels.namespace }}/{{ $labels.vlmservice }} was rolled back, and "
+            "the stable revision cannot serve ({{ $labels.reason }})",
+            "The gate rolled the canary back, but for 5 minutes the service has had fewer ready replicas than it "
+            "wants and its pods fail for a reason that needs a person ({{ $labels.reason }}: an image that cannot "
+            "be pulled, a crash loop, OOMKilled, the startup budget exhausted, pods the API server refuses): the "
+            "rollback did not leave a serving service. kubectl describe vlms names the pod and its last error.",
         ),
     ]
 

@@ -34,6 +34,10 @@ FrontendRole = Literal[names.FRONTEND_ROLES]
 RolloutPhase = Literal[names.PHASES]
 
 DEFAULT_SGLANG_IMAGE = "lmsysorg/sglang:v0.5.23"
+# A terminating pod's grace period without spec.pod.terminationGracePeriodSeconds; of any grace period, SGLang's
+# preStop drain takes at most all but SHUTDOWN_MARGIN_SECONDS (SGLang's own shutdown after SIGTERM).
+DEFAULT_GRACE_SECONDS = 120
+SHUTDOWN_MARGIN_SECONDS = 15
 DEFAULT_GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 
 # Launch arguments the operator owns; users set them through spec fields.
@@ -195,6 +199,108 @@ class EnvFromSource(KubeModel):
         return self
 
 
+# ---------------------------------------------------------------- container: volume mounts and the security context
+# (Kubernetes' own types, typed so that the API server checks them at apply time; the pod API's own rules mirrored
+# where a spec would otherwise make a Deployment the API server refuses).
+
+# Volumes the operator adds itself (builders): a spec's own volumes may not take these names.
+RESERVED_VOLUMES = ("dshm", "profiler-tmp", "model-cache")
+SHM_PATH = "/dev/shm"
+
+
+class VolumeMount(KubeModel):
+    cel = (("!has(self.subPath) || !has(self.subPathExpr)", "subPath and subPathExpr are mutually exclusive",
+            ".subPathExpr"),
+           (f"self.mountPath != '{SHM_PATH}'", f"{SHM_PATH} is the operator's (resources.shmSize)", ".mountPath"))
+
+    name: str = Field(description="Name of a volume in spec.pod.volumes.", pattern=DNS_LABEL_PATTERN, max_length=63)
+    mount_path: str = Field(description="Where the volume is mounted in the SGLang container.", pattern=r"^/.*",
+                            max_length=1024)
+    read_only: bool | None = Field(None, description="Mount read-only.")
+    sub_path: str | None = Field(None, description="Path within the volume to mount instead of its root.",
+                                 max_length=1024)
+    sub_path_expr: str | None = Field(None, description="subPath with $(VAR) expansion from the container's env.",
+                                      max_length=1024)
+    mount_propagation: Literal["None", "HostToContainer", "Bidirectional"] | None = None
+    recursive_read_only: Literal["Disabled", "IfPossible", "Enabled"] | None = None
+
+    @model_validator(mode="after")
+    def _checks(self) -> VolumeMount:
+        if self.sub_path is not None and self.sub_path_expr is not None:
+            raise ValueError("subPath and subPathExpr are mutually exclusive")
+        if self.mount_path == SHM_PATH:
+            raise ValueError(f"mountPath: {SHM_PATH} is the operator's (resources.shmSize)")
+        return self
+
+
+Capability = Annotated[str, Field(pattern=r"^[A-Z][A-Z0-9_]*$", max_length=64)]
+_SYS_ADMIN = ("SYS_ADMIN", "CAP_SYS_ADMIN")
+
+
+class Capabilities(KubeModel):
+    add: list[Capability] | None = Field(None, max_length=64)
+    drop: list[Capability] | None = Field(None, max_length=64)
+
+
+class ProfileRef(KubeModel):
+    """A seccomp or AppArmor profile: Localhost needs localhostProfile, the others take none."""
+
+    cel = (("self.type == 'Localhost' ? has(self.localhostProfile) : !has(self.localhostProfile)",
+            "localhostProfile is required with type Localhost and forbidden otherwise", ".localhostProfile"),)
+
+    type: Literal["RuntimeDefault", "Unconfined", "Localhost"]
+    localhost_profile: str | None = Field(None, min_length=1, max_length=4096)
+
+    @model_validator(mode="after")
+    def _localhost(self) -> ProfileRef:
+        if (self.type == "Localhost") != (self.localhost_profile is not None):
+            raise ValueError("localhostProfile is required with type Localhost and forbidden otherwise")
+        return self
+
+
+class SELinuxOptions(KubeModel):
+    user: str | None = Field(None, max_length=256)
+    role: str | None = Field(None, max_length=256)
+    type: str | None = Field(None, max_length=256)
+    level: str | None = Field(None, max_length=256)
+
+
+class SecurityContext(KubeModel):
+    """The SGLang container's securityContext; each field set here replaces the operator's default for it
+    (allowPrivilegeEscalation false, seccompProfile RuntimeDefault)."""
+
+    cel = (
+        ("!(has(self.allowPrivilegeEscalation) && !self.allowPrivilegeEscalation && "
+         "((has(self.privileged) && self.privileged) || (has(self.capabilities) && has(self.capabilities.add) "
+         "&& self.capabilities.add.exists(c, c in " + str(list(_SYS_ADMIN)).replace('"', "'") + "))))",
+         "allowPrivilegeEscalation cannot be false with privileged or CAP_SYS_ADMIN", ".allowPrivilegeEscalation"),
+    )
+
+    allow_privilege_escalation: bool | None = Field(None, description="Default false (no_new_privs).")
+    capabilities: Capabilities | None = None
+    privileged: bool | None = None
+    proc_mount: Literal["Default", "Unmasked"] | None = None
+    read_only_root_filesystem: bool | None = None
+    run_as_user: int | None = Field(None, ge=0, le=2147483647)
+    run_as_group: int | None = Field(None, ge=0, le=2147483647)
+    run_as_non_root: bool | None = None
+    se_linux_options: SELinuxOptions | None = None
+    seccomp_profile: ProfileRef | None = Field(None, description="Default {type: RuntimeDefault}.")
+    app_armor_profile: ProfileRef | None = None
+
+    @property
+    def escalates(self) -> bool:
+        """privileged or CAP_SYS_ADMIN: the pod API refuses allowPrivilegeEscalation false with either."""
+        return bool(self.privileged) or any(
+            c in _SYS_ADMIN for c in ((self.capabilities.add or []) if self.capabilities else []))
+
+    @model_validator(mode="after")
+    def _as_the_pod_api(self) -> SecurityContext:
+        if self.allow_privilege_escalation is False and self.escalates:
+            raise ValueError("allowPrivilegeEscalation cannot be false with privileged or CAP_SYS_ADMIN")
+        return self
+
+
 class SGLangSpec(KubeModel):
     cel = (
         (
@@ -211,6 +317,12 @@ class SGLangSpec(KubeModel):
             "env must not set SGLANG_USE_CUDA_IPC_TRANSPORT or SGLANG_USE_IPC_POOL_HANDLE_CACHE when "
             "ipcCache.mode is On or Off: the operator sets them",
             ".env",
+        ),
+        (
+            "!has(self.startupTimeout) || (duration(self.startupTimeout) >= duration('1m') "
+            "&& duration(self.startupTimeout) <= duration('6h'))",
+            "startupTimeout must be between 1m and 6h",
+            ".startupTimeout",
         ),
     )
 
@@ -240,6 +352,22 @@ class SGLangSpec(KubeModel):
         default_factory=list, description="Secrets and ConfigMaps whose keys all become variables.", max_length=16
     )
     ipc_cache: IPCCache = Field(default_factory=IPCCache, description="CUDA IPC pool-handle cache.")
+    volume_mounts: list[VolumeMount] | None = Field(
+        None,
+        description="Mounts of spec.pod.volumes in the SGLang container (not /dev/shm, not the model cache's path).",
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["mountPath"]},
+    )
+    security_context: SecurityContext | None = Field(
+        None,
+        description="The SGLang container's securityContext. The operator's defaults, allowPrivilegeEscalation "
+        "false and seccompProfile RuntimeDefault, stay for every field not set here.",
+    )
+    startup_timeout: Duration = Field(
+        "20m",
+        description="How long SGLang may take to load the model and answer /health (1m-6h): the startup probe's "
+        "budget; past it the kubelet restarts the container.",
+    )
 
     @field_validator("args")
     @classmethod
@@ -250,6 +378,22 @@ class SGLangSpec(KubeModel):
                     f"{a!r}: args must not set --model-path, --tp, --host or --port: use spec.model.path and "
                     "spec.sglang.tensorParallel"
                 )
+        return v
+
+    @field_validator("volume_mounts")
+    @classmethod
+    def _mounts_once(cls, v: list[VolumeMount] | None) -> list[VolumeMount] | None:
+        # The CRD's list-type map (key mountPath) refuses a repeated path; so does the model.
+        paths = [m.mount_path for m in v or []]
+        if len(set(paths)) != len(paths):
+            raise ValueError(f"a mountPath may appear once: {paths}")
+        return v
+
+    @field_validator("startup_timeout")
+    @classmethod
+    def _startup_bounds(cls, v: str) -> str:
+        if not 60 <= parse_duration(v) <= 6 * 3600:
+            raise ValueError(f"startupTimeout {v} must be between 1m and 6h")
         return v
 
     @model_validator(mode="after")
@@ -384,6 +528,114 @@ class LocalObjectReference(KubeModel):
     name: str = Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
 
 
+class OpenKubeModel(KubeModel):
+    """A Kubernetes type passed through: the fields named here are typed and checked; the API server keeps any
+    other field (x-kubernetes-preserve-unknown-fields) and checks it when the operator applies the Deployment."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow", validate_default=True)
+
+
+KeyToPaths = list[dict[str, Any]]
+
+
+class ConfigMapVolumeSource(OpenKubeModel):
+    name: str = Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
+    optional: bool | None = None
+    default_mode: int | None = Field(None, ge=0, le=0o777)
+    items: KeyToPaths | None = Field(None, max_length=64)
+
+
+class SecretVolumeSource(OpenKubeModel):
+    secret_name: str = Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
+    optional: bool | None = None
+    default_mode: int | None = Field(None, ge=0, le=0o777)
+    items: KeyToPaths | None = Field(None, max_length=64)
+
+
+class EmptyDirVolumeSource(KubeModel):
+    medium: Literal["", "Memory"] | None = None
+    size_limit: Quantity | None = None
+
+
+class PersistentVolumeClaimVolumeSource(KubeModel):
+    claim_name: str = Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
+    read_only: bool | None = None
+
+
+class HostPathVolumeSource(KubeModel):
+    path: str = Field(pattern=r"^/.*", max_length=4096)
+    type: Literal["", "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice",
+                  "BlockDevice"] | None = None
+
+
+class NFSVolumeSource(KubeModel):
+    server: str = Field(min_length=1, max_length=253)
+    path: str = Field(pattern=r"^/.*", max_length=4096)
+    read_only: bool | None = None
+
+
+class CSIVolumeSource(OpenKubeModel):
+    driver: str = Field(min_length=1, max_length=63)
+    read_only: bool | None = None
+    volume_attributes: dict[str, Annotated[str, Field(max_length=4096)]] | None = Field(None, max_length=64)
+
+
+class EphemeralVolumeSource(OpenKubeModel):
+    volume_claim_template: dict[str, Any] = Field(description="A PersistentVolumeClaimTemplate (metadata, spec).")
+
+
+class ProjectedVolumeSource(OpenKubeModel):
+    sources: list[dict[str, Any]] = Field(max_length=32)
+    default_mode: int | None = Field(None, ge=0, le=0o777)
+
+
+class DownwardAPIVolumeSource(OpenKubeModel):
+    items: list[dict[str, Any]] = Field(max_length=64)
+    default_mode: int | None = Field(None, ge=0, le=0o777)
+
+
+class ImageVolumeSource(KubeModel):
+    reference: str = Field(min_length=1, max_length=512)
+    pull_policy: Literal["Always", "Never", "IfNotPresent"] | None = None
+
+
+VOLUME_SOURCES = ("configMap", "secret", "emptyDir", "persistentVolumeClaim", "hostPath", "nfs", "csi", "ephemeral",
+                  "projected", "downwardAPI", "image")
+_ONE_SOURCE_MSG = f"a volume needs exactly one source of {', '.join(VOLUME_SOURCES)}"
+
+
+class Volume(KubeModel):
+    """A pod volume, as in a PodSpec (the in-tree cloud-disk sources Kubernetes deprecated are left out: use csi
+    or a persistentVolumeClaim). Mounted into the SGLang container by spec.sglang.volumeMounts."""
+
+    cel = (
+        (" + ".join(f"(has(self.{v}) ? 1 : 0)" for v in VOLUME_SOURCES) + " == 1", _ONE_SOURCE_MSG, None),
+        ("!(self.name in " + str(list(RESERVED_VOLUMES)).replace('"', "'") + ")",
+         f"volume names {', '.join(RESERVED_VOLUMES)} are the operator's", ".name"),
+    )
+
+    name: str = Field(pattern=DNS_LABEL_PATTERN, max_length=63)
+    config_map: ConfigMapVolumeSource | None = None
+    secret: SecretVolumeSource | None = None
+    empty_dir: EmptyDirVolumeSource | None = None
+    persistent_volume_claim: PersistentVolumeClaimVolumeSource | None = None
+    host_path: HostPathVolumeSource | None = None
+    nfs: NFSVolumeSource | None = None
+    csi: CSIVolumeSource | None = None
+    ephemeral: EphemeralVolumeSource | None = None
+    projected: ProjectedVolumeSource | None = None
+    downward_api: DownwardAPIVolumeSource | None = Field(None, alias="downwardAPI")
+    image: ImageVolumeSource | None = None
+
+    @model_validator(mode="after")
+    def _checks(self) -> Volume:
+        if sum(getattr(self, f) is not None for f in Volume.model_fields if f != "name") != 1:
+            raise ValueError(_ONE_SOURCE_MSG)
+        if self.name in RESERVED_VOLUMES:
+            raise ValueError(f"volume name {self.name!r}: {', '.join(RESERVED_VOLUMES)} are the operator's")
+        return self
+
+
 def _reserved_label(key: str) -> bool:
     return key.startswith(OPERATOR_PREFIX) or key in OPERATOR_LABELS
 
@@ -440,6 +692,42 @@ class PodSpec(KubeModel):
     topology_spread_constraints: list[TopologySpreadConstraint] | None = Field(
         None, description="How the pods spread over topology domains.", max_length=8
     )
+    runtime_class_name: str | None = Field(
+        None, description="RuntimeClass of the pods (e.g. nvidia, where the GPU runtime is not the node's default).",
+        pattern=DNS_SUBDOMAIN_PATTERN, max_length=253,
+    )
+    scheduler_name: str | None = Field(
+        None, description="Scheduler of the pods (e.g. a gang or topology-aware GPU scheduler); the default "
+        "scheduler when absent.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253,
+    )
+    termination_grace_period_seconds: int | None = Field(
+        None,
+        description=f"Grace period of a terminating pod, {DEFAULT_GRACE_SECONDS} s when absent. SGLang's preStop "
+        f"hook waits while requests are running or queued (sglang:num_running_reqs, sglang:num_queue_reqs), for "
+        f"at most the grace period less {SHUTDOWN_MARGIN_SECONDS} s, which SGLang keeps for its own shutdown.",
+        ge=1,
+        le=3600,
+    )
+    automount_service_account_token: bool | None = Field(
+        None, description="Mount the ServiceAccount's API token into the pods; false when absent (SGLang and the "
+        "sidecar never call the Kubernetes API)."
+    )
+    volumes: list[Volume] | None = Field(
+        None,
+        description="Extra pod volumes, mounted into SGLang by spec.sglang.volumeMounts (the names dshm, "
+        "profiler-tmp and model-cache are the operator's).",
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes_once(cls, v: list[Volume] | None) -> list[Volume] | None:
+        # The CRD's list-type map (key name) refuses a repeated name; so does the model.
+        names_ = [x.name for x in v or []]
+        if len(set(names_)) != len(names_):
+            raise ValueError(f"a volume name may appear once: {names_}")
+        return v
 
     @model_validator(mode="after")
     def _keys(self) -> PodSpec:
@@ -580,6 +868,14 @@ class RolloutStep(KubeModel):
 
 class MaxRegression(KubeModel):
     loop_latency: float = Field(3.0, description="Allowed increase of scheduler loop latency, percent.", ge=0, le=100)
+    loop_p95: float | None = Field(
+        None,
+        alias="loopP95",
+        description="Allowed increase of the scheduler loop's p95 latency, percent (LoopP95Regressed); absent: the "
+        "p95 is reported but not gated.",
+        ge=0,
+        le=100,
+    )
     ttft: float = Field(10.0, description="Allowed increase of time to first token, percent.", ge=0, le=100)
     itl: float = Field(10.0, description="Allowed increase of inter-token latency, percent.", ge=0, le=100)
     throughput: float = Field(5.0, description="Allowed drop of generation throughput, percent.", ge=0, le=100)
@@ -652,6 +948,15 @@ class AnalysisSpec(KubeModel):
 
 
 class RolloutSpec(KubeModel):
+    cel = (
+        (
+            "!has(self.steps) || !has(self.analysis) || !has(self.analysis.maxDuration) || self.steps.all(s, "
+            "!has(s.analysis) || duration(s.analysis) <= duration(self.analysis.maxDuration))",
+            "a step's analysis must not exceed analysis.maxDuration (a step's analysis is 5m when not set)",
+            ".steps",
+        ),
+    )
+
     steps: list[RolloutStep] = Field(
         default_factory=lambda: [RolloutStep(replicas=1)],
         description="Canary steps, each analysed before the next.",
@@ -677,6 +982,16 @@ class RolloutSpec(KubeModel):
         "(CanaryStartTimeout). Start-up never counts against analysis.maxDuration.",
     )
 
+    @model_validator(mode="after")
+    def _steps_fit(self) -> RolloutSpec:
+        limit = parse_duration(self.analysis.max_duration)
+        for i, s in enumerate(self.steps):
+            if parse_duration(s.analysis) > limit:
+                raise ValueError(
+                    f"steps[{i}].analysis {s.analysis} must not exceed analysis.maxDuration {self.analysis.max_duration}"
+                )
+        return self
+
 
 class VLMServiceSpec(KubeModel):
     cel = (
@@ -692,6 +1007,24 @@ class VLMServiceSpec(KubeModel):
             "rollout steps must not ask for more canary replicas than spec.replicas",
             ".rollout.steps",
         ),
+        (
+            "!has(self.rollout) || !has(self.telemetry) || !has(self.telemetry.enabled) || self.telemetry.enabled",
+            "a rollout needs telemetry.enabled: the canary gate reads the profiler sidecars",
+            ".rollout",
+        ),
+        (
+            "!has(self.sglang) || !has(self.sglang.volumeMounts) || self.sglang.volumeMounts.all(m, has(self.pod) "
+            "&& has(self.pod.volumes) && self.pod.volumes.exists(v, v.name == m.name))",
+            "every sglang.volumeMounts[].name must be a volume in spec.pod.volumes",
+            ".sglang.volumeMounts",
+        ),
+        (
+            "!has(self.sglang) || !has(self.sglang.volumeMounts) || !has(self.model.cache) || "
+            "self.sglang.volumeMounts.all(m, m.mountPath != "
+            "(has(self.model.cache.mountPath) ? self.model.cache.mountPath : '/models'))",
+            "sglang.volumeMounts must not use model.cache.mountPath",
+            ".sglang.volumeMounts",
+        ),
     )
 
     model: ModelSpec = Field(description="The model to serve.")
@@ -706,7 +1039,8 @@ class VLMServiceSpec(KubeModel):
     pod: PodSpec | None = Field(
         None,
         description="Pod-level settings: labels, annotations, serviceAccountName, imagePullSecrets, "
-        "priorityClassName, affinity, topologySpreadConstraints.",
+        "priorityClassName, affinity, topologySpreadConstraints, runtimeClassName, schedulerName, "
+        "terminationGracePeriodSeconds, automountServiceAccountToken, volumes.",
     )
     paused: bool = Field(False, description="Stop reconciling changes (status is still updated).")
 
@@ -721,6 +1055,14 @@ class VLMServiceSpec(KubeModel):
                     raise ValueError(
                         f"rollout.steps[{i}].replicas {s.replicas} must not exceed spec.replicas {self.replicas}"
                     )
+            if not self.telemetry.enabled:
+                raise ValueError("rollout: a rollout needs telemetry.enabled: the canary gate reads the profiler sidecars")
+        volumes = {v.name for v in (self.pod.volumes if self.pod else None) or []}
+        for m in self.sglang.volume_mounts or []:
+            if m.name not in volumes:
+                raise ValueError(f"sglang.volumeMounts: {m.name!r} is not a volume in spec.pod.volumes")
+            if self.model.cache and m.mount_path == self.model.cache.mount_path:
+                raise ValueError(f"sglang.volumeMounts: {m.mount_path} is model.cache.mountPath")
         return self
 
     @property

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from . import sglang
-from .api import EnvVar, PodSpec, VLMServiceSpec
+from .api import DEFAULT_GRACE_SECONDS, SHM_PATH, SHUTDOWN_MARGIN_SECONDS, EnvVar, PodSpec, VLMServiceSpec
 from .errors import InvalidSpec
 
 # The shared names (vlm_operator.names), re-exported: other modules use builders.LABEL_ROLE and the like.
@@ -50,9 +51,35 @@ from .units import parse_duration
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-# Startup budget: large VLMs can take 10+ minutes to load their weights; 20 minutes.
+# The startup probe runs every STARTUP_PERIOD_S; spec.sglang.startupTimeout (20m by default: large VLMs can take 10+
+# minutes to load their weights) sets its failureThreshold.
 STARTUP_PERIOD_S = 10
-STARTUP_FAILURES = 120
+# Liveness: about two minutes without an answer (never a generation, sglang.plan_liveness) before a restart.
+LIVENESS = {"periodSeconds": 20, "timeoutSeconds": 10, "failureThreshold": 6}
+# The sidecar's budget, requests equal to limits (every container's are: the pod is Guaranteed). It averages
+# 0.06-0.11 cores (docs/benchmarks.md), in bursts while a window is sampled; RSS about 41 MiB.
+SIDECAR_RESOURCES = {"cpu": "500m", "memory": "512Mi"}
+# The SGLang container's securityContext without spec.sglang.securityContext (each field there replaces one here).
+SGLANG_SECURITY_DEFAULTS: dict[str, Any] = {"allowPrivilegeEscalation": False, "seccompProfile": {"type": "RuntimeDefault"}}
+
+# preStop of the SGLang container: wait while SGLang has requests running or queued (its gauges, summed over the
+# schedulers), for at most argv[1] seconds. It first lets the pod leave the Service's endpoints (requests routed
+# before that still arrive), and stops at once when SGLang does not answer (nothing to drain). SIGTERM follows;
+# SGLang then refuses new requests and finishes its own (its sigterm watchdog).
+DRAIN_SCRIPT = r"""import re, sys, time, urllib.request
+budget = float(sys.argv[1]); end = time.monotonic() + budget
+time.sleep(min(5.0, budget))
+gauge = re.compile(r"^(sglang:num_running_reqs|sglang:num_queue_reqs)(\{[^}]*\})?\s+(\S+)")
+while time.monotonic() < end:
+    try:
+        text = urllib.request.urlopen(sys.argv[2], timeout=2).read().decode()
+        busy = sum(float(m.group(3)) for m in map(gauge.match, text.splitlines()) if m)
+    except Exception:
+        break
+    if not busy > 0:
+        break
+    time.sleep(1)
+"""
 
 
 @dataclass(frozen=True)
@@ -136,28 +163,64 @@ def _env_entry(e: EnvVar) -> dict[str, Any]:
     return {"name": e.name, "value": e.value}
 
 
-def _env(spec: VLMServiceSpec, plan: sglang.IPCPlan) -> list[dict[str, Any]]:
+def _env(spec: VLMServiceSpec, plan: sglang.IPCPlan, liveness: sglang.LivenessPlan) -> list[dict[str, Any]]:
     env: dict[str, dict[str, Any]] = {k: {"name": k, "value": v} for k, v in plan.env.items()}
+    # The liveness plan sets its variable only where the spec's env does not (plan_liveness reads the spec's).
+    env.update({k: {"name": k, "value": v} for k, v in liveness.env.items()})
     for e in spec.sglang.env:
         env.setdefault(e.name, _env_entry(e))  # the plan wins; CEL already refuses conflicts when mode != Auto
     return list(env.values())
 
 
-def _sglang_container(spec: VLMServiceSpec, plan: sglang.IPCPlan, image: str) -> dict[str, Any]:
+def liveness_plan(spec: VLMServiceSpec, version: str | None) -> sglang.LivenessPlan:
+    return sglang.plan_liveness(version, {e.name: e.value for e in spec.sglang.env})
+
+
+def startup_failures(spec: VLMServiceSpec) -> int:
+    """The startup probe's failureThreshold: spec.sglang.startupTimeout in probe periods, rounded up."""
+    return math.ceil(parse_duration(spec.sglang.startup_timeout) / STARTUP_PERIOD_S)
+
+
+def grace_seconds(spec: VLMServiceSpec) -> int:
+    grace = spec.pod.termination_grace_period_seconds if spec.pod else None
+    return DEFAULT_GRACE_SECONDS if grace is None else grace
+
+
+def _security_context(spec: VLMServiceSpec) -> dict[str, Any]:
+    """The operator's defaults, each replaced by the spec's field of the same name. allowPrivilegeEscalation
+    false is left out for a privileged or CAP_SYS_ADMIN container (the pod API refuses the pair)."""
+    user = spec.sglang.security_context
+    defaults = dict(SGLANG_SECURITY_DEFAULTS)
+    if user is not None and user.escalates:
+        defaults.pop("allowPrivilegeEscalation")
+    return {**defaults, **(_dump(user) if user is not None else {})}
+
+
+def _liveness_probe(liveness: sglang.LivenessPlan) -> dict[str, Any]:
+    check: dict[str, Any] = (
+        {"httpGet": {"path": "/health", "port": "http"}} if liveness.probe == "http" else {"tcpSocket": {"port": "http"}}
+    )
+    return {**check, **LIVENESS}
+
+
+def _sglang_container(
+    spec: VLMServiceSpec, plan: sglang.IPCPlan, liveness: sglang.LivenessPlan, image: str
+) -> dict[str, Any]:
     res = spec.resources
     gpus = str(spec.gpus_per_replica)
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    mounts = [{"name": "dshm", "mountPath": SHM_PATH}]
     if spec.model.cache:
         mounts.append(
             {"name": "model-cache", "mountPath": spec.model.cache.mount_path, "readOnly": spec.model.cache.read_only}
         )
-    probe = {"httpGet": {"path": "/health", "port": "http"}, "timeoutSeconds": 5}
+    mounts += [_dump(m) for m in spec.sglang.volume_mounts or []]
+    drain = grace_seconds(spec) - SHUTDOWN_MARGIN_SECONDS
     return {
         "name": "sglang",
         "image": image,
         "command": ["python3", "-m", "sglang.launch_server"],
         "args": _sglang_args(spec, plan),
-        "env": _env(spec, plan),
+        "env": _env(spec, plan, liveness),
         **({"envFrom": [_dump(e) for e in spec.sglang.env_from]} if spec.sglang.env_from else {}),
         "ports": [{"name": "http", "containerPort": SGLANG_PORT, "protocol": "TCP"}],
         "resources": {
@@ -165,14 +228,26 @@ def _sglang_container(spec: VLMServiceSpec, plan: sglang.IPCPlan, image: str) ->
             "limits": {"cpu": res.cpu, "memory": res.memory, GPU_RESOURCE: gpus},
         },
         "volumeMounts": mounts,
-        "startupProbe": {**probe, "periodSeconds": STARTUP_PERIOD_S, "failureThreshold": STARTUP_FAILURES},
+        # A container that fails writes no termination message: the kubelet puts its last log lines there
+        # instead, and the service's CrashLoopBackOff/OOMKilled reason quotes the last one (status.failure).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "timeoutSeconds": 5,
+            "periodSeconds": STARTUP_PERIOD_S,
+            "failureThreshold": startup_failures(spec),
+        },
         "readinessProbe": {
             "httpGet": {"path": "/health_generate", "port": "http"},
             "timeoutSeconds": 10,
             "periodSeconds": 10,
             "failureThreshold": 3,
         },
-        "livenessProbe": {**probe, "periodSeconds": 15, "failureThreshold": 4},
+        "livenessProbe": _liveness_probe(liveness),
+        **({"lifecycle": {"preStop": {"exec": {"command": [
+            "python3", "-c", DRAIN_SCRIPT, str(drain), f"http://127.0.0.1:{SGLANG_PORT}/metrics",
+        ]}}}} if drain > 0 else {}),
+        "securityContext": _security_context(spec),
     }
 
 
@@ -201,16 +276,26 @@ def _sidecar_container(spec: VLMServiceSpec, image: str) -> dict[str, Any]:
             _field_env("VLM_REVISION", f"metadata.labels['{LABEL_REVISION}']"),
         ],
         "ports": [{"name": "profiler", "containerPort": SIDECAR_PORT, "protocol": "TCP"}],
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
-        # py-spy reads the scheduler's memory through ptrace: SYS_PTRACE and nothing else. It runs as the
-        # scheduler's UID (telemetry.runAsUser): root by default, because lmsysorg/sglang images run as root
-        # and ptrace needs the same UID (or root).
+        "resources": {"requests": dict(SIDECAR_RESOURCES), "limits": dict(SIDECAR_RESOURCES)},
+        # py-spy reads the scheduler's memory through ptrace: SYS_PTRACE and nothing else (the runtime's default
+        # seccomp profile allows ptrace and process_vm_readv to a holder of it). It runs as the scheduler's UID
+        # (telemetry.runAsUser): root by default, because lmsysorg/sglang images run as root and ptrace needs
+        # the same UID (or root).
         "securityContext": {
             "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]},
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             "runAsUser": t.run_as_user,
             **({"runAsNonRoot": True} if t.run_as_user else {}),
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        # /readyz never depends on finding a scheduler: the pod's readiness (every container's) must not follow
+        # the profiler's; a lenient threshold, so a sidecar restart is over before the pod leaves the Service.
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": "profiler"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 6,
         },
         "livenessProbe": {
             "httpGet": {"path": "/healthz", "port": "profiler"},
@@ -232,11 +317,18 @@ def _tolerations(spec: VLMServiceSpec) -> list[dict[str, Any]]:
 
 
 def build_pod_template(
-    owner: Owner, spec: VLMServiceSpec, settings: Settings, plan: sglang.IPCPlan
+    owner: Owner,
+    spec: VLMServiceSpec,
+    settings: Settings,
+    plan: sglang.IPCPlan,
+    liveness: sglang.LivenessPlan | None = None,
 ) -> dict[str, Any]:
-    """The role-independent pod template; its hash is the revision."""
+    """The role-independent pod template; its hash is the revision. Every container's requests equal its limits:
+    the pod is Guaranteed (README, "What the operator creates")."""
     image = spec.sglang.image or settings.sglang_image
-    containers = [_sglang_container(spec, plan, image)]
+    if liveness is None:
+        liveness = liveness_plan(spec, sglang.resolve_version(spec.sglang.version, image))
+    containers = [_sglang_container(spec, plan, liveness, image)]
     volumes: list[dict[str, Any]] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
     ]
@@ -253,6 +345,7 @@ def build_pod_template(
                 },
             }
         )
+    volumes += [_dump(v) for v in (spec.pod.volumes if spec.pod else None) or []]
     node_selector = {GPU_PRODUCT_LABEL: spec.gpu.product, **spec.gpu.node_selector}
     pod = spec.pod or PodSpec()
     return {
@@ -264,25 +357,34 @@ def build_pod_template(
         "spec": {
             "shareProcessNamespace": spec.telemetry.enabled,
             "enableServiceLinks": False,
-            "terminationGracePeriodSeconds": 60,
+            # Neither SGLang nor the sidecar calls the Kubernetes API.
+            "automountServiceAccountToken": bool(pod.automount_service_account_token),
+            "terminationGracePeriodSeconds": grace_seconds(spec),
             "nodeSelector": node_selector,
             "tolerations": _tolerations(spec),
             "containers": containers,
             "volumes": volumes,
-            **_pod_fields(owner, pod),
+            **_pod_fields(owner, pod, settings.sidecar_image_pull_secrets if spec.telemetry.enabled else ()),
         },
     }
 
 
-def _pod_fields(owner: Owner, pod: PodSpec) -> dict[str, Any]:
-    """spec.pod's scheduling and identity fields; only those set, so older specs keep their revision."""
+def _pod_fields(owner: Owner, pod: PodSpec, sidecar_pull_secrets: tuple[str, ...] = ()) -> dict[str, Any]:
+    """spec.pod's scheduling and identity fields; only those set, so older specs keep their revision.
+    `sidecar_pull_secrets` (the operator's VLM_SIDECAR_IMAGE_PULL_SECRETS) follow the spec's own pull secrets."""
     out: dict[str, Any] = {}
     if pod.service_account_name:
         out["serviceAccountName"] = pod.service_account_name
-    if pod.image_pull_secrets:
-        out["imagePullSecrets"] = [_dump(r) for r in pod.image_pull_secrets]  # the sidecar's image too
+    secrets = [_dump(r) for r in pod.image_pull_secrets or []]  # the sidecar's image too
+    secrets += [{"name": n} for n in sidecar_pull_secrets if {"name": n} not in secrets]
+    if secrets:
+        out["imagePullSecrets"] = secrets
     if pod.priority_class_name:
         out["priorityClassName"] = pod.priority_class_name
+    if pod.runtime_class_name:
+        out["runtimeClassName"] = pod.runtime_class_name
+    if pod.scheduler_name:
+        out["schedulerName"] = pod.scheduler_name
     if pod.affinity is not None and (affinity := _dump(pod.affinity)):
         out["affinity"] = affinity
     if pod.topology_spread_constraints:
@@ -297,6 +399,12 @@ def with_role(template: dict[str, Any], revision: str, role: str) -> dict[str, A
     t = copy.deepcopy(template)
     t["metadata"]["labels"] = {**t["metadata"]["labels"], LABEL_REVISION: revision, LABEL_ROLE: role}
     return t
+
+
+def progress_deadline_seconds(template: dict[str, Any]) -> int:
+    """The SGLang container's startup budget (its startup probe's, from spec.sglang.startupTimeout) and 10 minutes."""
+    probe = next(c for c in template["spec"]["containers"] if c["name"] == "sglang")["startupProbe"]
+    return probe["periodSeconds"] * probe["failureThreshold"] + 600
 
 
 def build_deployment(
@@ -316,7 +424,7 @@ def build_deployment(
         "spec": {
             "replicas": replicas,
             "revisionHistoryLimit": 3,
-            "progressDeadlineSeconds": STARTUP_PERIOD_S * STARTUP_FAILURES + 600,
+            "progressDeadlineSeconds": progress_deadline_seconds(template),
             "selector": {"matchLabels": {LABEL_SERVICE: owner.name, LABEL_ROLE: role}},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "template": with_role(template, revision, role),
@@ -479,7 +587,7 @@ def build_desired(owner: Owner, spec: VLMServiceSpec, settings: Settings) -> Des
     sglang.check_user_overrides(
         plan, spec.sglang.args, {e.name: e.value for e in spec.sglang.env if e.value is not None}
     )
-    template = build_pod_template(owner, spec, settings, plan)
+    template = build_pod_template(owner, spec, settings, plan, liveness_plan(spec, version))
     return Desired(
         template=template,
         revision=revision_of(template),
@@ -488,6 +596,6 @@ def build_desired(owner: Owner, spec: VLMServiceSpec, settings: Settings) -> Des
         image=image,
         version=version,
         pdb=build_pod_disruption_budget(owner) if spec.replicas > 1 else None,
-        network_policy=build_network_policy(owner, settings.profiler_peers)
+        network_policy=build_network_policy(owner, settings.network_policy_peers)
         if wants_network_policy(spec, settings) else None,
     )

@@ -4,7 +4,8 @@
     python -m vlm_operator.crdgen --check   # exit 1 when the committed YAML differs
 
 The API server wants a *structural* schema: every $ref inlined, `nullable`
-instead of `anyOf [.., null]`, no `additionalProperties` next to `properties`,
+instead of `anyOf [.., null]`, no `additionalProperties` next to `properties`
+(an open object, `additionalProperties: true`, becomes `x-kubernetes-preserve-unknown-fields`),
 no `title`. Defaults of nested objects become `{}` so the API server's own
 defaulting fills their fields; CEL rules come from each model's `cel` tuple.
 """
@@ -85,6 +86,11 @@ def _structural(
         if k == "title":
             continue
         if k == "additionalProperties" and v is False:
+            continue
+        if k == "additionalProperties" and v is True:
+            # A passed-through Kubernetes type (api.OpenKubeModel, dict[str, Any]): the API server keeps the
+            # fields the schema does not name, and checks them where the operator applies them (the Deployment).
+            out["x-kubernetes-preserve-unknown-fields"] = True
             continue
         if k == "properties":
             out[k] = {p: _structural(s, defs, models, None, nullable) for p, s in v.items()}

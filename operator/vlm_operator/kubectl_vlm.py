@@ -82,7 +82,7 @@ def service_row(obj: Mapping[str, Any], now: datetime) -> dict[str, str]:
         "NAME": obj["metadata"]["name"],
         "MODEL": (spec.get("model") or {}).get("path", ""),
         "READY": f"{st.get('readyReplicas', 0) or 0}/{spec.get('replicas', 1)}",
-        "PHASE": st.get("phase") or "<pending>",
+        "PHASE": _phase(st),
         "ROLLOUT": ro.get("phase") or "-",
         "STEP": f"{int(ro.get('step', 0)) + 1}/{steps}" if active else "-",
         "CANARY": (st.get("canaryRevision") or ro.get("revision") or "-") if active else "-",
@@ -91,6 +91,15 @@ def service_row(obj: Mapping[str, Any], now: datetime) -> dict[str, str]:
         "TOP-FUNCTION": top or prof.get("topFunction") or "-",
         "AGE": _age(obj["metadata"].get("creationTimestamp"), now),
     }
+
+
+def _phase(st: Mapping[str, Any]) -> str:
+    """status.phase, with the Ready condition's reason when the service failed ("Failed (ImagePullFailed)")."""
+    phase = st.get("phase") or "<pending>"
+    ready = next((c for c in st.get("conditions") or [] if c.get("type") == "Ready"), {})
+    if phase == "Failed" and ready.get("reason"):
+        return f"{phase} ({ready['reason']})"
+    return phase
 
 
 def format_table(rows: Sequence[Mapping[str, str]], all_namespaces: bool) -> str:
@@ -198,6 +207,8 @@ def watch_outcome(obj: Mapping[str, Any]) -> tuple[int | None, str]:
     want, have = spec.get("replicas", 1), st.get("readyReplicas", 0) or 0
     if st.get("phase") == "Ready" and have >= want:
         return EXIT_PROMOTED, f"{name}: ready, {have}/{want} replicas (no canary)"
+    if st.get("phase") == "Failed" and ready.get("status") == "False":
+        return None, f"{name}: not serving, {have}/{want} replicas ready: {ready.get('reason')}: {ready.get('message', '')}"
     return None, f"{name}: {st.get('phase') or 'pending'}, {have}/{want} replicas ready"
 
 

@@ -63,6 +63,7 @@ class ServiceFacts:
     ipc_cache_active: float | None = None
     rollback: tuple[str, str, str] | None = None  # revision, signal, function
     ipc_cache_verified: float | None = None  # None until a profile with feature traffic was seen
+    failure: str | None = None  # the Ready condition's failure reason (status.FAILURE_REASONS), None when none
 
 
 class State:
@@ -91,7 +92,8 @@ class State:
     def snapshot(self) -> tuple[float, dict[tuple[str, str], ServiceFacts]]:
         with self._lock:
             return self.managed, {
-                k: ServiceFacts(f.phase, dict(f.signal_delta), f.ipc_cache_active, f.rollback, f.ipc_cache_verified)
+                k: ServiceFacts(f.phase, dict(f.signal_delta), f.ipc_cache_active, f.rollback, f.ipc_cache_verified,
+                                f.failure)
                 for k, f in self._services.items()
             }
 
@@ -114,7 +116,15 @@ def families(managed: float, services: dict[tuple[str, str], ServiceFacts]) -> l
         "1 while a VLMService holds a rolled-back canary: the revision, the signal and the function that grew most.",
         labels=[*_SVC, "revision", "signal", "function"],
     )
+    failing = GaugeMetricFamily(
+        "vlm_operator_service_failure_info",
+        "1 while a VLMService's pods cannot serve for a reason that needs a person (FailedCreate, ImagePullFailed, "
+        "ContainerConfigError, CrashLoopBackOff, OOMKilled, StartupBudgetExhausted); no series otherwise.",
+        labels=[*_SVC, "reason"],
+    )
     for (ns, name), f in sorted(services.items()):
+        if f.failure is not None:
+            failing.add_metric([ns, name, f.failure], 1.0)
         if f.phase is not None:
             for p in PHASES:
                 phase.add_metric([ns, name, p], 1.0 if p == f.phase else 0.0)
@@ -126,7 +136,7 @@ def families(managed: float, services: dict[tuple[str, str], ServiceFacts]) -> l
             verified.add_metric([ns, name], f.ipc_cache_verified)
         if f.rollback is not None:
             info.add_metric([ns, name, *f.rollback], 1.0)
-    return [m, phase, delta, ipc, verified, info]
+    return [m, phase, delta, ipc, verified, info, failing]
 
 
 class StateCollector(Collector):
@@ -203,6 +213,11 @@ def set_rollback(namespace: str, name: str, revision: str | None, signal: str | 
 def set_ipc_verified(namespace: str, name: str, verified: bool | None) -> None:
     """1/0 from IPCCacheActive's ObservedInProfile/NotObserved; None (no series) while it reports the flags."""
     STATE.update(namespace, name, ipc_cache_verified=None if verified is None else float(verified))
+
+
+def set_failure(namespace: str, name: str, reason: str | None) -> None:
+    """One series while the service reports a failure reason; none otherwise."""
+    STATE.update(namespace, name, failure=reason)
 
 
 def forget(namespace: str, name: str) -> None:

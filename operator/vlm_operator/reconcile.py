@@ -190,6 +190,7 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
     h = S.running_health(
         observed, want=plan.want_ready, rollout=plan.rollout,
         ipc_active=ipc_active, ipc_reason=ipc_reason, ipc_message=ipc_message,
+        startup_budget_s=_startup_budget_s(desired.template),
     )
     new = S.build_status(
         t.status, h, generation=t.generation, now=now_dt, selector=builders.selector(owner),
@@ -224,12 +225,22 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
         if rv:  # our own write: the status below is conditional on the copy after it
             t = replace(t, resource_version=rv)
     _record_metrics(t, plan, desired, got.decision, ipc_active if ipc_reason in P.IPC_VERIFIED_REASONS else None)
+    metrics.set_failure(t.namespace, t.name, h.failure[0] if h.failure and h.ready < h.want else None)
     if t.status.get("observedGeneration") != t.generation:
         for w in desired.plan.warnings:
             emit("Warning", "IPCCacheWarning", w)
     act.write_status(rt.w, t.uid, t.namespace, t.name, t.status, t.resource_version, new, emit)
     act.post_events(plan, emit)
     return "ok"
+
+
+def _startup_budget_s(template: Mapping[str, Any]) -> float | None:
+    """How long the SGLang container may take to start before its startup probe kills it (seconds)."""
+    for c in (template.get("spec") or {}).get("containers") or []:
+        probe = c.get("startupProbe")
+        if probe:
+            return float(probe.get("initialDelaySeconds", 0) + probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3))
+    return None
 
 
 def _ipc_cache(

@@ -6,12 +6,20 @@
 | VLM_SGLANG_IMAGE            | api.DEFAULT_SGLANG_IMAGE         | image when spec.sglang.image is unset     |
 | VLM_SIDECAR_IMAGE           | vlmops/vlm-sidecar:<version>     | profiler sidecar image                    |
 | VLM_PROMETHEUS_URL          | ""                               | Prometheus for canary analysis (Auto)     |
+| VLM_PROMETHEUS_BEARER_TOKEN_FILE | ""                          | file with a bearer token for Prometheus   |
+| VLM_PROMETHEUS_BASIC_AUTH_USERNAME | ""                        | basic auth user for Prometheus            |
+| VLM_PROMETHEUS_BASIC_AUTH_PASSWORD_FILE | ""                   | file with that user's password            |
+| VLM_PROMETHEUS_CA_FILE      | "" (system CAs)                  | PEM CA bundle Prometheus' TLS cert chains to |
+| VLM_PROMETHEUS_HEADERS      | {} (JSON object)                 | extra request headers (X-Scope-OrgID)     |
 | VLM_LOG_FORMAT              | text                             | text or json                              |
 | VLM_METRICS_PORT            | 8080                             | the operator's own /metrics               |
 | VLM_RESYNC_SECONDS          | 15                               | status refresh and drift-repair timer     |
 | VLM_FIELD_MANAGER           | vlm-operator                     | server-side apply field manager           |
 | VLM_NETWORK_POLICY          | true                             | telemetry.networkPolicy Auto: create one  |
 | VLM_PROFILER_PEERS          | DEFAULT_PROFILER_PEERS (JSON)    | NetworkPolicy peers admitted to port 9400 |
+| VLM_PROFILER_SCRAPERS       | ""                               | more of them: [namespace/]app.kubernetes.io/name, comma-separated |
+| VLM_PROFILER_PEER_CIDRS     | ""                               | more of them: CIDRs (API server proxy, host-network agents) |
+| VLM_SIDECAR_IMAGE_PULL_SECRETS | ""                            | pull secrets for the sidecar image, added to every pod's |
 | VLM_SIDECAR_TIMEOUT_SECONDS | 1                                | timeout of one sidecar /windows.json read |
 | VLM_SIDECAR_WORKERS         | 8                                | concurrent sidecar reads (shared pool)    |
 | VLM_HANDLER_THREADS         | 16                               | reconciles running at once                |
@@ -35,12 +43,13 @@ and the README's; comma lists and JSON values need `NoDecode` plus a `mode="befo
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -62,10 +71,18 @@ DEFAULT_PROFILER_PEERS: tuple[dict, ...] = (
     {"namespaceSelector": {}, "podSelector": {"matchLabels": {LABEL_APP_NAME: "prometheus"}}},
 )
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# The label the API server sets on every namespace (its name): a scraper's namespace is selected by it.
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 # Kubernetes label keys ([prefix/]name) and values.
 _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
 _LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
+# HTTP header names (RFC 9110 tokens) and values (no control characters: no header injection).
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_HEADER_VALUE = re.compile(r"^[^\x00-\x1f\x7f]*$")
+_RESERVED_HEADERS = frozenset({"authorization", "proxy-authorization", "host", "content-length", "content-type",
+                               "connection", "transfer-encoding"})
 
 def _json(v: Any) -> Any:
     """A JSON-valued variable: parsed when it is still text (an environment value), as is otherwise."""
@@ -75,6 +92,54 @@ def _json(v: Any) -> Any:
         return json.loads(v)
     except ValueError as e:
         raise ValueError(f"not JSON ({e})") from None
+
+
+def _split(v: Any) -> tuple[Any, ...]:
+    """A comma-separated variable: its non-empty, stripped items (a list as is)."""
+    if isinstance(v, str):
+        v = [x.strip() for x in v.split(",") if x.strip()]
+    return tuple(v)
+
+
+def _scraper_ok(x: Any) -> bool:
+    if not isinstance(x, str) or x.count("/") > 1:
+        return False
+    ns, _, name = x.rpartition("/")
+    return bool(name) and bool(_LABEL_VALUE.match(name)) and len(name) <= 63 and (not ns or bool(_NAMESPACE.match(ns)))
+
+
+def _cidr_ok(x: Any) -> bool:
+    if not isinstance(x, str) or "/" not in x:
+        return False
+    try:
+        ipaddress.ip_network(x, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
+_SELECTOR_KEYS = {"matchLabels", "matchExpressions"}
+
+
+def _peer_error(peer: dict) -> str:
+    """Why a NetworkPolicyPeer would make the API server refuse every NetworkPolicy ("" when it would not)."""
+    unknown = set(peer) - {"podSelector", "namespaceSelector", "ipBlock"}
+    if unknown:
+        return f"unknown field {sorted(unknown)[0]}"
+    if "ipBlock" in peer:
+        block = peer["ipBlock"]
+        if len(peer) > 1:
+            return "ipBlock goes alone"
+        if not isinstance(block, dict) or not _cidr_ok(block.get("cidr")):
+            return "ipBlock needs a cidr"
+        if not all(_cidr_ok(c) for c in block.get("except", [])):
+            return "ipBlock.except takes CIDRs"
+        return ""
+    for key in ("podSelector", "namespaceSelector"):
+        sel = peer.get(key, {})
+        if not isinstance(sel, dict) or set(sel) - _SELECTOR_KEYS:
+            return f"{key} must be a label selector (matchLabels, matchExpressions)"
+    return ""
 
 
 class SettingsError(ValueError):
@@ -88,6 +153,20 @@ class Settings(BaseSettings):
     sglang_image: str = Field(DEFAULT_SGLANG_IMAGE, min_length=1, description="image when spec.sglang.image is unset")
     sidecar_image: str = Field(f"vlmops/vlm-sidecar:{__version__}", min_length=1, description="profiler sidecar image")
     prometheus_url: str = Field("", description="Prometheus for canary analysis (source Auto)")
+    # Credentials for VLM_PROMETHEUS_URL (Mimir, Thanos, a managed Prometheus): files, re-read at every query so a
+    # rotated Secret takes effect; sent to that URL's scheme, host and port only (sources/base.PrometheusAuth).
+    prometheus_bearer_token_file: str = Field(
+        "", description="file holding a bearer token for VLM_PROMETHEUS_URL (re-read at every query)")
+    prometheus_basic_auth_username: str = Field(
+        "", description="basic auth user for VLM_PROMETHEUS_URL (with VLM_PROMETHEUS_BASIC_AUTH_PASSWORD_FILE)")
+    prometheus_basic_auth_password_file: str = Field(
+        "", validate_default=True, description="file holding the basic auth password (re-read at every query)")
+    prometheus_ca_file: str = Field(
+        "", description="PEM file of the CA(s) Prometheus' TLS certificate chains to (instead of the system CAs)")
+    prometheus_headers: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description='extra headers on every request to VLM_PROMETHEUS_URL (JSON object), e.g. {"X-Scope-OrgID": '
+                    '"team-a"} for a Mimir/Cortex tenant')
     log_format: Literal["text", "json"] = Field("text", description="text or json")
     metrics_port: int = Field(8080, ge=0, le=65535, description="the operator's own /metrics port")
     resync_seconds: float = Field(15.0, gt=0, description="status refresh, drift repair and analysis timer")
@@ -95,6 +174,17 @@ class Settings(BaseSettings):
     network_policy: bool = Field(True, description="telemetry.networkPolicy Auto creates a NetworkPolicy")
     profiler_peers: Annotated[tuple[dict, ...], NoDecode] = Field(
         DEFAULT_PROFILER_PEERS, description="NetworkPolicyPeer objects admitted to the sidecar's port (JSON list)")
+    profiler_scrapers: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="scrapers admitted to the sidecar's port besides profiler_peers, comma-separated "
+                        "[namespace/]name: pods labelled app.kubernetes.io/name=name, in that namespace or any, e.g. "
+                        "monitoring/alloy,vmagent")
+    profiler_peer_cidrs: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="CIDRs admitted to the sidecar's port besides profiler_peers, comma-separated: the API "
+                        "server's addresses (kubectl vlm profile goes through its pod proxy), scrapers on the host "
+                        "network")
+    sidecar_image_pull_secrets: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="Secrets (names, comma-separated) for pulling the sidecar image, added to each serving pod's "
+                        "imagePullSecrets (after spec.pod.imagePullSecrets) while it runs the sidecar")
     sidecar_timeout_seconds: float = Field(
         1.0, gt=0, le=30, description="timeout of one sidecar /windows.json read (a dead pod costs it once per window)")
     sidecar_workers: int = Field(8, ge=1, le=128, description="sidecar reads in flight at once, over all services")
@@ -149,13 +239,88 @@ class Settings(BaseSettings):
             raise ValueError(f"not an http(s) URL: {v!r}")
         return v.rstrip("/")
 
+    @field_validator("prometheus_headers", mode="before")
+    @classmethod
+    def _prometheus_headers(cls, v: Any) -> Any:
+        v = _json(v)
+        if not isinstance(v, Mapping) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
+            raise ValueError('must be a JSON object of header names to string values, e.g. {"X-Scope-OrgID": "a"}')
+        bad = [k for k in v if not _HEADER_NAME.match(k)] + [f"{k}: {x!r}" for k, x in v.items() if not _HEADER_VALUE.match(x)]
+        if bad:
+            raise ValueError(f"not a valid header: {', '.join(map(repr, bad))}")
+        reserved = [k for k in v if k.lower() in _RESERVED_HEADERS]
+        if reserved:
+            raise ValueError(f"set by the operator itself: {', '.join(reserved)} (credentials go in "
+                             "VLM_PROMETHEUS_BEARER_TOKEN_FILE or VLM_PROMETHEUS_BASIC_AUTH_*)")
+        return dict(v)
+
+    @field_validator("prometheus_bearer_token_file", "prometheus_basic_auth_username",
+                     "prometheus_basic_auth_password_file", "prometheus_ca_file", mode="after")
+    @classmethod
+    def _prometheus_auth(cls, v: str, info: ValidationInfo) -> str:
+        # (a bad VLM_PROMETHEUS_URL is reported on its own: it is then missing from info.data)
+        if v and "prometheus_url" in info.data and not info.data["prometheus_url"]:
+            raise ValueError("needs VLM_PROMETHEUS_URL (credentials and the CA are used for that URL only)")
+        user = info.data.get("prometheus_basic_auth_username")
+        if info.field_name == "prometheus_basic_auth_password_file" and bool(v) != bool(user):
+            raise ValueError("needs VLM_PROMETHEUS_BASIC_AUTH_USERNAME" if v else
+                             "needed with VLM_PROMETHEUS_BASIC_AUTH_USERNAME (basic auth takes both)")
+        if v and info.field_name == "prometheus_basic_auth_username" and info.data.get("prometheus_bearer_token_file"):
+            raise ValueError("either basic auth or VLM_PROMETHEUS_BEARER_TOKEN_FILE, not both")
+        return v
+
     @field_validator("profiler_peers", mode="before")
     @classmethod
     def _peers(cls, v: Any) -> Any:
         v = _json(v)
         if not isinstance(v, list | tuple) or not all(isinstance(p, dict) and p for p in v):
             raise ValueError("must be a JSON list of NetworkPolicyPeer objects")
+        bad = [json.dumps(p) for p in v if _peer_error(p)]
+        if bad:
+            raise ValueError(f"not a NetworkPolicyPeer ({_peer_error(json.loads(bad[0]))}): {', '.join(bad)}")
         return tuple(v)
+
+    @field_validator("profiler_scrapers", mode="before")
+    @classmethod
+    def _scrapers(cls, v: Any) -> Any:
+        v = _split(v)
+        bad = [x for x in v if not _scraper_ok(x)]
+        if bad:
+            raise ValueError(f"not [namespace/]name (a namespace and an app.kubernetes.io/name value): "
+                             f"{', '.join(map(repr, bad))}")
+        return v
+
+    @field_validator("profiler_peer_cidrs", mode="before")
+    @classmethod
+    def _cidrs(cls, v: Any) -> Any:
+        v = _split(v)
+        bad = [x for x in v if not _cidr_ok(x)]
+        if bad:
+            raise ValueError(f"not a CIDR such as 10.0.0.0/24: {', '.join(map(repr, bad))}")
+        return v
+
+    @field_validator("sidecar_image_pull_secrets", mode="before")
+    @classmethod
+    def _pull_secrets(cls, v: Any) -> Any:
+        v = _split(v)
+        bad = [x for x in v if not (len(x) <= 253 and _SUBDOMAIN.match(x))]
+        if bad:
+            raise ValueError(f"not a Secret name: {', '.join(map(repr, bad))}")
+        return tuple(dict.fromkeys(v))
+
+    @property
+    def network_policy_peers(self) -> tuple[dict, ...]:
+        """Every NetworkPolicyPeer admitted to the sidecar's port: profiler_peers, then one per scraper, then one
+        ipBlock per CIDR."""
+        out = list(self.profiler_peers)
+        for x in self.profiler_scrapers:
+            ns, _, name = x.rpartition("/")
+            peer = {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: ns}} if ns else {},
+                    "podSelector": {"matchLabels": {LABEL_APP_NAME: name}}}
+            if peer not in out:
+                out.append(peer)
+        out += [{"ipBlock": {"cidr": c}} for c in self.profiler_peer_cidrs if {"ipBlock": {"cidr": c}} not in out]
+        return tuple(out)
 
     @field_validator("monitoring_labels", mode="before")
     @classmethod

@@ -1,11 +1,12 @@
-"""SGLang version -> how to switch the CUDA IPC pool-handle cache on or off.
+"""SGLang version -> how to switch the CUDA IPC pool-handle cache on or off, and how to probe liveness.
 
 The pool-handle cache (SGLang PR #21418, first released in 0.5.10) keeps the
 opened CUDA IPC pool storage per handle instead of re-opening it per image
 feature. How to switch it on changed from release to release; `TABLE` records
 that, one row per range of releases, and `plan_ipc_cache` turns a row plus the
 user's `ipcCache` settings into env vars and launch args for the SGLang
-container.
+container. `plan_liveness` picks, per version, a liveness check that never waits
+on the scheduler (/health without its one-token generation, or a TCP check).
 
 Every fact in `TABLE` was read from the released wheels, and
 tests/compat/test_sglang_wheels.py re-reads them: when SGLang moves, that test
@@ -341,6 +342,53 @@ def _ignored_pool_size(feature_cache_mb: int | None, why: str) -> tuple[str, ...
     if feature_cache_mb is None:
         return ()
     return (f"featureCacheMB={feature_cache_mb} not applied: {why}",)
+
+
+# ---------------------------------------------------------------- liveness
+
+# SGLang serves /health and /health_generate from one handler: /health runs a one-token generation too unless
+# this EnvBool is false (default true in every wheel the compat tier reads, 0.5.9 - 0.5.23; the compat tier
+# checks the variable, its default and that the handler reads it). A probe that generates waits on the
+# scheduler, so a liveness probe on it can time out on a server busy with long prefills and have the kubelet
+# restart it with requests in flight. With it false /health answers from the HTTP server's event loop: 200, or
+# 503 while SGLang starts or drains after SIGTERM.
+ENV_HEALTH_GENERATION = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
+HEALTH_ENV_FIRST: Release = (0, 5, 9)  # the oldest release checked to have it (older ones are not known to)
+# SGLang's load gauges, per scheduler (the preStop drain waits while their sum is above 0); with --enable-metrics.
+METRIC_RUNNING = "sglang:num_running_reqs"
+METRIC_QUEUED = "sglang:num_queue_reqs"
+
+Probe = Literal["http", "tcp"]
+
+
+@dataclass(frozen=True)
+class LivenessPlan:
+    """The liveness probe of the SGLang container and the env it needs."""
+
+    env: dict[str, str]
+    probe: Probe  # http: GET /health; tcp: a TCP connect to SGLang's port
+    reason: str
+
+
+def plan_liveness(version: str | None, user_env: Mapping[str, str | None]) -> LivenessPlan:
+    """A liveness check that cannot kill a busy server, for SGLang `version`.
+
+    Where the release has the switch, it is set false and the probe GETs /health (the HTTP server answers,
+    nothing waits on the scheduler). Releases not known to have it, unknown versions, and a spec that sets the
+    variable true itself (or from a Secret or ConfigMap, its value unknown here) get a TCP check of the port:
+    weaker (a wedged event loop may still accept connections) but never one generation behind a busy batch.
+    `user_env`: the spec's env, name -> value (None for valueFrom).
+    """
+    if ENV_HEALTH_GENERATION in user_env:
+        if _env_bool(user_env[ENV_HEALTH_GENERATION]) is False:
+            return LivenessPlan({}, "http", f"{ENV_HEALTH_GENERATION} is false in spec.sglang.env")
+        return LivenessPlan({}, "tcp", f"spec.sglang.env sets {ENV_HEALTH_GENERATION}: /health may generate")
+    parsed = parse_version(version) if version else None
+    if parsed is None:
+        return LivenessPlan({}, "tcp", "the SGLang version is unknown")
+    if parsed < (*HEALTH_ENV_FIRST, 0, 0):
+        return LivenessPlan({}, "tcp", f"SGLang {version} is older than {_fmt(HEALTH_ENV_FIRST)}")
+    return LivenessPlan({ENV_HEALTH_GENERATION: _OFF}, "http", f"{ENV_HEALTH_GENERATION}=0")
 
 
 # ---------------------------------------------------------------- user overrides

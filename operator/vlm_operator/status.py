@@ -33,6 +33,10 @@ class Health:
     invalid: str | None = None  # message when the spec is invalid
     refused: str | None = None  # message when the API server refused (403 & co.) an object this spec makes
     unschedulable: str | None = None
+    # Why pods cannot serve, when something will not fix itself (reason, message): FailedCreate (the ReplicaSet
+    # cannot create pods: Pod Security, a quota), ImagePullFailed, ContainerConfigError, CrashLoopBackOff,
+    # OOMKilled, StartupBudgetExhausted (FAILURE_REASONS).
+    failure: tuple[str, str] | None = None
     rolling: bool = False
     rollout_phase: str | None = None
     rollout_message: str | None = None
@@ -52,6 +56,8 @@ def health_conditions(h: Health) -> list[C.Cond]:
         return conds
     if h.refused and h.ready < h.want:
         conds.append(C.Cond(C.READY, False, "ApplyRefused", h.refused))
+    elif h.failure and h.ready < h.want:
+        conds.append(C.Cond(C.READY, False, *h.failure))
     elif h.unschedulable and h.ready < h.want:
         conds.append(C.Cond(C.READY, False, "Unschedulable", h.unschedulable))
     elif h.ready >= h.want:
@@ -66,6 +72,8 @@ def health_conditions(h: Health) -> list[C.Cond]:
         conds.append(C.Cond(C.PROGRESSING, False, "Complete", "no rollout in progress"))
     if h.refused:
         conds.append(C.Cond(C.DEGRADED, True, "ApplyRefused", h.refused))
+    elif h.failure:
+        conds.append(C.Cond(C.DEGRADED, True, *h.failure))
     elif h.unschedulable:
         conds.append(C.Cond(C.DEGRADED, True, "Unschedulable", h.unschedulable))
     elif h.rollout_phase == "RolledBack":
@@ -92,7 +100,7 @@ def margin_condition(h: Health) -> C.Cond:
 
 
 def summary_phase(h: Health) -> str:
-    if h.invalid or (h.refused and h.ready < h.want):
+    if h.invalid or (h.refused and h.ready < h.want) or (h.failure and h.ready == 0 and h.want > 0):
         return "Failed"
     if h.rollout_phase in ACTIVE_PHASES:
         return "Canary"
@@ -193,6 +201,31 @@ def invalid_spec_message(e: ValidationError) -> str:
     return "; ".join(parts)
 
 
+FAILURE_REASONS = ("FailedCreate", "ImagePullFailed", "ContainerConfigError", "CrashLoopBackOff", "OOMKilled",
+                   "StartupBudgetExhausted")
+# A container killed (SIGKILL/SIGTERM) after running at least this share of its startup budget was most likely
+# killed by its startup probe: the model did not load in time.
+_STARTUP_KILL_SHARE = 0.9
+
+
+def failure(observed: Observed, startup_budget_s: float | None = None) -> tuple[str, str] | None:
+    """Why the service's pods cannot serve, where it needs a person: the ReplicaSet cannot create them, or a pod
+    (the first by name) cannot pull its image, is refused its configuration, or crash-loops."""
+    refused = observed.create_failure()
+    if refused:
+        return "FailedCreate", refused
+    pod = observed.failing()
+    if pod is None or pod.problem is None:
+        return None
+    reason, message = pod.problem
+    if (reason == "CrashLoopBackOff" and startup_budget_s and pod.last_run_s is not None
+            and pod.last_run_s >= _STARTUP_KILL_SHARE * startup_budget_s and ("exit code 137" in message or "exit code 143" in message)):
+        return "StartupBudgetExhausted", (
+            f"pod {pod.name}: killed by its startup probe after {pod.last_run_s:.0f}s of a {startup_budget_s:.0f}s "
+            f"startup budget (the model did not load in time; raise the startup budget or cache the weights); {message}")
+    return reason, f"pod {pod.name}: {message}"
+
+
 def running_health(
     observed: Observed,
     *,
@@ -201,6 +234,7 @@ def running_health(
     ipc_active: bool | None,
     ipc_reason: str = "Unknown",
     ipc_message: str = "",
+    startup_budget_s: float | None = None,
 ) -> Health:
     """The health of a service with a valid spec: ready pods of every role against what the plan wants."""
     unsched = observed.unschedulable()
@@ -208,6 +242,7 @@ def running_health(
         want=want,
         ready=sum(1 for p in observed.pods if p.ready),
         unschedulable=f"pod {unsched.name}: {unsched.unschedulable}" if unsched else None,
+        failure=failure(observed, startup_budget_s),
         rolling=observed.rolling(),
         rollout_phase=rollout.phase if rollout else None,
         rollout_message=rollout.message if rollout else None,

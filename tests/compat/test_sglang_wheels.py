@@ -9,7 +9,11 @@ outside the repo) this checks, from the wheel's own source:
   an Env field that SGLang code actually reads, the flag is derived from a
   ServerArgs field whose Literal choices include the value;
 - the wheel's real `sglang/srt/environ.py`, imported in a subprocess with the
-  plan's env, reads the cache as on (Auto/On) or off (Off).
+  plan's env, reads the cache as on (Auto/On) or off (Off);
+- the liveness plan: SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is an EnvBool (default
+  on) that the `/health` handler reads to skip its one-token generation, the real
+  environ.py reads the plan's value as off, and the two load gauges the preStop
+  drain sums (`sglang:num_running_reqs`, `sglang:num_queue_reqs`) are declared.
 
 A wheel that cannot be downloaded fails the test: this is the table's only
 check against SGLang, so skipping would hide a stale table.
@@ -311,10 +315,10 @@ def environ_dirs(wheel_paths, tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def _read_envs(root: Path, env: dict[str, str]) -> dict[str, object]:
+def _read_envs(root: Path, env: dict[str, str], names: tuple[str, ...] = ENV_VARS) -> dict[str, object]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "SGL_"))}
     proc = subprocess.run(
-        [sys.executable, "-c", _READ_ENVS, *ENV_VARS],
+        [sys.executable, "-c", _READ_ENVS, *names],
         env={**clean, **env, "PYTHONPATH": str(root)},
         capture_output=True,
         text=True,
@@ -352,3 +356,56 @@ def test_unknown_version_off_is_harmless_on_every_wheel(wheel, environ_dirs):
     plan = plan_ipc_cache(None, "Off", 1)
     got = _read_envs(environ_dirs[wheel.version], plan.env)
     assert got[ENV_CACHE] in (False, None)
+
+
+# ---------------------------------------------------------------- liveness and the preStop drain
+
+
+def _route_handlers(wheel: Wheel, path: str) -> list[str]:
+    """Source of every function of the HTTP server decorated with `@app.get(path)`."""
+    name = "sglang/srt/entrypoints/http_server.py"
+    src = wheel.text(name)
+    out = []
+    for node in ast.walk(ast.parse(src)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for d in node.decorator_list:
+            if (isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "get"
+                    and d.args and isinstance(d.args[0], ast.Constant) and d.args[0].value == path):
+                out.append(ast.get_source_segment(src, node) or "")
+    return out
+
+
+def test_health_can_skip_its_generation(wheel):
+    """The liveness plan's switch exists with the default the plan assumes, and `/health` reads it: when it is
+    false the handler answers without a generation (only `/health_generate` still generates)."""
+    assert sglang.parse_version(wheel.version) >= (*sglang.HEALTH_ENV_FIRST, 0, 0)
+    assert wheel.env_fields[sglang.ENV_HEALTH_GENERATION] == ("EnvBool", True)
+    (handler,) = _route_handlers(wheel, "/health")
+    assert f"envs.{sglang.ENV_HEALTH_GENERATION}.get()" in handler, handler[:400]
+    assert 'request.url.path == "/health"' in handler
+    plan = sglang.plan_liveness(wheel.version, {})
+    assert plan.probe == "http" and plan.env == {sglang.ENV_HEALTH_GENERATION: "0"}
+
+
+def test_real_environ_reads_the_liveness_switch_as_off(wheel, environ_dirs):
+    root, name = environ_dirs[wheel.version], sglang.ENV_HEALTH_GENERATION
+    assert _read_envs(root, {}, (name,))[name] is True
+    assert _read_envs(root, sglang.plan_liveness(wheel.version, {}).env, (name,))[name] is False
+
+
+def test_the_drain_gauges_are_declared(wheel):
+    """The preStop drain (builders.DRAIN_SCRIPT) sums these two gauges from SGLang's /metrics."""
+    declared = {}
+    for src in wheel.srt_sources.values():
+        if 'name="sglang:' not in src:
+            continue
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                kw = {k.arg: k.value for k in node.keywords}
+                n = kw.get("name")
+                if isinstance(n, ast.Constant) and isinstance(n.value, str):
+                    declared[n.value] = node.func.id
+    for metric in (sglang.METRIC_RUNNING, sglang.METRIC_QUEUED):
+        assert declared.get(metric) == "Gauge", f"{wheel.version}: {metric} is {declared.get(metric)}"
+    assert "add_prometheus_middleware(app)" in wheel.text("sglang/srt/entrypoints/http_server.py")

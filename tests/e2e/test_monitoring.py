@@ -19,7 +19,7 @@ Alertmanager through the testbed's API server. Then:
     the front-end targets, which need pods running SGLang's front end, are test_frontend.py's;
 (b) the shipped alerts the scenario produces fire and reach Alertmanager (found through the generated
     alerting config) with the labels their routing needs: VLMCanaryRolledBack (namespace, vlmservice,
-    revision, signal, function; its shipped `for: 0m`), VLMSchedulerLoopLatencyRegression (the cache-off
+    revision, signal, function; its shipped `for: 0m`, severity warning), VLMSchedulerLoopLatencyRegression (the cache-off
     canary), VLMIPCCacheInactive (FAST's cache-off stable revision), VLMOperatorReconcileErrors (a
     ValidatingAdmissionPolicy refusing every Deployment of a fourth service, BLOCKED, so about a fifth of all
     reconciles fail; the service itself says Degraded=True/ApplyRefused), VLMProfilerStale (a fifth service,
@@ -64,6 +64,11 @@ PANEL_SERVICE = {("Stale profilers / sampling errors", "B"): STALE}
 # proven by `promtool test rules` on the shipped rule files (tests/unit/operator/test_alert_rules.py, cases in
 # tests/promtool/<topic>.yaml).
 ALERTS_NOT_PRODUCED = {
+    "VLMServiceNotServing": "needs pods that cannot serve for 10 minutes (image pull, crash loop, refused by "
+                            "admission; the failure reasons themselves: tests/integration/test_failures.py); "
+                            "promtool: failures",
+    "VLMCanaryRollbackFailed": "needs a rolled-back service whose stable pods then fail (crash loop, image pull) "
+                               "for 5 minutes; promtool: canary",
     "VLMIPCCacheNotObserved": "needs pods told to cache that re-open CUDA IPC handles (the stand-in's front end: "
                               "fires and reaches Alertmanager in test_frontend.py; promtool: ipc-cache)",
     "VLMFrontendSaturated": "needs a front end busy >= 90% while the scheduler idles (fires and reaches "
@@ -290,7 +295,7 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     rb = wait_for(lambda: firing("VLMCanaryRolledBack"), 120, "VLMCanaryRolledBack in Alertmanager", interval=3.0)
     labels = rb[0]["labels"]
     assert {k: labels.get(k) for k in ("vlmservice", "revision", "severity", *ext)} == {
-        "vlmservice": NAME, "revision": canary_rev, "severity": "critical", **ext}, labels
+        "vlmservice": NAME, "revision": canary_rev, "severity": "warning", **ext}, labels
     assert labels["function"] not in ("", "unknown") and labels["function"] == (function or labels["function"]), labels
     assert labels["signal"] not in ("", "unknown"), labels
     # The loop-latency regression alert: the gate's delta stays exported after the verdict; the alert fires and
@@ -313,6 +318,8 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     # TTFT's rollback raises its own VLMCanaryRolledBack; the faster canary raises no regression alert.
     wait_for(lambda: firing("VLMCanaryRolledBack", TTFT), 120, "TTFT's VLMCanaryRolledBack", interval=3.0)
     assert not active("VLMSchedulerLoopLatencyRegression", FAST) and not active("VLMCanaryRolledBack", FAST)
+    # Both rollbacks left a serving stable revision: no page.
+    assert not active("VLMCanaryRollbackFailed", NAME) and not active("VLMCanaryRollbackFailed", TTFT)
     shipped_alerts = {a["alert"] for a in (*alerts.rules(), *alerts.self_rules())}
     produced = {"VLMCanaryRolledBack", "VLMSchedulerLoopLatencyRegression", "VLMIPCCacheInactive", "VLMOperatorDown",
                 "VLMOperatorReconcileErrors", "VLMProfilerStale", "VLMSchedulerHotFunctionShareHigh"}

@@ -148,6 +148,11 @@ def test_helm_lint_and_dry_run_against_the_api_server(cluster, namespace):
     # Server-side dry run: the API server validates every object the chart renders.
     helm(cluster, "install", "dry", str(CHART), "-n", namespace, "--dry-run=server", "--take-ownership",
          "--set", "peering.enabled=true,replicaCount=2")
+    # The operator's Prometheus credentials, CA and headers (Secret and ConfigMap volumes), the sidecar's pull
+    # secrets and extra scrapers: the API server takes the Deployment the chart renders for them.
+    helm(cluster, "install", "dry-auth", str(CHART), "-n", namespace, "--dry-run=server", "--take-ownership",
+         "-f", str(REPO / "tests" / "golden" / "chart" / "prometheus-auth.values.yaml"),
+         "--set", "operator.prometheusAuth.ca.configMapName=,operator.prometheusAuth.ca.secretName=mimir-tls")
 
 
 def test_cluster_wide_install_crd_and_permission_matrix(cluster, kube, namespace, other_namespace, release):
@@ -348,7 +353,8 @@ def test_aggregated_cluster_roles_give_namespace_users_vlmservices(cluster, kube
         for verb in write:
             expected[(user, verb, vlm, namespace)] = writer
         expected[(user, "patch", f"{vlm}/scale", namespace)] = writer
-        expected[(user, "patch", f"{vlm}/status", namespace)] = False  # status is the operator's
+        # Status is the operator's: edit/admin may patch it (`kubectl vlm retry`), nobody may replace it whole.
+        expected[(user, "patch", f"{vlm}/status", namespace)] = writer
         expected[(user, "update", f"{vlm}/status", namespace)] = False
         expected[(user, "get", vlm, other_namespace)] = False  # the RoleBinding is namespaced
         expected[(user, "list", vlm, None)] = False

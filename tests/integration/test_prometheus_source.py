@@ -10,15 +10,18 @@ overlapping steps at faster ones.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import socket
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from vlm_operator.sources import prometheus as prom_source
+from vlm_operator.sources.base import PrometheusAuth, SignalsUnavailable, get_json
 
 pytestmark = pytest.mark.integration
 
@@ -209,3 +212,117 @@ def test_slower_scrape_than_windows_loses_windows_but_never_duplicates(prometheu
                                  step=2 * WINDOW_EVERY)
     ends = [w.end for w in ws]
     assert 0 < len(ends) <= N_WINDOWS and len(ends) == len(set(ends))
+
+
+# --- Prometheus behind TLS and basic auth (Mimir, Thanos and managed services put one in front) ----------------
+
+USER, PASSWORD = "vlm-operator", "s3cret-for-the-gate"
+
+
+def _tls_files(d) -> tuple[str, str, str]:
+    """A CA and a server certificate it signed for 127.0.0.1 (openssl, as cert-manager would issue one)."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    ca_key, ca, key, csr, crt, ext = (str(d / n) for n in ("ca.key", "ca.crt", "tls.key", "tls.csr", "tls.crt", "san.ext"))
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", ca_key,
+            "-out", ca, "-days", "2", "-subj", "/CN=vlm-test-ca")
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key, "-out", csr,
+            "-subj", "/CN=prometheus")
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    openssl("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", crt, "-days", "2",
+            "-extfile", ext)
+    return ca, crt, key
+
+
+@pytest.fixture
+def secured_prometheus(tmp_path):
+    """A real Prometheus serving the backfilled series only over TLS (a test CA's certificate) and only to
+    USER with PASSWORD (its --web.config.file: a bcrypt hash, as Prometheus requires)."""
+    import bcrypt
+
+    for tool in ("prometheus", "promtool", "openssl"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} not found: run hack/install-system-deps.sh")
+    data = tmp_path / "data"
+    om = tmp_path / "series.om"
+    om.write_text(_openmetrics(15.0, phase=3.0))
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(om), str(data)],
+                   check=True, capture_output=True, timeout=120)
+    ca, crt, key = _tls_files(tmp_path)
+    web = tmp_path / "web.yml"
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=6)).decode()
+    web.write_text(f"tls_server_config:\n  cert_file: {crt}\n  key_file: {key}\n"
+                   f"basic_auth_users:\n  {USER}: '{hashed}'\n")
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text("global:\n  scrape_interval: 15s\nscrape_configs: []\n")
+    port = _free_port()
+    proc = subprocess.Popen(
+        ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={data}", f"--web.config.file={web}",
+         f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=100000d"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    base = f"https://127.0.0.1:{port}"
+    password_file = tmp_path / "password"
+    password_file.write_text(PASSWORD + "\n")  # as `echo ... > file` or a Secret written with a newline leaves it
+    auth = PrometheusAuth(url=base, basic_auth_username=USER, basic_auth_password_file=str(password_file), ca_file=ca,
+                          headers=(("X-Scope-OrgID", "team-a"),))
+    deadline = time.time() + 60
+    q = f"{base}/api/v1/query?query=count(vlm_scheduler_window_loop_mean_seconds)&time={T0 + 200}"
+    while True:
+        try:
+            if get_json(q, headers=auth.request_headers(q), context=auth.ssl_context(q))["data"]["result"]:
+                break  # up, and the backfilled blocks are loaded
+        except (OSError, SignalsUnavailable):
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"Prometheus did not start: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.3)
+    yield base, auth
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _read(base: str, auth: PrometheusAuth | None):
+    return prom_source.from_prometheus(base, "ml", "svc", ["rev1", "rev2"], since=T0,
+                                       now=T0 + N_WINDOWS * WINDOW_EVERY + 20, step=WINDOW_EVERY / 3, auth=auth)
+
+
+def test_prometheus_behind_tls_and_basic_auth(secured_prometheus):
+    """With the user, the password file and the CA, the range queries succeed and return every window; without
+    any of them the source raises SignalsUnavailable (the gate's Inconclusive), naming why."""
+    base, auth = secured_prometheus
+    ws = _read(base, auth)
+    assert sorted({w.pod for w in ws}) == sorted(PODS)
+    assert all(len([w for w in ws if w.pod == pod]) == N_WINDOWS for pod in PODS)
+
+    # The operator's settings reach it the same way (VLM_PROMETHEUS_*, validated as at start).
+    env = {"VLM_PROMETHEUS_URL": base, "VLM_PROMETHEUS_BASIC_AUTH_USERNAME": USER,
+           "VLM_PROMETHEUS_BASIC_AUTH_PASSWORD_FILE": auth.basic_auth_password_file,
+           "VLM_PROMETHEUS_CA_FILE": auth.ca_file, "VLM_PROMETHEUS_HEADERS": '{"X-Scope-OrgID": "team-a"}'}
+    assert len(_read(base, PrometheusAuth.from_env(env))) == len(ws)
+
+    failures = {
+        "nothing (the system CAs do not know the test CA)": (PrometheusAuth(), "CERTIFICATE_VERIFY_FAILED"),
+        "the CA, no credentials": (PrometheusAuth(url=base, ca_file=auth.ca_file), "401"),
+        "credentials, no CA": (dataclasses.replace(auth, ca_file=""), "CERTIFICATE_VERIFY_FAILED"),
+        # Credentials go to VLM_PROMETHEUS_URL's origin only: for another URL (a spec's own), none are sent.
+        "credentials for another origin": (dataclasses.replace(auth, url="https://127.0.0.1:1"), "CERTIFICATE_VERIFY"),
+    }
+    for what, (a, reason) in failures.items():
+        with pytest.raises(SignalsUnavailable) as e:
+            _read(base, a)
+        assert reason in str(e.value) and f"Prometheus at {base}" in str(e.value), (what, str(e.value))
+
+    # A wrong password, then the Secret rotated to the right one: the file is read at every query, so the same
+    # auth object (as the running operator holds it) works again without a restart.
+    password = Path(auth.basic_auth_password_file)
+    password.write_text("not-the-password")
+    with pytest.raises(SignalsUnavailable, match="401"):
+        _read(base, auth)
+    password.write_text(PASSWORD)
+    assert len(_read(base, auth)) == len(ws)
+    password.unlink()
+    with pytest.raises(SignalsUnavailable, match="VLM_PROMETHEUS_BASIC_AUTH_PASSWORD_FILE"):
+        _read(base, auth)

@@ -150,6 +150,8 @@ class GatePolicy:
                 "throughput": m.throughput / 100,
                 "stage_time": m.stage_time / 100,
                 "frontend_busy": m.frontend_busy / 100,
+                # Gated only when set (the p95 of a window is noisier than its mean: an opt-in signal).
+                **({"loop_p95": m.loop_p95 / 100} if m.loop_p95 is not None else {}),
             },
             confidence=a.confidence,
             steps=len(spec.rollout.steps),

@@ -32,14 +32,18 @@ from ..window import (
     _share,
     _shares,
 )
-from .base import SignalsUnavailable, get_json
+from .base import PrometheusAuth, SignalsUnavailable, get_json, prometheus_auth
 
 
-def _query_range(base: str, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+def _query_range(base: str, query: str, start: float, end: float, step: float,
+                 auth: PrometheusAuth | None = None) -> list[dict[str, Any]]:
     params = urllib.parse.urlencode({"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:.0f}s"})
+    url = f"{base}/api/v1/query_range?{params}"
     try:
-        data = get_json(f"{base}/api/v1/query_range?{params}")
-    except (OSError, ValueError) as e:
+        auth = auth or prometheus_auth()
+        headers, context = auth.request_headers(url), auth.ssl_context(url)
+        data = get_json(url, headers=headers, context=context) if headers or context else get_json(url)
+    except (OSError, ValueError) as e:  # (a SettingsError is a ValueError: the operator refused it at start)
         raise SignalsUnavailable(f"Prometheus at {base} not readable: {e}") from e
     if not isinstance(data, dict) or data.get("status") != "success":
         error = data.get("error") if isinstance(data, dict) else f"not a Prometheus answer: {str(data)[:80]}"
@@ -186,7 +190,8 @@ def _frontend(series: Series) -> dict[tuple[str, str], dict[float, dict[str, Rol
 
 
 def from_prometheus(
-    base: str, namespace: str, service: str, revisions: Sequence[str], *, since: float, now: float, step: float
+    base: str, namespace: str, service: str, revisions: Sequence[str], *, since: float, now: float, step: float,
+    auth: PrometheusAuth | None = None,
 ) -> list[Window]:
     """One Window per sidecar window, for the given revisions, from the sidecar's per-window gauges.
 
@@ -200,6 +205,9 @@ def from_prometheus(
     after it), when the sidecar samples the front end. A sidecar older than the samples gauge gives
     windows of 1 sample (enough for the gate, which only asks for some); older than the self-share and
     bound series, windows without them (attribution then compares only what both sides exported).
+
+    Every query carries `auth` (default: the operator's, `base.prometheus_auth()`, from VLM_PROMETHEUS_*): its
+    credentials, headers and CA where `base` is on VLM_PROMETHEUS_URL's scheme, host and port, nothing elsewhere.
     """
     sel = f'namespace="{namespace}",vlmservice="{service}",revision=~"{"|".join(revisions)}"'
     start = max(since, now - 6 * 3600)
@@ -207,7 +215,7 @@ def from_prometheus(
         return []
 
     def series(metric: str, extra: str = "", by: str = _KEY) -> list[dict[str, Any]]:
-        return _query_range(base, f"max by ({by}) ({metric}{{{sel}{extra}}})", start, now, step)
+        return _query_range(base, f"max by ({by}) ({metric}{{{sel}{extra}}})", start, now, step, auth)
 
     def key(m: Mapping[str, str]) -> tuple[str, str, str]:
         return m.get("pod", ""), m.get("revision", ""), m.get("tp_rank", "")

@@ -25,7 +25,7 @@ def test_promtool_accepts_the_rules(tmp_path):
     path.write_text(alerts.render())
     scoped = tmp_path / "scoped.yaml"
     scoped.write_text(yaml.safe_dump(alerts.build_prometheus_rule("svc", "ns", {}, {})["spec"]))
-    for p, n in ((path, 9), (scoped, 7)):
+    for p, n in ((path, 11), (scoped, 9)):
         out = subprocess.run([promtool, "check", "rules", str(p)], capture_output=True, text=True)
         assert out.returncode == 0, out.stdout + out.stderr
         assert f"SUCCESS: {n} rules found" in out.stdout
@@ -41,6 +41,8 @@ def test_each_alert_has_summary_description_and_a_runbook_paragraph():
         "VLMIPCCacheNotObserved",
         "VLMProfilerStale",
         "VLMCanaryRolledBack",
+        "VLMCanaryRollbackFailed",
+        "VLMServiceNotServing",
         "VLMFrontendSaturated",
     }
     assert {r["alert"] for r in alerts.self_rules()} == {"VLMOperatorDown", "VLMOperatorReconcileErrors"}
@@ -100,3 +102,18 @@ def test_override_errors_name_the_alert_and_the_key(overrides, error):
 def test_valid_overrides_for_every_shipped_alert_and_the_operators_own():
     assert not alerts.override_errors({n: {"for": "1h30m", "severity": "page"} for n in alerts.names()})
     assert set(alerts.names()) == {r["alert"] for g in alerts.rules_file()["groups"] for r in g["rules"]}
+
+
+def test_a_rollback_is_a_warning_and_only_a_failed_one_pages():
+    """A rolled-back canary is the gate working (warning, at once); the page is for a rollback after which the
+    service's pods cannot serve (the operator's failure reasons), scoped to the service like every per-service
+    rule."""
+    by_name = {r["alert"]: r for r in alerts.rules('namespace="ns",vlmservice="svc"')}
+    assert (by_name["VLMCanaryRolledBack"]["labels"]["severity"], by_name["VLMCanaryRolledBack"]["for"]) == ("warning", "0m")
+    failed = by_name["VLMCanaryRollbackFailed"]
+    assert (failed["labels"]["severity"], failed["for"]) == ("critical", "5m")
+    assert failed["expr"].count('{namespace="ns",vlmservice="svc"}') == 2
+    assert "vlm_operator_service_failure_info" in failed["expr"] and "vlm_operator_canary_rollback_info" in failed["expr"]
+    pages = {r["alert"] for r in alerts.rules() + alerts.self_rules() if r["labels"]["severity"] == "critical"}
+    assert pages == {"VLMCanaryRollbackFailed", "VLMOperatorDown"}
+

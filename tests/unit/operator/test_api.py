@@ -155,6 +155,52 @@ INVALID = [
     (_with("pod.hostNetwork", True), "hostNetwork"),
     (_with("telemetry.networkPolicy", "Maybe"), "networkPolicy"),
     (_with("telemetry.runAsUser", -1), "runAsUser"),
+    # Day two on a real GPU cluster: pod knobs, volumes, the container's securityContext, validation
+    (_with("pod.runtimeClassName", "Nvidia Runtime"), "runtimeClassName"),
+    (_with("pod.schedulerName", "My_Scheduler"), "schedulerName"),
+    (_with("pod.terminationGracePeriodSeconds", 0), "terminationGracePeriodSeconds"),
+    (_with("pod.terminationGracePeriodSeconds", 3601), "terminationGracePeriodSeconds"),
+    (_with("pod.volumes", [{"name": "cache"}]), "exactly one source"),
+    (_with("pod.volumes", [{"name": "cache", "emptyDir": {}, "configMap": {"name": "c"}}]), "exactly one source"),
+    (_with("pod.volumes", [{"name": "dshm", "emptyDir": {}}]), "operator's"),
+    (_with("pod.volumes", [{"name": "Cache", "emptyDir": {}}]), "name"),
+    (_with("pod.volumes", [{"name": "a", "emptyDir": {}}, {"name": "a", "emptyDir": {}}]), "volumes"),
+    (_with("pod.volumes", [{"name": "a", "persistentVolumeClaim": {}}]), "claimName"),
+    (_with("pod.volumes", [{"name": "a", "hostPath": {"path": "relative"}}]), "path"),
+    (_with("pod.volumes", [{"name": "a", "nfs": {"server": "nas"}}]), "path"),
+    (_with("pod.volumes", [{"name": "a", "csi": {"readOnly": True}}]), "driver"),
+    (_with("pod.volumes", [{"name": "a", "secret": {"defaultMode": 1000, "secretName": "s"}}]), "defaultMode"),
+    (_with("pod.volumes", [{"name": "a", "awsElasticBlockStore": {"volumeID": "v"}}]), "awsElasticBlockStore"),
+    (_with("sglang.volumeMounts", [{"name": "nope", "mountPath": "/x"}]), "volumeMounts"),
+    ({**MINIMAL, "pod": {"volumes": [{"name": "a", "emptyDir": {}}]},
+      "sglang": {"volumeMounts": [{"name": "a", "mountPath": "/dev/shm"}]}}, "mountPath"),
+    ({**MINIMAL, "pod": {"volumes": [{"name": "a", "emptyDir": {}}]},
+      "sglang": {"volumeMounts": [{"name": "a", "mountPath": "x"}]}}, "mountPath"),
+    ({**MINIMAL, "pod": {"volumes": [{"name": "a", "emptyDir": {}}]},
+      "sglang": {"volumeMounts": [{"name": "a", "mountPath": "/x"}, {"name": "a", "mountPath": "/x"}]}}, "mountPath"),
+    ({**MINIMAL, "pod": {"volumes": [{"name": "a", "emptyDir": {}}]},
+      "sglang": {"volumeMounts": [{"name": "a", "mountPath": "/x", "subPath": "a", "subPathExpr": "$(B)"}]}},
+     "subPath"),
+    ({"model": {"path": "m", "cache": {"claimName": "w"}}, "pod": {"volumes": [{"name": "a", "emptyDir": {}}]},
+      "sglang": {"volumeMounts": [{"name": "a", "mountPath": "/models"}]}}, "volumeMounts"),
+    (_with("sglang.securityContext", {"privileged": True, "allowPrivilegeEscalation": False}),
+     "allowPrivilegeEscalation"),
+    (_with("sglang.securityContext", {"capabilities": {"add": ["SYS_ADMIN"]}, "allowPrivilegeEscalation": False}),
+     "allowPrivilegeEscalation"),
+    (_with("sglang.securityContext", {"seccompProfile": {"type": "Localhost"}}), "localhostProfile"),
+    (_with("sglang.securityContext", {"seccompProfile": {"type": "RuntimeDefault", "localhostProfile": "p"}}),
+     "localhostProfile"),
+    (_with("sglang.securityContext", {"capabilities": {"add": ["net admin"]}}), "add"),
+    (_with("sglang.securityContext", {"runAsUser": -1}), "runAsUser"),
+    (_with("sglang.securityContext", {"hostNetwork": True}), "hostNetwork"),
+    (_with("sglang.startupTimeout", "30s"), "startupTimeout"),
+    (_with("sglang.startupTimeout", "7h"), "startupTimeout"),
+    (_with("sglang.startupTimeout", "soon"), "startupTimeout"),
+    ({**MINIMAL, "telemetry": {"enabled": False}, "rollout": {}}, "telemetry.enabled"),
+    ({**MINIMAL, "rollout": {"steps": [{"replicas": 1, "analysis": "45m"}]}}, "maxDuration"),
+    ({**MINIMAL, "rollout": {"analysis": {"maxDuration": "3m", "interval": "1m"}}}, "maxDuration"),
+    ({**MINIMAL, "rollout": {"analysis": {"maxRegression": {"loopP95": 101}}}}, "loopP95"),
+    ({**MINIMAL, "rollout": {"analysis": {"maxRegression": {"loopP95": -1}}}}, "loopP95"),
 ]
 
 
@@ -249,3 +295,89 @@ def test_tolerations_the_pod_api_takes_are_taken():
         api.parse_spec({"model": {"path": "m"}, "gpu": {"nodeSelector": {"bad key": "v"}}})
     with pytest.raises(ValidationError):
         api.parse_spec({"model": {"path": "m"}, "gpu": {"nodeSelector": {"k": "not a label value"}}})
+
+
+# ---------------------------------------------------------------- day two on a real GPU cluster
+
+
+def test_day_two_fields_round_trip_and_default_to_absent():
+    plain = api.parse_spec(MINIMAL)
+    assert plain.sglang.startup_timeout == "20m"  # the fixed budget before, now the default
+    assert plain.sglang.volume_mounts is None and plain.sglang.security_context is None
+    assert plain.pod is None
+    spec = {
+        **MINIMAL,
+        "sglang": {
+            "startupTimeout": "45m",
+            "volumeMounts": [{"name": "compile-cache", "mountPath": "/root/.cache"},
+                             {"name": "chat", "mountPath": "/templates", "readOnly": True, "subPath": "qwen"}],
+            "securityContext": {"runAsUser": 1000, "runAsNonRoot": True, "capabilities": {"drop": ["NET_RAW"]},
+                                "seccompProfile": {"type": "Localhost", "localhostProfile": "profiles/sglang.json"}},
+        },
+        "pod": {
+            "runtimeClassName": "nvidia",
+            "schedulerName": "volcano",
+            "terminationGracePeriodSeconds": 300,
+            "automountServiceAccountToken": True,
+            "volumes": [
+                {"name": "compile-cache", "emptyDir": {"sizeLimit": "20Gi"}},
+                {"name": "chat", "configMap": {"name": "templates", "items": [{"key": "qwen", "path": "qwen"}]}},
+                {"name": "nvme", "hostPath": {"path": "/mnt/nvme", "type": "Directory"}},
+                {"name": "weights", "csi": {"driver": "s3.csi.aws.com", "volumeAttributes": {"bucket": "w"}}},
+                {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}}},
+                {"name": "token", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}},
+                {"name": "fleet", "image": {"reference": "registry.example.com/weights:1", "pullPolicy": "IfNotPresent"}},
+            ],
+        },
+        "rollout": {"analysis": {"maxRegression": {"loopP95": 8}}},
+    }
+    s = api.parse_spec(spec)
+    assert s.pod.volumes[1].config_map.model_extra == {}  # items is a named field; unnamed ones pass through
+    assert s.rollout.analysis.max_regression.loop_p95 == 8
+    dumped = s.model_dump(by_alias=True, exclude_none=True, mode="json")
+    assert api.parse_spec(dumped) == s
+    assert dumped["pod"] == spec["pod"] and dumped["sglang"]["volumeMounts"] == spec["sglang"]["volumeMounts"]
+    assert dumped["sglang"]["securityContext"] == spec["sglang"]["securityContext"]
+
+
+def test_open_volume_sources_keep_what_they_do_not_name():
+    """A field of a Kubernetes volume source the model does not name goes through to the pod (the API server
+    checks it when the operator applies the Deployment); the typed ones are checked here."""
+    s = api.parse_spec({**MINIMAL, "pod": {"volumes": [
+        {"name": "w", "csi": {"driver": "d", "nodePublishSecretRef": {"name": "s"}, "fsType": "ext4"}}]}})
+    dumped = s.model_dump(by_alias=True, exclude_none=True, mode="json")["pod"]["volumes"][0]
+    assert dumped == {"name": "w", "csi": {"driver": "d", "nodePublishSecretRef": {"name": "s"}, "fsType": "ext4"}}
+
+
+def test_loop_p95_is_not_gated_unless_set():
+    a = api.parse_spec({**MINIMAL, "rollout": {}}).rollout.analysis.max_regression
+    assert a.loop_p95 is None and a.loop_latency == 3.0
+
+
+def test_a_step_may_last_exactly_max_duration_and_defaults_fit():
+    api.parse_spec({**MINIMAL, "rollout": {"steps": [{"replicas": 1, "analysis": "30m"}]}})
+    api.parse_spec({**MINIMAL, "rollout": {"analysis": {"maxDuration": "5m"}}})  # the default step: 5m
+    api.parse_spec({**MINIMAL, "telemetry": {"enabled": False}})  # no rollout: no sidecar needed
+
+
+def test_privileged_without_an_explicit_escalation_setting_is_taken():
+    """The operator's allowPrivilegeEscalation false is dropped for such a container (builders), so the spec
+    itself is valid; only an explicit false together with privileged or CAP_SYS_ADMIN is refused."""
+    for sc in ({"privileged": True}, {"capabilities": {"add": ["CAP_SYS_ADMIN"]}},
+               {"privileged": True, "allowPrivilegeEscalation": True}):
+        api.parse_spec({**MINIMAL, "sglang": {"securityContext": sc}})
+
+
+def test_every_cel_rule_has_a_python_twin_message():
+    """Each new CEL rule's message (or its gist) is what the model says too, so the API server and the
+    operator refuse a spec with the same words."""
+    checks = [
+        (api.Volume, {"name": "a"}, "exactly one source"),
+        (api.VolumeMount, {"name": "a", "mountPath": "/dev/shm"}, "/dev/shm"),
+        (api.ProfileRef, {"type": "Localhost"}, "localhostProfile is required"),
+        (api.SecurityContext, {"privileged": True, "allowPrivilegeEscalation": False}, "cannot be false"),
+    ]
+    for model, value, words in checks:
+        assert any(words in m for _, m, _ in model.cel), (model, words)
+        with pytest.raises(ValidationError, match=words.replace("/", ".")):
+            model.model_validate(value)

@@ -5,13 +5,14 @@ Regenerate the golden files with UPDATE_GOLDEN=1.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
 
 import pytest
 import yaml
-from vlm_operator import api, builders
+from vlm_operator import api, builders, sglang
 from vlm_operator.errors import InvalidSpec
 from vlm_operator.settings import Settings
 
@@ -294,3 +295,279 @@ def test_front_end_sampling_reaches_the_sidecar_only_when_asked_for():
         _desired({"model": {"path": "m"}, "telemetry": {"frontendRoles": ["scheduler"]}})
     with pytest.raises(ValueError, match="a role may appear once"):  # the CRD's list-type set refuses it too
         _desired({"model": {"path": "m"}, "telemetry": {"frontendRoles": ["mm_processor", "mm_processor"]}})
+
+
+# ---------------------------------------------------------------- day two on a real GPU cluster
+
+def _qos_class(pod_spec: dict) -> str:
+    """The pod's QoS class as the kubelet computes it (k8s.io/kubernetes/pkg/apis/core/helper/qos): Guaranteed
+    when every container (init containers too) has cpu and memory limits and its requests, where given, equal
+    them; BestEffort with no requests or limits at all; else Burstable."""
+    containers = pod_spec.get("initContainers", []) + pod_spec["containers"]
+    requests_any = limits_any = False
+    guaranteed = True
+    for c in containers:
+        res = c.get("resources", {})
+        req, lim = res.get("requests", {}), res.get("limits", {})
+        requests_any |= bool(req)
+        limits_any |= bool(lim)
+        for name in ("cpu", "memory"):
+            if name not in lim or req.get(name, lim[name]) != lim[name]:
+                guaranteed = False
+        if any(req[k] != lim.get(k) for k in req):
+            guaranteed = False
+    if guaranteed:
+        return "Guaranteed"
+    return "Burstable" if requests_any or limits_any else "BestEffort"
+
+
+GUARANTEED_SPECS = [
+    {"model": {"path": "m"}},
+    {"model": {"path": "m"}, "sglang": {"tensorParallel": 2}, "resources": {"cpu": "16", "memory": "128Gi"}},
+    {"model": {"path": "m"}, "telemetry": {"enabled": False}},
+    {"model": {"path": "m"}, "telemetry": {"frontendRoles": ["mm_processor"]}},
+]
+
+
+@pytest.mark.parametrize("path", EXAMPLES + INPUTS, ids=lambda p: p.stem)
+def test_every_example_pod_is_guaranteed(path):
+    spec = api.parse_spec(yaml.safe_load(path.read_text())["spec"])
+    pod = builders.build_desired(OWNER, spec, SETTINGS).template["spec"]
+    assert _qos_class(pod) == "Guaranteed"
+    for c in pod["containers"]:
+        assert c["resources"]["requests"] == c["resources"]["limits"], c["name"]
+        assert {"cpu", "memory"} <= set(c["resources"]["limits"]), c["name"]
+
+
+@pytest.mark.parametrize("spec", GUARANTEED_SPECS, ids=lambda s: json.dumps(s, sort_keys=True))
+def test_every_pod_is_guaranteed(spec):
+    assert _qos_class(_desired(spec).template["spec"]) == "Guaranteed"
+
+
+def test_the_qos_classifier_tells_burstable_pods():
+    """The classifier the test above trusts: the old sidecar budget (requests below limits) made the pod Burstable."""
+    pod = copy.deepcopy(_desired({"model": {"path": "m"}}).template["spec"])
+    assert _qos_class(pod) == "Guaranteed"
+    pod["containers"][1]["resources"] = {"requests": {"cpu": "100m", "memory": "128Mi"},
+                                         "limits": {"cpu": "1", "memory": "512Mi"}}
+    assert _qos_class(pod) == "Burstable"
+    del pod["containers"][1]["resources"]["limits"]["memory"]
+    assert _qos_class(pod) == "Burstable"
+    assert _qos_class({"containers": [{"name": "a"}]}) == "BestEffort"
+
+
+def test_startup_timeout_sizes_the_startup_probe_and_the_progress_deadline():
+    def probe(spec):
+        d = _desired(spec)
+        dep = builders.build_deployment(OWNER, d.template, d.revision, builders.ROLE_STABLE, 1)
+        return _containers(d)["sglang"]["startupProbe"], dep["spec"]["progressDeadlineSeconds"]
+
+    default, deadline = probe({"model": {"path": "m"}})
+    assert default["periodSeconds"] * default["failureThreshold"] == 20 * 60 and deadline == 20 * 60 + 600
+    long, deadline = probe({"model": {"path": "m"}, "sglang": {"startupTimeout": "1h30m"}})
+    assert long["periodSeconds"] * long["failureThreshold"] == 90 * 60 and deadline == 90 * 60 + 600
+    odd, _ = probe({"model": {"path": "m"}, "sglang": {"startupTimeout": "95s"}})
+    assert odd["failureThreshold"] == 10  # rounded up: never less than asked for
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.10", "0.5.15", "0.5.17", "0.5.20", "0.5.23", "0.6.1"])
+def test_liveness_never_waits_on_a_generation(version):
+    c = _containers(_desired({"model": {"path": "m"}, "sglang": {"version": version}}))["sglang"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env[sglang.ENV_HEALTH_GENERATION] == "0"
+    live = c["livenessProbe"]
+    assert live["httpGet"] == {"path": "/health", "port": "http"}
+    # Patient as well: two minutes of no answer, 10 s per try.
+    assert live["timeoutSeconds"] >= 10 and live["periodSeconds"] * live["failureThreshold"] >= 120
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health_generate"  # readiness may generate: it only routes
+
+
+@pytest.mark.parametrize("sglang_spec", [
+    {"version": "0.4.10"},  # older than any wheel checked: not known to have the switch
+    {"image": "lmsysorg/sglang:latest"},  # unknown version
+    {"env": [{"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "true"}]},
+    {"env": [{"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION",
+              "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]},
+])
+def test_liveness_falls_back_to_tcp_where_health_may_generate(sglang_spec):
+    c = _containers(_desired({"model": {"path": "m"}, "sglang": sglang_spec}))["sglang"]
+    assert c["livenessProbe"]["tcpSocket"] == {"port": "http"} and "httpGet" not in c["livenessProbe"]
+    names = [e["name"] for e in c["env"]]
+    assert names.count(sglang.ENV_HEALTH_GENERATION) == int("env" in sglang_spec)  # the spec's own, once
+
+
+def test_a_spec_that_switches_generation_off_itself_keeps_the_http_check():
+    c = _containers(_desired({"model": {"path": "m"}, "sglang": {"env": [
+        {"name": "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "value": "false"}]}}))["sglang"]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert [e for e in c["env"] if e["name"] == sglang.ENV_HEALTH_GENERATION] == [
+        {"name": sglang.ENV_HEALTH_GENERATION, "value": "false"}]
+
+
+@pytest.mark.parametrize(("grace", "drain"), [(None, 105), (300, 285), (16, 1), (15, None), (1, None)])
+def test_pre_stop_drain_is_bounded_by_the_grace_period(grace, drain):
+    pod = {} if grace is None else {"pod": {"terminationGracePeriodSeconds": grace}}
+    d = _desired({"model": {"path": "m"}, **pod})
+    assert d.template["spec"]["terminationGracePeriodSeconds"] == (grace or api.DEFAULT_GRACE_SECONDS)
+    c = _containers(d)["sglang"]
+    if drain is None:
+        assert "lifecycle" not in c
+        return
+    command = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:3] == ["python3", "-c", builders.DRAIN_SCRIPT]
+    assert command[3:] == [str(drain), f"http://127.0.0.1:{builders.SGLANG_PORT}/metrics"]
+    assert "--enable-metrics" in c["args"]  # the gauges it reads
+    for metric in (sglang.METRIC_RUNNING, sglang.METRIC_QUEUED):
+        assert metric in builders.DRAIN_SCRIPT
+
+
+class _Metrics:
+    """A stand-in for SGLang's /metrics: the load gauges as a sequence of (running, queued), one per read."""
+
+    def __init__(self, loads):
+        import http.server
+        import threading
+
+        self.loads, self.reads = list(loads), 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                running, queued = outer.loads[min(outer.reads, len(outer.loads) - 1)]
+                outer.reads += 1
+                body = (
+                    "# HELP sglang:num_running_reqs The number of running requests.\n"
+                    "# TYPE sglang:num_running_reqs gauge\n"
+                    f'sglang:num_running_reqs{{engine_type="unified",model_name="m",tp_rank="0"}} {running}\n'
+                    'sglang:num_running_reqs{engine_type="unified",model_name="m",tp_rank="1"} 0.0\n'
+                    f'sglang:num_queue_reqs{{engine_type="unified",model_name="m",tp_rank="0"}} {queued}\n'
+                    'sglang:num_running_reqs_offline_batch{model_name="m"} 7.0\n'  # another metric: not counted
+                    "sglang:gen_throughput 12.5\n"
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _drain(budget: float, url: str) -> float:
+    import subprocess
+    import sys
+    import time
+
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", builders.DRAIN_SCRIPT, str(budget), url],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return time.monotonic() - start
+
+
+def test_the_drain_waits_while_requests_run_or_queue_then_returns():
+    m = _Metrics([(2, 1), (1, 0), (0, 3), (0, 0)])
+    try:
+        took = _drain(20, m.url)
+    finally:
+        m.close()
+    assert m.reads == 4 and took < 12  # the initial 5 s settle, one read a second until idle
+
+
+def test_the_drain_stops_at_its_budget_and_when_sglang_does_not_answer():
+    m = _Metrics([(5, 0)])
+    try:
+        took = _drain(7, m.url)
+    finally:
+        m.close()
+    assert 6.9 < took < 11 and m.reads >= 1  # still busy at the end: it gives up, SIGTERM follows
+    assert _drain(1, "http://127.0.0.1:9/metrics") < 5  # nothing listens: nothing to drain
+
+
+def test_sglang_security_context_defaults_and_overrides():
+    sc = _containers(_desired({"model": {"path": "m"}}))["sglang"]["securityContext"]
+    assert sc == {"allowPrivilegeEscalation": False, "seccompProfile": {"type": "RuntimeDefault"}}
+    user = {"runAsUser": 1000, "runAsNonRoot": True, "seccompProfile": {"type": "Unconfined"}}
+    sc = _containers(_desired({"model": {"path": "m"}, "sglang": {"securityContext": user}}))["sglang"]["securityContext"]
+    assert sc == {"allowPrivilegeEscalation": False, **user}  # each field set replaces the default's
+    # The pod API refuses allowPrivilegeEscalation false with privileged or CAP_SYS_ADMIN: the default gives way.
+    for esc in ({"privileged": True}, {"capabilities": {"add": ["SYS_ADMIN"]}}):
+        sc = _containers(_desired({"model": {"path": "m"}, "sglang": {"securityContext": esc}}))["sglang"]["securityContext"]
+        assert "allowPrivilegeEscalation" not in sc and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_serving_pods_mount_no_api_token_unless_asked():
+    assert _desired({"model": {"path": "m"}}).template["spec"]["automountServiceAccountToken"] is False
+    on = _desired({"model": {"path": "m"}, "pod": {"automountServiceAccountToken": True}})
+    assert on.template["spec"]["automountServiceAccountToken"] is True
+
+
+def test_sidecar_is_ready_on_readyz_and_keeps_only_sys_ptrace():
+    c = _containers(_desired({"model": {"path": "m"}}))["profiler"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "profiler"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "profiler"}
+    sc = c["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_the_sidecar_serves_the_probed_paths():
+    """/readyz and /healthz are what vlm_sidecar.server answers (never depending on a scheduler found)."""
+    server = (ROOT / "sidecar" / "vlm_sidecar" / "server.py").read_text()
+    for path in ("/readyz", "/healthz"):
+        assert f'"{path}"' in server
+
+
+def test_pod_knobs_volumes_and_mounts_reach_the_pod():
+    d = _desired({
+        "model": {"path": "m", "cache": {"claimName": "weights"}},
+        "sglang": {"volumeMounts": [{"name": "compile-cache", "mountPath": "/root/.cache"}]},
+        "pod": {"runtimeClassName": "nvidia", "schedulerName": "volcano", "terminationGracePeriodSeconds": 600,
+                "volumes": [{"name": "compile-cache", "emptyDir": {"sizeLimit": "20Gi"}},
+                            {"name": "w", "csi": {"driver": "d", "fsType": "ext4"}}]},
+    })
+    pod = d.template["spec"]
+    assert pod["runtimeClassName"] == "nvidia" and pod["schedulerName"] == "volcano"
+    assert pod["terminationGracePeriodSeconds"] == 600
+    assert [v["name"] for v in pod["volumes"]] == ["dshm", "profiler-tmp", "model-cache", "compile-cache", "w"]
+    assert pod["volumes"][-1] == {"name": "w", "csi": {"driver": "d", "fsType": "ext4"}}
+    mounts = _containers(d)["sglang"]["volumeMounts"]
+    assert mounts[-1] == {"name": "compile-cache", "mountPath": "/root/.cache"}
+    assert [m["mountPath"] for m in mounts][:2] == ["/dev/shm", "/models"]
+    bare = _desired({"model": {"path": "m"}}).template["spec"]
+    assert "runtimeClassName" not in bare and "schedulerName" not in bare
+
+
+def test_sidecar_pull_secrets_follow_the_services_own():
+    s = Settings(sidecar_image="r.example.com/vlm-sidecar:1", sidecar_image_pull_secrets=("sidecar-pull", "shared"))
+    spec = {"model": {"path": "m"}, "pod": {"imagePullSecrets": [{"name": "shared"}, {"name": "own"}]}}
+    pod = builders.build_desired(OWNER, api.parse_spec(spec), s).template["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "shared"}, {"name": "own"}, {"name": "sidecar-pull"}]
+    bare = builders.build_desired(OWNER, api.parse_spec({"model": {"path": "m"}}), s).template["spec"]
+    assert bare["imagePullSecrets"] == [{"name": "sidecar-pull"}, {"name": "shared"}]
+    off = builders.build_desired(OWNER, api.parse_spec({"model": {"path": "m"}, "telemetry": {"enabled": False}}), s)
+    assert "imagePullSecrets" not in off.template["spec"]  # no sidecar, no sidecar image to pull
+
+
+def test_network_policy_admits_the_configured_scrapers_and_cidrs():
+    s = Settings(sidecar_image="x/y:1", profiler_scrapers=("monitoring/alloy", "vmagent"),
+                 profiler_peer_cidrs=("10.0.0.0/28",))
+    np = builders.build_desired(OWNER, api.parse_spec({"model": {"path": "m"}}), s).network_policy
+    peers = np["spec"]["ingress"][1]["from"]
+    assert peers[:2] == list(SETTINGS.profiler_peers)  # the defaults stay
+    assert peers[2:] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "alloy"}}},
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "vmagent"}}},
+        {"ipBlock": {"cidr": "10.0.0.0/28"}},
+    ]
+    assert np["spec"]["ingress"][0] == {"ports": [{"protocol": "TCP", "port": builders.SGLANG_PORT}]}

@@ -69,3 +69,43 @@ def test_nested_defaults_are_empty_objects():
     assert spec["properties"]["sglang"]["properties"]["ipcCache"]["default"] == {}
     assert spec["properties"]["telemetry"]["properties"]["watchFunctions"]["default"][0] == "process_input_requests"
     assert "default" not in spec["properties"]["model"]
+
+
+def _spec_schema():
+    return crdgen.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def test_passed_through_kubernetes_types_keep_their_unnamed_fields():
+    """An open object (additionalProperties: true in pydantic's schema) is `x-kubernetes-preserve-unknown-fields`,
+    never `additionalProperties` next to `properties`; the fields it names are still typed and required."""
+    volume = _spec_schema()["properties"]["pod"]["properties"]["volumes"]
+    assert volume["x-kubernetes-list-type"] == "map" and volume["x-kubernetes-list-map-keys"] == ["name"]
+    item = volume["items"]
+    csi = item["properties"]["csi"]
+    assert csi["x-kubernetes-preserve-unknown-fields"] is True and csi["required"] == ["driver"]
+    assert "additionalProperties" not in csi
+    assert item["properties"]["persistentVolumeClaim"]["required"] == ["claimName"]
+    assert "x-kubernetes-preserve-unknown-fields" not in item["properties"]["persistentVolumeClaim"]
+    assert item["required"] == ["name"]
+    rules = [r["rule"] for r in item["x-kubernetes-validations"]]
+    assert any("== 1" in r and "has(self.csi)" in r for r in rules)
+
+
+def test_day_two_rules_are_in_the_crd():
+    spec = _spec_schema()
+    rules = {r["message"]: r for r in spec["x-kubernetes-validations"]}
+    assert any("telemetry.enabled" in m for m in rules)
+    assert any("volumeMounts[].name" in m for m in rules)
+    rollout = {r["message"] for r in spec["properties"]["rollout"]["x-kubernetes-validations"]}
+    assert any("maxDuration" in m for m in rollout)
+    sglang = spec["properties"]["sglang"]
+    assert sglang["properties"]["startupTimeout"]["default"] == "20m"
+    assert sglang["properties"]["volumeMounts"]["x-kubernetes-list-map-keys"] == ["mountPath"]
+    assert "securityContext" in sglang["properties"] and "default" not in sglang["properties"]["securityContext"]
+    loop_p95 = spec["properties"]["rollout"]["properties"]["analysis"]["properties"]["maxRegression"]["properties"][
+        "loopP95"]
+    assert "default" not in loop_p95 and loop_p95["maximum"] == 100
+    pod = spec["properties"]["pod"]["properties"]
+    for field in ("runtimeClassName", "schedulerName", "terminationGracePeriodSeconds",
+                  "automountServiceAccountToken", "volumes", "topologySpreadConstraints"):
+        assert field in pod, field

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from vlm_operator import api
 from vlm_operator.errors import InvalidSpec
 from vlm_operator.gate import (
     Decision,
@@ -515,6 +516,22 @@ def test_every_spec_the_api_accepts_gives_a_policy():
         assert policy.steps == steps and policy.min_samples == min_samples
 
     check()
+
+
+def test_loop_p95_is_gated_only_when_the_spec_sets_its_margin_and_a_slower_tail_is_rolled_back():
+    def policy(extra):
+        return GatePolicy.from_spec(api.parse_spec({
+            "model": {"path": "m"}, "replicas": 4,
+            "rollout": {"steps": [{"replicas": 1, "analysis": "5m"}], "analysis": {"maxRegression": extra}}}))
+
+    assert "loop_p95" not in policy({}).max_regression
+    p = policy({"loopP95": 5})
+    assert p.max_regression["loop_p95"] == 0.05
+    base = [Window("stable", f"s{i % 3}", str(i), T0 + 15 * i, 500, 0.020, 0.030, STAGES, {}) for i in range(60)]
+    slow = [Window("canary", "c0", str(i), T0 + 15 * i, 500, 0.020, 0.036, STAGES, {}) for i in range(60)]
+    d = decide(base, slow, replace(p, max_regression={"loop_latency": 0.03, "loop_p95": 0.05}), started_at=T0,
+               now=T0 + 900, step_duration_s=300)
+    assert (d.verdict, d.reason) == ("Rollback", "LoopP95Regressed"), d.message
 
 
 @pytest.mark.parametrize("bad", [{"minSamples": 2}, {"interval": "0s"}, {"maxRegression": {"stageShare": 5}}])

@@ -186,3 +186,53 @@ def test_console_script_refuses_an_alert_override_it_cannot_apply():
         "(got 'soon')",
         f"vlm-operator: VLM_ALERT_OVERRIDES: VLMNope: not a shipped alert (one of {', '.join(alerts.names())})"], \
         proc.stderr
+
+
+def test_sidecar_pull_secrets_scrapers_and_cidrs_from_the_environment():
+    s = Settings.from_env({"VLM_SIDECAR_IMAGE_PULL_SECRETS": "regcred, mirror ,regcred",
+                           "VLM_PROFILER_SCRAPERS": "monitoring/alloy,vmagent",
+                           "VLM_PROFILER_PEER_CIDRS": "10.0.0.0/28, fd00::/64"})
+    assert s.sidecar_image_pull_secrets == ("regcred", "mirror")  # once each, in order
+    assert s.profiler_scrapers == ("monitoring/alloy", "vmagent") and s.profiler_peer_cidrs == ("10.0.0.0/28", "fd00::/64")
+    peers = s.network_policy_peers
+    assert peers[:2] == DEFAULT_PROFILER_PEERS
+    assert peers[2] == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "alloy"}}}
+    assert peers[3] == {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "vmagent"}}}
+    assert peers[4:] == ({"ipBlock": {"cidr": "10.0.0.0/28"}}, {"ipBlock": {"cidr": "fd00::/64"}})
+    plain = Settings()
+    assert plain.network_policy_peers == DEFAULT_PROFILER_PEERS and plain.sidecar_image_pull_secrets == ()
+    # A scraper the peers already admit is not repeated.
+    assert Settings(profiler_scrapers=("prometheus",)).network_policy_peers == DEFAULT_PROFILER_PEERS
+
+
+@pytest.mark.parametrize(("env", "line"), [
+    ({"VLM_SIDECAR_IMAGE_PULL_SECRETS": "ok,Not_A_Secret"}, "VLM_SIDECAR_IMAGE_PULL_SECRETS: not a Secret name: "
+                                                           "'Not_A_Secret'"),
+    ({"VLM_PROFILER_SCRAPERS": "a/b/c"}, "VLM_PROFILER_SCRAPERS: not [namespace/]name"),
+    ({"VLM_PROFILER_SCRAPERS": "Monitoring/alloy"}, "VLM_PROFILER_SCRAPERS: not [namespace/]name"),
+    ({"VLM_PROFILER_SCRAPERS": "monitoring/"}, "VLM_PROFILER_SCRAPERS: not [namespace/]name"),
+    ({"VLM_PROFILER_PEER_CIDRS": "10.0.0.1"}, "VLM_PROFILER_PEER_CIDRS: not a CIDR such as 10.0.0.0/24: '10.0.0.1'"),
+    ({"VLM_PROFILER_PEER_CIDRS": "10.0.0.0/33"}, "VLM_PROFILER_PEER_CIDRS: not a CIDR"),
+    ({"VLM_PROFILER_PEERS": '[{"podSelectr": {}}]'}, "VLM_PROFILER_PEERS: not a NetworkPolicyPeer (unknown field "
+                                                     "podSelectr)"),
+    ({"VLM_PROFILER_PEERS": '[{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]'},
+     "VLM_PROFILER_PEERS: not a NetworkPolicyPeer (ipBlock goes alone)"),
+    ({"VLM_PROFILER_PEERS": '[{"ipBlock": {"cidr": "nowhere"}}]'},
+     "VLM_PROFILER_PEERS: not a NetworkPolicyPeer (ipBlock needs a cidr)"),
+    ({"VLM_PROFILER_PEERS": '[{"podSelector": {"app": "x"}}]'},
+     "VLM_PROFILER_PEERS: not a NetworkPolicyPeer (podSelector must be a label selector"),
+])
+def test_a_bad_peer_scraper_cidr_or_pull_secret_is_one_line_naming_the_variable(env, line):
+    """Each of these would make every service's NetworkPolicy or Deployment one the API server refuses."""
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env(env)
+    assert str(e.value).startswith(line) and "\n" not in str(e.value), str(e.value)
+
+
+def test_peers_the_api_server_takes_are_taken():
+    for peers in ('[{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}]',
+                  '[{"namespaceSelector": {"matchLabels": {"team": "obs"}}}]',
+                  '[{"podSelector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]}, '
+                  '"namespaceSelector": {}}]'):
+        assert Settings.from_env({"VLM_PROFILER_PEERS": peers}).profiler_peers == tuple(json.loads(peers))

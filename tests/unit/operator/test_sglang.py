@@ -446,3 +446,31 @@ def test_golden():
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
         GOLDEN.write_text(text)
     assert GOLDEN.read_text() == text
+
+
+# ---------------------------------------------------------------- liveness
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.10", "0.5.10.post1", "0.5.16", "0.5.23", "0.6.0"])
+def test_liveness_switches_health_generation_off_where_the_release_has_it(version):
+    plan = sglang.plan_liveness(version, {})
+    assert plan.probe == "http" and plan.env == {sglang.ENV_HEALTH_GENERATION: "0"}
+
+
+@pytest.mark.parametrize("version", [None, "", "latest", "0.4.10.post2", "0.5.8", "0.5.9rc0"])
+def test_liveness_is_a_tcp_check_where_the_switch_is_not_known(version):
+    plan = sglang.plan_liveness(version, {})
+    assert plan.probe == "tcp" and plan.env == {}
+
+
+@pytest.mark.parametrize(("value", "probe"), [("0", "http"), ("false", "http"), ("no", "http"), ("1", "tcp"),
+                                              ("true", "tcp"), ("bogus", "tcp"), (None, "tcp")])
+def test_the_specs_own_setting_decides_the_check(value, probe):
+    plan = sglang.plan_liveness("0.5.23", {sglang.ENV_HEALTH_GENERATION: value, "OTHER": "1"})
+    assert plan.probe == probe and plan.env == {}  # the spec's variable is never overridden
+
+
+def test_liveness_env_is_an_env_bool_every_release_reads_as_false():
+    # "0" (not "false"): SGLang's EnvBool accepts it in every release, as for the IPC cache's variables.
+    assert sglang.plan_liveness("0.5.23", {}).env[sglang.ENV_HEALTH_GENERATION] == "0"
+    assert sglang.TABLE[1].first >= sglang.HEALTH_ENV_FIRST  # every release with the IPC cache has it

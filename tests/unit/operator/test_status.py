@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 from vlm_operator import api
+from vlm_operator import conditions as C
 from vlm_operator import observed as O
 from vlm_operator import profile_summary as P
 from vlm_operator import status as S
@@ -177,3 +178,85 @@ def test_margin_resolvable_follows_the_gate_s_warning_during_a_rollout():
     warned = cond(rollout_phase="Analysing", rollout_analyses=3, rollout_warning="pods differ by 3.0% (sd)")
     assert warned == (False, "PodSpreadTooLarge", "pods differ by 3.0% (sd)")
     assert cond(rollout_phase="Promoted", rollout_analyses=9, rollout_warning="x")[:2] == (None, "NotAnalysing")
+
+
+# ---- failure reasons: what keeps pods from serving, from their real status shapes
+
+
+def _pod(name: str, *, waiting: str | None = None, message: str = "", last: dict | None = None, restarts: int = 0,
+         ready: bool = False) -> O.PodInfo:
+    cs = {"name": "sglang", "ready": ready, "restartCount": restarts,
+          "state": {"waiting": {"reason": waiting, "message": message}} if waiting else {"running": {}}}
+    if last:
+        cs["lastState"] = {"terminated": last}
+    body = {"metadata": {"name": name, "labels": {}},
+            "status": {"phase": "Pending" if not ready else "Running", "containerStatuses": [
+                {"name": "profiler", "ready": True, "restartCount": 0, "state": {"running": {}}}, cs],
+                "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+    return O.PodInfo.from_body(body)
+
+
+def test_an_image_that_cannot_be_pulled_is_ready_false_and_degraded_with_the_kubelets_message():
+    obs = O.Observed(pods=(_pod("p0", waiting="ImagePullBackOff", message='Back-off pulling image "lmsys/sglang:nope"'),))
+    h = S.running_health(obs, want=1, rollout=None, ipc_active=None)
+    conds = {c.type: c for c in S.health_conditions(h)}
+    assert (conds["Ready"].status, conds["Ready"].reason) == (False, "ImagePullFailed")
+    assert (conds["Degraded"].status, conds["Degraded"].reason) == (True, "ImagePullFailed")
+    assert conds["Ready"].message == 'pod p0: container sglang: ImagePullBackOff: Back-off pulling image "lmsys/sglang:nope"'
+    assert S.summary_phase(h) == "Failed"
+
+
+def test_a_crash_loop_names_the_last_exit_and_the_last_log_line_and_oomkilled_is_its_own_reason():
+    log = "Loading weights...\nRuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    crash = _pod("p1", waiting="CrashLoopBackOff", restarts=4,
+                 last={"reason": "Error", "exitCode": 1, "message": log,
+                       "startedAt": "2026-12-04T10:00:00Z", "finishedAt": "2026-12-04T10:01:00Z"})
+    assert crash.problem == ("CrashLoopBackOff", "container sglang restarted 4 times; last exit: Error (exit code 1): "
+                             "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert crash.last_run_s == 60.0
+    oom = _pod("p2", waiting="CrashLoopBackOff", restarts=1, last={"reason": "OOMKilled", "exitCode": 137})
+    assert oom.problem is not None and oom.problem[0] == "OOMKilled"
+    h = S.running_health(O.Observed(pods=(oom, crash)), want=2, rollout=None, ipc_active=None)
+    assert h.failure is not None and h.failure[0] == "CrashLoopBackOff"  # the first failing pod by name: p1
+
+
+def test_a_container_killed_after_its_whole_startup_budget_is_startup_budget_exhausted():
+    slow = _pod("p0", waiting="CrashLoopBackOff", restarts=2,
+                last={"reason": "Error", "exitCode": 137,
+                      "startedAt": "2026-12-04T10:00:00Z", "finishedAt": "2026-12-04T10:20:05Z"})
+    assert S.failure(O.Observed(pods=(slow,)), startup_budget_s=1200)[0] == "StartupBudgetExhausted"
+    assert S.failure(O.Observed(pods=(slow,)), startup_budget_s=3600)[0] == "CrashLoopBackOff"  # died on its own
+    quick = _pod("p0", waiting="CrashLoopBackOff", restarts=2,
+                 last={"reason": "Error", "exitCode": 137,
+                       "startedAt": "2026-12-04T10:00:00Z", "finishedAt": "2026-12-04T10:00:30Z"})
+    assert S.failure(O.Observed(pods=(quick,)), startup_budget_s=1200)[0] == "CrashLoopBackOff"
+
+
+def test_a_replicaset_that_cannot_create_pods_is_failed_create_before_anything_a_pod_says():
+    dep = {"status": {"conditions": [
+        {"type": "Available", "status": "False"},
+        {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+         "message": 'pods "svc-7d9f-x" is forbidden: violates PodSecurity "baseline:latest": non-default '
+                    'capabilities (container "profiler" must not include "SYS_PTRACE")'}]}}
+    obs = O.Observed(deployments={"stable": dep}, pods=(_pod("p0", waiting="ImagePullBackOff"),))
+    h = S.running_health(obs, want=1, rollout=None, ipc_active=None)
+    assert h.failure is not None and h.failure[0] == "FailedCreate" and "SYS_PTRACE" in h.failure[1]
+    ready = next(c for c in S.health_conditions(h) if c.type == "Ready")
+    assert ready.reason == "FailedCreate"
+
+
+def test_a_ready_pod_or_one_still_starting_reports_no_failure():
+    assert _pod("p0", ready=True).problem is None
+    assert _pod("p0", waiting="ContainerCreating").problem is None
+    h = S.running_health(O.Observed(pods=(_pod("p0", waiting="ContainerCreating"),)), want=1, rollout=None,
+                         ipc_active=None)
+    assert h.failure is None and next(c for c in S.health_conditions(h) if c.type == "Ready").reason == "ReplicasNotReady"
+
+
+def test_a_failure_flip_posts_one_warning_event_and_the_recovery_a_normal_one():
+    now = datetime(2026, 12, 4, tzinfo=UTC)
+    bad = S.running_health(O.Observed(pods=(_pod("p0", waiting="ErrImagePull", message="not found"),)), want=1,
+                           rollout=None, ipc_active=None)
+    st = S.status_body(S.build_status({}, bad, generation=1, now=now))
+    events = C.events_for(C.transitions([], st["conditions"]))
+    assert [e[:2] for e in events if e[0] == "Warning"] == [("Warning", "ImagePullFailed")]

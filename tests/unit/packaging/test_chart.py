@@ -234,7 +234,8 @@ def test_peering_installs_kopf_crds_and_the_peering_object_as_a_hook():
 
 def test_aggregated_cluster_roles_for_people():
     """view/edit/admin ClusterRoles folded into the built-in ones: view reads, edit/admin write VLMServices and
-    their scale; status (the operator's) is read-only in all three; nothing but VLMServices."""
+    their scale; status (the operator's) is read-only for view, and edit/admin may only `patch` it besides
+    (`kubectl vlm retry`'s merge patch), never `update` it whole; nothing but VLMServices."""
     roles = {o["metadata"]["name"].rsplit("-", 1)[1]: o for o in by_kind(docs(template()), "ClusterRole") if _aggregated(o)}
     assert set(roles) == {"view", "edit", "admin"}
     read, write = {"get", "list", "watch"}, {"get", "list", "watch", "create", "update", "patch", "delete"}
@@ -245,7 +246,8 @@ def test_aggregated_cluster_roles_for_people():
         granted = {res: set(r["verbs"]) for r in role["rules"] for res in r["resources"]}
         assert all(r["apiGroups"] == ["serving.vlmops.dev"] for r in role["rules"]), role["rules"]
         main = read if name == "view" else write
-        assert granted == {"vlmservices": main, "vlmservices/scale": main, "vlmservices/status": read}, (name, granted)
+        status = read if name == "view" else read | {"patch"}
+        assert granted == {"vlmservices": main, "vlmservices/scale": main, "vlmservices/status": status}, (name, granted)
     assert not [o for o in by_kind(docs(template(GOLDEN / "overrides.values.yaml")), "ClusterRole") if _aggregated(o)]
 
 

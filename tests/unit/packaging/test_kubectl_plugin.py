@@ -230,6 +230,9 @@ def watched(gen=2, seen=2, rollout=None, steps=None, **status):
                                           "message": "spec.replicas: bad"}]), 1, "invalid spec: spec.replicas: bad"),
     (watched(phase="Ready", readyReplicas=2), 0, "ready, 2/2 replicas (no canary)"),
     (watched(phase="Pending", readyReplicas=1), None, "Pending, 1/2 replicas ready"),
+    (watched(phase="Failed", readyReplicas=0, conditions=[{"type": "Ready", "status": "False", "reason": "OOMKilled",
+                                                           "message": "pod p: container sglang restarted 3 times"}]),
+     None, "not serving, 0/2 replicas ready: OOMKilled: pod p: container sglang restarted 3 times"),
 ])
 def test_watch_outcome(obj, code, text):
     got, line = vlm.watch_outcome(obj)
@@ -373,3 +376,11 @@ def test_krew_manifest_matches_the_reproducible_archive():
         assert platform["bin"] == "kubectl-vlm"
         assert platform["sha256"] == hashlib.sha256(data).hexdigest(), "run kubectl-plugin/krew-archive"
         assert {f["from"] for f in platform["files"]} == set(krew.FILES)
+
+
+def test_a_failed_service_shows_why_in_its_phase():
+    obj = {"metadata": {"name": "s"}, "spec": {"model": {"path": "m"}},
+           "status": {"phase": "Failed", "conditions": [{"type": "Ready", "status": "False", "reason": "ImagePullFailed"}]}}
+    assert vlm.service_row(obj, NOW)["PHASE"] == "Failed (ImagePullFailed)"
+    obj["status"]["phase"] = "Pending"
+    assert vlm.service_row(obj, NOW)["PHASE"] == "Pending"
