@@ -94,6 +94,14 @@ def _json(v: Any) -> Any:
         raise ValueError(f"not JSON ({e})") from None
 
 
+def _string_map(v: Any, what: str) -> Mapping[str, str]:
+    """A JSON object (or a mapping) of strings to strings; anything else is refused naming `what` it maps."""
+    v = _json(v)
+    if not isinstance(v, Mapping) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
+        raise ValueError(f"must be a JSON object of {what}")
+    return v
+
+
 def _split(v: Any) -> tuple[Any, ...]:
     """A comma-separated variable: its non-empty, stripped items (a list as is)."""
     if isinstance(v, str):
@@ -242,9 +250,7 @@ class Settings(BaseSettings):
     @field_validator("prometheus_headers", mode="before")
     @classmethod
     def _prometheus_headers(cls, v: Any) -> Any:
-        v = _json(v)
-        if not isinstance(v, Mapping) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
-            raise ValueError('must be a JSON object of header names to string values, e.g. {"X-Scope-OrgID": "a"}')
+        v = _string_map(v, 'header names to string values, e.g. {"X-Scope-OrgID": "a"}')
         bad = [k for k in v if not _HEADER_NAME.match(k)] + [f"{k}: {x!r}" for k, x in v.items() if not _HEADER_VALUE.match(x)]
         if bad:
             raise ValueError(f"not a valid header: {', '.join(map(repr, bad))}")
@@ -325,9 +331,7 @@ class Settings(BaseSettings):
     @field_validator("monitoring_labels", mode="before")
     @classmethod
     def _monitoring_labels(cls, v: Any) -> Any:
-        v = _json(v)
-        if not isinstance(v, Mapping) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
-            raise ValueError('must be a JSON object of label names to string values, e.g. {"release": "prom"}')
+        v = _string_map(v, 'label names to string values, e.g. {"release": "prom"}')
         bad = [k for k in v if not _LABEL_KEY.match(k) or len(k.rpartition("/")[2]) > 63]
         bad += [f"{k}={x}" for k, x in v.items() if not _LABEL_VALUE.match(x)]
         if bad:
