@@ -60,7 +60,11 @@ LIVENESS = {"periodSeconds": 20, "timeoutSeconds": 10, "failureThreshold": 6}
 # 0.06-0.11 cores (docs/benchmarks.md), in bursts while a window is sampled; RSS about 41 MiB.
 SIDECAR_RESOURCES = {"cpu": "500m", "memory": "512Mi"}
 # The SGLang container's securityContext without spec.sglang.securityContext (each field there replaces one here).
-SGLANG_SECURITY_DEFAULTS: dict[str, Any] = {"allowPrivilegeEscalation": False, "seccompProfile": {"type": "RuntimeDefault"}}
+SGLANG_SECURITY_DEFAULTS: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "seccompProfile": {"type": "RuntimeDefault"},
+    "capabilities": {"drop": ["NET_RAW"]},  # SGLang opens no raw sockets
+}
 
 # preStop of the SGLang container: wait while SGLang has requests running or queued (its gauges, summed over the
 # schedulers), for at most argv[1] seconds. It first lets the pod leave the Service's endpoints (requests routed
@@ -360,6 +364,8 @@ def build_pod_template(
             # Neither SGLang nor the sidecar calls the Kubernetes API.
             "automountServiceAccountToken": bool(pod.automount_service_account_token),
             "terminationGracePeriodSeconds": grace_seconds(spec),
+            # The pod's default for every container, injected ones included (each container sets its own too).
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
             "nodeSelector": node_selector,
             "tolerations": _tolerations(spec),
             "containers": containers,

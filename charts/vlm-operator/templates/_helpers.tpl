@@ -42,6 +42,7 @@ object gets one (a template missing here fails the render) without each call sit
   "servicemonitor.yaml" "metrics"
   "prometheusrule.yaml" "alerts"
   "dashboard-configmap.yaml" "dashboard"
+  "networkpolicy.yaml" "operator"
   "peering.yaml" "peering"
   "test-connection.yaml" "test" -}}
 {{- $file := base .Template.Name -}}

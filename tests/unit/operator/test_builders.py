@@ -494,10 +494,13 @@ def test_the_drain_stops_at_its_budget_and_when_sglang_does_not_answer():
 
 def test_sglang_security_context_defaults_and_overrides():
     sc = _containers(_desired({"model": {"path": "m"}}))["sglang"]["securityContext"]
-    assert sc == {"allowPrivilegeEscalation": False, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert sc == {"allowPrivilegeEscalation": False, "seccompProfile": {"type": "RuntimeDefault"},
+                  "capabilities": {"drop": ["NET_RAW"]}}
+    assert _desired({"model": {"path": "m"}}).template["spec"]["securityContext"] == {
+        "seccompProfile": {"type": "RuntimeDefault"}}
     user = {"runAsUser": 1000, "runAsNonRoot": True, "seccompProfile": {"type": "Unconfined"}}
     sc = _containers(_desired({"model": {"path": "m"}, "sglang": {"securityContext": user}}))["sglang"]["securityContext"]
-    assert sc == {"allowPrivilegeEscalation": False, **user}  # each field set replaces the default's
+    assert sc == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["NET_RAW"]}, **user}  # each field set replaces the default's
     # The pod API refuses allowPrivilegeEscalation false with privileged or CAP_SYS_ADMIN: the default gives way.
     for esc in ({"privileged": True}, {"capabilities": {"add": ["SYS_ADMIN"]}}):
         sc = _containers(_desired({"model": {"path": "m"}, "sglang": {"securityContext": esc}}))["sglang"]["securityContext"]
