@@ -78,9 +78,15 @@ LABEL org.opencontainers.image.title="vlm-operator" \
       org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 # jemalloc (bookworm's libjemalloc2): the operator re-executes itself under it (VLM_ALLOCATOR=auto), which keeps
 # about a third less memory after a burst of new services than CPython's own allocator (docs/benchmarks.md).
+# The passwd entry for 65532 (distroless' "nonroot"): kopf names itself user@host unless POD_ID is set, and
+# getpass.getuser() raises for a uid that /etc/passwd lacks, so without it the operator stopped at start-up
+# (KeyError: 'getpwuid(): uid not found: 65532'; found by running the built image, hack/build-images.sh).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libjemalloc2=5.3.0-1 \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --gid 65532 nonroot \
+ && useradd --no-log-init --uid 65532 --gid 65532 --home-dir /nonexistent --no-create-home \
+      --shell /usr/sbin/nologin nonroot
 COPY --from=operator-venv /opt/vlm /opt/vlm
 ENV PATH=/opt/vlm/bin:$PATH \
     PYTHONUNBUFFERED=1 \

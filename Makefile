@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PY ?= python3
 PYTEST_ARGS ?=
 
-.PHONY: setup deps binaries tools lint crds test test-unit test-integration test-e2e demo demo-down bench testbed-up testbed-down
+.PHONY: setup deps binaries tools lint crds test test-unit test-integration test-e2e demo demo-down bench testbed-up testbed-down images
 
 setup: deps binaries
 
@@ -62,3 +62,10 @@ demo-down:
 bench:
 	$(PY) bench/gate_quality.py
 	$(PY) bench/sidecar_overhead.py
+
+# The Dockerfile's two images without a Docker engine or a registry: buildah on bases assembled from Debian
+# packages, exported as OCI archives under ~/.cache/vlm-operator/images/out and checked (the operator's entry
+# point starts, the sidecar's samples the SGLang stand-in). Needs root; not part of `make test`
+# (docs/packaging.md, "Images built here").
+images:
+	bash hack/build-images.sh
