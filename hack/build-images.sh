@@ -141,6 +141,9 @@ base_image() {  # base_image TAG ROOTFS_TAR [EXTRA_TAR DEST] -- CONFIG... : a on
   [[ -n "$extra" ]] && run "${BUILDAH[@]}" add "$ctr" "$extra" "$dest"
   run "${BUILDAH[@]}" config "$@" "$ctr"
   run "${BUILDAH[@]}" commit --rm --squash "$ctr" "$tag"
+  # Stand-ins of other keys (an older package list): removed, or untagged while a cached build uses them.
+  ((PLAN)) || "${BUILDAH[@]}" images --format '{{.Name}}:{{.Tag}}' | grep "^${tag%:*}:" | grep -vx "$tag" \
+    | xargs -r "${BUILDAH[@]}" rmi >/dev/null 2>&1 || true
 }
 
 rust_toolchain_tar() {  # the host's rustup toolchain for RUST_VERSION: bin/{cargo,rustc} and lib/, as /usr/local
@@ -184,9 +187,9 @@ if [[ " ${TARGETS[*]} " == *" sidecar "* ]]; then
 fi
 
 # vfs stores every layer as a full copy and --layers keeps each build's intermediate images (the cache): past
-# VLM_IMAGES_STORE_MAX_GB (20) the dangling ones go before building, and this build starts cold.
-if (( $(du -sm "$CACHE/storage" | cut -f1) > ${VLM_IMAGES_STORE_MAX_GB:-20} * 1024 )); then
-  log "image store over ${VLM_IMAGES_STORE_MAX_GB:-20} GB: pruning intermediate images"
+# VLM_IMAGES_STORE_MAX_GB (16) the dangling ones go before building, and this build starts cold.
+if (( $(du -sm "$CACHE/storage" | cut -f1) > ${VLM_IMAGES_STORE_MAX_GB:-16} * 1024 )); then
+  log "image store over ${VLM_IMAGES_STORE_MAX_GB:-16} GB: pruning intermediate images"
   "${BUILDAH[@]}" rmi --prune >/dev/null 2>&1 || true
 fi
 mkdir -p "$CACHE/out"
