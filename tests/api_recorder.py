@@ -40,6 +40,17 @@ class Request:
     stamp: float | None = None
     # The API server's answer (HTTP status), appended once it came back; empty while pending or if none came.
     answer: list[int] = field(default_factory=list, compare=False)
+    # The request's body, for hold rules that look into it (e.g. which rollout phase a status write sets).
+    body: bytes | None = field(default=None, compare=False, repr=False)
+
+    def rollout_phase(self) -> str | None:
+        """The status.rollout.phase a (merge-patch) status write sets; None when it sets none."""
+        try:
+            doc = json.loads(self.body or b"{}")
+        except ValueError:
+            return None
+        rollout = (doc.get("status") or {}).get("rollout") if isinstance(doc, dict) else None
+        return rollout.get("phase") if isinstance(rollout, dict) else None
 
     @property
     def write(self) -> bool:
@@ -94,7 +105,7 @@ class _Relay(BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(n) if n else None
         url = urllib.parse.urlsplit(self.path)
-        req = Request(time.time(), self.command, url.path, url.query, stamp=_peering_stamp(url.path, body))
+        req = Request(time.time(), self.command, url.path, url.query, stamp=_peering_stamp(url.path, body), body=body)
         hold = rec.matching_hold(req)
         if hold is not None:
             req = Request(req.at, req.method, req.path, req.query, held=True, stamp=req.stamp)

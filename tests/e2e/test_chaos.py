@@ -244,6 +244,10 @@ def test_faults_in_every_phase_end_with_the_undisturbed_verdicts(cluster, kube, 
         _wait_phase(kube, namespace, ANALYSING, {"Analysing"}, 60)
         # Progressing: its later status writes are held from the moment the status says Progressing.
         status_path = f"/{PLURAL}/{PROGRESSING}/status"
+        # Held from the start: a write that moves it past Progressing (kwok can make the canary pods Ready, and
+        # the operator record Analysing, between the test seeing Progressing and the hold below).
+        rec.hold(lambda r: r.method == "PATCH" and r.path.endswith(status_path)
+                 and r.rollout_phase() not in (None, "Progressing"), once=False)
         patch(kube, namespace, CHANGES[PROGRESSING], name=PROGRESSING)
         _wait_phase(kube, namespace, PROGRESSING, {"Progressing"}, 30)
         rec.hold(lambda r: r.method == "PATCH" and r.path.endswith(status_path), once=False)

@@ -438,7 +438,11 @@ def test_network_policy_guards_the_sidecar_port_and_the_sidecar_runs_as_the_give
         assert prof.security_context.run_as_user == 1000 and prof.security_context.run_as_non_root is True
         assert prof.security_context.capabilities.add == ["SYS_PTRACE"]
         sg = next(c for c in p.spec.containers if c.name == "sglang")
-        assert sg.security_context is None  # SGLang keeps its image's user
+        # SGLang keeps its image's user; the operator only hardens the rest (escalation, seccomp, NET_RAW).
+        sc = sg.security_context
+        assert sc.run_as_user is None and sc.run_as_non_root is None
+        assert sc.allow_privilege_escalation is False and sc.seccomp_profile.type == "RuntimeDefault"
+        assert sc.capabilities.drop == ["NET_RAW"] and not sc.capabilities.add
 
     patch_spec(kube, namespace, name, {"telemetry": {"networkPolicy": "Off"}})
     wait_for(lambda: _gone(lambda: net.read_namespaced_network_policy(name, namespace)), 30, "NetworkPolicy deleted")

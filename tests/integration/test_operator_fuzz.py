@@ -53,7 +53,7 @@ def unusual_valid_specs(count: int) -> list[dict[str, Any]]:
     specs: list[dict[str, Any]] = []
     seen: set[str] = set()
 
-    @settings(max_examples=12 * count, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=30 * count, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(st.lists(mutants, min_size=1, max_size=4))
     def gather(cases: list) -> None:
         if len(specs) >= count:
