@@ -90,22 +90,23 @@ def gather(
 ) -> Gathered:
     """Read the signals this round needs (a look of the gate when `due`, the profiler summary when
     `profiler_due(interval)` says so) from one source, and judge them."""
+    look = bool(stable_rev and policy is not None and due(spec, prev, observed, revision, now))
+    interval = parse_duration(spec.telemetry.interval)
+    summarise = bool(spec.telemetry.enabled and stable_rev and profiler_due(interval))
+    if not (look or summarise):  # most reconciles: nothing to read, no source to build
+        return Gathered(None, current_profiler, None)
     source = source_for(ctx, spec, namespace, name, observed)
-    decision = None
-    if stable_rev and policy is not None and due(spec, prev, observed, revision, now):
-        decision = _look(source, spec, policy, observed, prev, stable_rev, now)  # type: ignore[arg-type]
+    decision = _look(source, spec, policy, observed, prev, stable_rev, now) if look else None  # type: ignore[arg-type]
     profiler, windows = current_profiler, None
-    if spec.telemetry.enabled and stable_rev:
-        interval = parse_duration(spec.telemetry.interval)
-        if profiler_due(interval):
-            try:
-                windows = source.read([stable_rev], now - PROFILER_SPAN_WINDOWS * interval, now)
-            except sources.SignalsUnavailable:
-                windows = None
-            else:
-                profiler = profiler_status(
-                    current_profiler, windows, tolerance=ctx.profiler_tolerance, refresh_s=ctx.profiler_refresh_s
-                )
+    if summarise:
+        try:
+            windows = source.read([stable_rev], now - PROFILER_SPAN_WINDOWS * interval, now)  # type: ignore[list-item]
+        except sources.SignalsUnavailable:
+            windows = None
+        else:
+            profiler = profiler_status(
+                current_profiler, windows, tolerance=ctx.profiler_tolerance, refresh_s=ctx.profiler_refresh_s
+            )
     return Gathered(decision, profiler, windows)
 
 
