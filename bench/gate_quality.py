@@ -608,8 +608,8 @@ def cadence_from_api() -> Cadence:
     a, t = spec.rollout.analysis, spec.telemetry
     return Cadence(window_s=parse_duration(t.duration), every_s=parse_duration(t.interval),
                    interval_s=parse_duration(a.interval), max_duration_s=parse_duration(a.max_duration),
-                   step_s=parse_duration(spec.rollout.steps[0].analysis),
-                   canary_pods=spec.rollout.steps[0].replicas, rate_hz=t.rate)
+                   step_s=parse_duration(spec.rollout.schedule(spec.replicas)[0].analysis),
+                   canary_pods=spec.rollout.schedule(spec.replicas)[0].replicas, rate_hz=t.rate)
 
 
 def make_policy() -> gate.GatePolicy:

@@ -40,10 +40,11 @@ SPEC = {
         "steps": [{"replicas": 1, "analysis": "40s"}],
         # The default margins and confidence (5 points of stage time, 10% TTFT/ITL, 5% throughput), the clocks
         # shortened so the demo takes minutes, not half an hour; all but the loop-latency margin, 10% here
-        # against the default 3%: one canary pod and one fresh baseline pod, two stand-in processes on a
-        # shared 2-core host, differ by about 3% with the same code (a run at 3%: the harmless canary read
-        # +3.4%, bounds -2.5..+8.5%, and was rolled back at maxDuration by onInconclusive). In a cluster more
-        # canary pods per step buy that resolution (docs/canary-analysis.md).
+        # against the default 3%: one canary pod and the stable pod next to it (a surge on the same fake
+        # node), two stand-in processes on a shared 2-core host, differ by about 3% with the same code (a run
+        # at 3% with a fresh baseline pod: the harmless canary read +3.4%, bounds -2.5..+8.5%, and was rolled
+        # back at maxDuration by onInconclusive). In a cluster more canary pods per step buy that resolution
+        # (docs/canary-analysis.md).
         "analysis": {"interval": "8s", "maxDuration": "4m", "maxRegression": {"loopLatency": 10}},
     },
 }

@@ -13,8 +13,14 @@ from . import alerts, api, builders, rollout
 from . import conditions as C
 from . import status as S
 from .kube import Writer
-from .names import ROLE_BASELINE, ROLE_CANARY, ROLE_STABLE
-from .observed import Observed
+from .names import (
+    ANNOTATION_DELETION_COST,
+    ANNOTATION_PAIRED_NODE,
+    LABEL_ROLE,
+    SCHEDULING_GATE,
+    VICTIM_COST,
+)
+from .observed import BASELINE_KEY, Observed
 
 Emit = Callable[[str, str, str], None]  # (type, reason, message)
 
@@ -45,18 +51,59 @@ def apply_plan(w: Writer, uid: str, status: Mapping[str, Any], generation: int |
                 # (Never reconciled, and its spec never changed: every reconcile so far saw this spec and
                 # wanted none, so none was made. One DELETE answered 404 less per new service.)
                 w.delete(uid, api_version, kind, owner.namespace, owner.name)
-    if plan.stable is not None:
-        w.apply(uid, plan.stable, observed.deployments.get(ROLE_STABLE))
-    for role, want in ((ROLE_CANARY, plan.canary), (ROLE_BASELINE, plan.baseline)):
-        if want is not None:
-            w.apply(uid, want, observed.deployments.get(role))
-        elif role in observed.deployments:
-            w.delete(uid, "apps/v1", "Deployment", owner.namespace, builders.deployment_name(owner, role))
+    # Pods first: a victim is marked before its Deployment is scaled down (so its ReplicaSet removes that pod),
+    # gated pods are released (pinned to their pair's node) and role labels caught up.
+    place_pods(w, owner.namespace, plan, observed)
+    for rev, want in sorted(plan.deployments.items()):
+        w.apply(uid, want, observed.deployments.get(rev))
+    if plan.baseline is not None:
+        w.apply(uid, plan.baseline, observed.deployments.get(BASELINE_KEY))
+    elif BASELINE_KEY in observed.deployments:
+        w.delete(uid, "apps/v1", "Deployment", owner.namespace, _name(observed.deployments[BASELINE_KEY]))
+    for rev, body in sorted(observed.deployments.items()):
+        if rev != BASELINE_KEY and rev not in plan.deployments:
+            w.delete(uid, "apps/v1", "Deployment", owner.namespace, _name(body))
     if observed.service is not None or not busy:
         w.apply(uid, desired.service, observed.service)
     if monitoring:
         _apply_monitoring(w, uid, changed, spec, observed, owner, busy=busy, extra=monitoring_labels,
                           overrides=alert_overrides)
+
+
+def _name(body: Mapping[str, Any]) -> str:
+    return str((body.get("metadata") or {}).get("name"))
+
+
+def pin_terms(template: Mapping[str, Any] | None, node: str) -> list[dict[str, Any]]:
+    """Required node affinity that keeps a pod to `node`: the template's own terms, each narrowed to the node (a
+    gated pod's affinity may only be narrowed), or one term of its own."""
+    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+    terms = ((((template or {}).get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms") or []
+    if not terms:
+        return [{"matchFields": [pin]}]
+    return [{**t, "matchFields": [*(t.get("matchFields") or []), pin]} for t in terms]
+
+
+def place_pods(w: Writer, namespace: str, plan: rollout.Plan, observed: Observed) -> None:
+    """The plan's pod writes: removal marks, releases from the scheduling gate (with a node pin where the pod
+    pairs with one), role labels."""
+    role = dict(plan.labels)
+    revision = {p.name: p.revision for p in observed.pods}
+    for pod in plan.victims:
+        w.patch_pod(namespace, pod, {"metadata": {"annotations": {ANNOTATION_DELETION_COST: VICTIM_COST}}})
+    for pod, node in plan.releases:
+        patch: dict[str, Any] = {"spec": {"schedulingGates": [{"$patch": "delete", "name": SCHEDULING_GATE}]}}
+        if node:
+            template = (observed.deployments.get(revision.get(pod, "")) or {}).get("spec", {}).get("template")
+            patch["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": pin_terms(template, node)}}}
+            patch["metadata"] = {"annotations": {ANNOTATION_PAIRED_NODE: node}}
+        if pod in role:
+            patch.setdefault("metadata", {})["labels"] = {LABEL_ROLE: role.pop(pod)}
+        w.patch_pod(namespace, pod, patch)
+    for pod, r in sorted(role.items()):
+        w.patch_pod(namespace, pod, {"metadata": {"labels": {LABEL_ROLE: r}}})
 
 
 def _apply_monitoring(w: Writer, uid: str, changed: bool, spec: api.VLMServiceSpec, observed: Observed,

@@ -50,7 +50,7 @@ def policy_for(spec: api.VLMServiceSpec) -> gate.GatePolicy | None:
 
 def due(spec: api.VLMServiceSpec, prev: api.RolloutStatus | None, observed: Observed, revision: str, now: float) -> bool:
     """Is a look of the gate due this round? (Only then does the reconcile pay for reading the canary's signals.)"""
-    if spec.rollout is None or prev is None or prev.revision != revision or prev.phase != "Analysing":
+    if spec.rollout is None or prev is None or prev.revision != revision or prev.phase not in ("Analysing", "Promoting"):
         return False
     if prev.analysis_started_at is None or observed.updated_ready(ROLE_CANARY, revision) < 1:
         return False
@@ -128,7 +128,8 @@ def _look(
 ) -> gate.Decision:
     started = parse_time(prev.analysis_started_at)
     data = parse_time(prev.data_started_at) if prev.data_started_at else None
-    step = spec.rollout.steps[min(prev.step, len(spec.rollout.steps) - 1)]  # type: ignore[union-attr]
+    steps = spec.rollout.schedule(spec.replicas)  # type: ignore[union-attr]
+    step = steps[min(prev.step, len(steps) - 1)]
     common: Mapping[str, Any] = dict(started_at=started, now=now, step_duration_s=parse_duration(step.analysis),
                                      data_started_at=data)
     try:

@@ -957,24 +957,35 @@ class RolloutSpec(KubeModel):
         ),
     )
 
-    steps: list[RolloutStep] = Field(
-        default_factory=lambda: [RolloutStep(replicas=1)],
-        description="Canary steps, each analysed before the next.",
+    steps: list[RolloutStep] | None = Field(
+        None,
+        description="Canary steps, each analysed before the next: the canary's pods in the step (cumulative). Not "
+        "set: 1, 2, 4, ... while a stable pod is left to compare with (a 1-replica service: one canary pod next to "
+        "its stable pod on a free GPU). After the last step the remaining stable pods are replaced node by node, "
+        "still analysed (phase Promoting).",
         min_length=1,
         max_length=10,
     )
+    max_unavailable: int = Field(
+        1,
+        ge=0,
+        le=64,
+        description="Ready replicas never fall below spec.replicas minus this while pods are replaced (a step, the "
+        "promotion, a rollback). 0: only surge, on free GPUs. Spec changes without a rollout block use 1.",
+    )
     capacity: Literal["Auto", "Surge", "Borrow"] = Field(
         "Auto",
-        description="Surge adds canary pods on spare GPUs; Borrow scales stable down by the canary's replicas; "
-        "Auto surges when spare GPUs exist, else borrows.",
+        description="How a new pod gets its GPU. Auto: on a free GPU of a node that runs the pod it pairs with "
+        "(a surge: no capacity dip), else it replaces that pod on its node within maxUnavailable. Surge: only on "
+        "free GPUs (waits for one). Borrow: always replaces.",
     )
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, description="Canary analysis.")
     baseline: Literal["Fresh", "Stable"] = Field(
-        "Fresh",
-        description="What the canary is compared with. Fresh: as many new pods of the stable revision as the step "
-        "has canary pods, started with them (same age, same time, same traffic; the stable Deployment lends the "
-        "replicas when capacity is Borrow); used where the capacity allows, else Stable. Stable: the long-running "
-        "stable pods.",
+        "Stable",
+        description="What the canary is compared with. Stable: the stable pods, each canary pod placed on the node "
+        "of the stable pod it replaces (or next to it on a free GPU). Fresh: also as many new pods of the stable "
+        "revision as the step has canary pods, started with them on free GPUs (same age; costs a GPU per canary "
+        "pod); used where free GPUs allow, else Stable.",
     )
     startup_timeout: Duration = Field(
         "30m",
@@ -982,10 +993,23 @@ class RolloutSpec(KubeModel):
         "(CanaryStartTimeout). Start-up never counts against analysis.maxDuration.",
     )
 
+    def schedule(self, replicas: int) -> list[RolloutStep]:
+        """The steps as written, or the default schedule for `replicas` (module placement)."""
+        if self.steps:
+            return list(self.steps)
+        # each default step analysed 5m, or maxDuration when that is shorter
+        analysis = self.analysis.max_duration if parse_duration(self.analysis.max_duration) < 300 else "5m"
+        k = 1
+        out = [RolloutStep(replicas=1, analysis=analysis)]
+        while k * 2 < replicas:
+            k *= 2
+            out.append(RolloutStep(replicas=k, analysis=analysis))
+        return out
+
     @model_validator(mode="after")
     def _steps_fit(self) -> RolloutSpec:
         limit = parse_duration(self.analysis.max_duration)
-        for i, s in enumerate(self.steps):
+        for i, s in enumerate(self.steps or []):
             if parse_duration(s.analysis) > limit:
                 raise ValueError(
                     f"steps[{i}].analysis {s.analysis} must not exceed analysis.maxDuration {self.analysis.max_duration}"
@@ -1050,7 +1074,7 @@ class VLMServiceSpec(KubeModel):
         if self.gpu.count is not None and self.gpu.count % tp:
             raise ValueError(f"gpu.count {self.gpu.count} must be a multiple of sglang.tensorParallel {tp}")
         if self.rollout:
-            for i, s in enumerate(self.rollout.steps):
+            for i, s in enumerate(self.rollout.steps or []):
                 if s.replicas > self.replicas:
                     raise ValueError(
                         f"rollout.steps[{i}].replicas {s.replicas} must not exceed spec.replicas {self.replicas}"
@@ -1093,10 +1117,28 @@ class SignalStatus(KubeModel):
     verdict: str | None = None
 
 
+class PairStatus(KubeModel):
+    node: str = Field(description="The node both pods ran on.")
+    kind: Literal["Surge", "Replace"] = Field(
+        description="Surge: the new pod was added on a free GPU next to the old one; Replace: it took the old one's.")
+    replaced: str | None = Field(None, description="The old pod it pairs with (removed, or kept until the step ends).")
+    revision: str = Field(description="The new pod's revision.")
+    pod: str | None = Field(None, description="The new pod, once placed.")
+    started_at: str | None = None
+    ready_at: str | None = None
+    dropped: str | None = Field(None, description="Why the pair no longer counts (its pod or node went away).")
+
+
 class RolloutStatus(KubeModel):
     phase: RolloutPhase
     revision: str | None = Field(None, description="Canary revision this rollout is about.")
+    from_revision: str | None = Field(None, description="The stable revision the rollout started from.")
     step: int = Field(0, ge=0)
+    steps: int | None = Field(None, ge=0, description="How many analysed steps the rollout has.")
+    pairs: list[PairStatus] = Field(
+        default_factory=list, max_length=512,
+        description="Each new pod and the pod it replaced or joined on its node, in order.")
+    waiting: str | None = Field(None, description="Why pods are not being replaced now (budget, no free GPU).")
     capacity: Literal["Surge", "Borrow"] | None = None
     baseline: Literal["Fresh", "Stable"] | None = Field(None, description="The baseline this rollout compares with.")
     verdict: str | None = None

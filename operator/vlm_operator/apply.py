@@ -28,6 +28,7 @@ _PLURALS = {
     "PrometheusRule": "prometheusrules",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "NetworkPolicy": "networkpolicies",
+    "Pod": "pods",
     "VLMService": PLURAL,
 }
 
@@ -120,6 +121,10 @@ class KubeAPI(Protocol):
     def clear_annotation(self, namespace: str, name: str, key: str) -> str | None: ...
 
     def free_gpus(self, product: str, resource: str = "nvidia.com/gpu") -> int: ...
+
+    def rooms(self, product: str, resource: str = "nvidia.com/gpu") -> dict[str, tuple[int, str]]: ...
+
+    def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool: ...
 
 
 class Connection(Protocol):
@@ -254,6 +259,41 @@ class Kube:
             if e.status in (404, 403):
                 return False
             raise classify(e, f"get CRD {name}") from e
+
+    def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
+        """A strategic merge patch of one pod (labels, annotations, a scheduling gate removed with a node pin);
+        False when the pod is gone."""
+        try:
+            self._call("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", body=dict(patch),
+                       content_type="application/strategic-merge-patch+json")
+        except ApiError as e:
+            if e.status == 404:
+                return False
+            raise classify(e, f"patch pod {namespace}/{name}") from e
+        return True
+
+    def rooms(self, product: str, resource: str = "nvidia.com/gpu") -> dict[str, tuple[int, str]]:
+        """node -> (free GPUs, zone) for the schedulable nodes of a GPU product: allocatable less what the pods
+        bound to the node request (one read of the nodes, then one per node, as `free_gpus`)."""
+        try:
+            nodes = self._call("GET", "/api/v1/nodes", query=[("labelSelector", f"nvidia.com/gpu.product={product}")])
+            out = {
+                n["metadata"]["name"]: [
+                    int((n.get("status") or {}).get("allocatable", {}).get(resource, 0)),
+                    ((n["metadata"].get("labels") or {}).get("topology.kubernetes.io/zone") or ""),
+                ]
+                for n in nodes.get("items", [])
+                if not (n.get("spec") or {}).get("unschedulable")
+            }
+            for node in out:  # one read per node of the product (not every pod of the cluster)
+                pods = self._call("GET", "/api/v1/pods", query=[
+                    ("fieldSelector", f"spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed")])
+                for p in pods.get("items", []):
+                    for c in p["spec"].get("containers", []):
+                        out[node][0] -= int(((c.get("resources") or {}).get("requests") or {}).get(resource, 0))
+            return {k: (int(v[0]), str(v[1])) for k, v in out.items()}
+        except ApiError as e:
+            raise classify(e, "read the nodes' free GPUs") from e
 
     def free_gpus(self, product: str, resource: str = "nvidia.com/gpu") -> int:
         """Allocatable GPUs of a product minus what non-terminated pods request on those nodes."""

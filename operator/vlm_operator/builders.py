@@ -3,11 +3,12 @@
 Nothing here talks to the API server or reads the clock; `apply` applies what
 these return. Golden files in tests/golden/builders/ pin the output.
 
-Names: the stable Deployment is `<name>`, the canary `<name>-canary`; one
-Service `<name>` selects both; the PodDisruptionBudget (replicas > 1) and the
-NetworkPolicy over the sidecar's port are `<name>` too. The revision label is a hash of the pod
-template without role-specific labels, so stable and canary built from the
-same spec carry the same revision.
+Names: one Deployment per revision, `<name>-<revision>` (a service from a release before revision Deployments
+keeps its `<name>` as its stable revision's, adopted as it is); the fresh baseline's `<name>-baseline`; one
+Service `<name>` selects every revision; the PodDisruptionBudget (replicas > 1) and the NetworkPolicy over the
+sidecar's port are `<name>` too. The revision label is a hash of the pod template without the role label and the
+operator's scheduling gate: a promoted canary keeps its pods (its role is a pod label the operator sets, not part
+of the template).
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ from .names import (
     LABEL_ROLE,
     LABEL_SERVICE,
     OPERATOR,
-    ROLE_STABLE,
+    SCHEDULING_GATE,
     SGLANG_PORT,
     SIDECAR_PORT,
 )
 from .names import PREFIX as PREFIX
 from .names import ROLE_BASELINE as ROLE_BASELINE
 from .names import ROLE_CANARY as ROLE_CANARY
+from .names import ROLE_STABLE as ROLE_STABLE
 from .settings import Settings
 from .units import parse_duration
 
@@ -115,8 +117,9 @@ def common_labels(owner: Owner) -> dict[str, str]:
     }
 
 
-def deployment_name(owner: Owner, role: str) -> str:
-    return owner.name if role == ROLE_STABLE else f"{owner.name}-{role}"
+def deployment_name(owner: Owner, revision: str) -> str:
+    """A revision's Deployment (`ROLE_BASELINE` for the fresh baseline's)."""
+    return f"{owner.name}-{revision}"
 
 
 def selector(owner: Owner) -> str:
@@ -413,28 +416,93 @@ def progress_deadline_seconds(template: dict[str, Any]) -> int:
     return probe["periodSeconds"] * probe["failureThreshold"] + 600
 
 
-def build_deployment(
-    owner: Owner, template: dict[str, Any], revision: str, role: str, replicas: int
-) -> dict[str, Any]:
-    """A Deployment of one revision. maxSurge 0: rolling a GPU pod never needs a spare GPU."""
-    labels = {**common_labels(owner), LABEL_REVISION: revision, LABEL_ROLE: role}
+def revision_selector(owner: Owner, revision: str) -> dict[str, Any]:
+    """A revision Deployment's selector: its revision's pods, never the fresh baseline's (same revision)."""
+    return {
+        "matchLabels": {LABEL_SERVICE: owner.name, LABEL_REVISION: revision},
+        "matchExpressions": [{"key": LABEL_ROLE, "operator": "NotIn", "values": [ROLE_BASELINE]}],
+    }
+
+
+def build_deployment(owner: Owner, template: dict[str, Any], revision: str, replicas: int) -> dict[str, Any]:
+    """The Deployment of one revision. Its template never changes (a new template is a new revision), so its
+    strategy never runs; the operator moves pods between revisions by scaling. Every pod starts behind the
+    operator's scheduling gate, which the operator removes as it places the pod (pinned to a node when it pairs
+    with a pod there)."""
+    labels = {**common_labels(owner), LABEL_REVISION: revision}
+    t = copy.deepcopy(template)
+    t["metadata"]["labels"] = {**t["metadata"]["labels"], LABEL_REVISION: revision}
+    t["spec"]["schedulingGates"] = [{"name": SCHEDULING_GATE}]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
-            "name": deployment_name(owner, role),
+            "name": deployment_name(owner, revision),
             "namespace": owner.namespace,
             "labels": labels,
             "ownerReferences": [owner.reference()],
         },
         "spec": {
             "replicas": replicas,
-            "revisionHistoryLimit": 3,
+            "revisionHistoryLimit": 1,
             "progressDeadlineSeconds": progress_deadline_seconds(template),
-            "selector": {"matchLabels": {LABEL_SERVICE: owner.name, LABEL_ROLE: role}},
+            "selector": revision_selector(owner, revision),
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-            "template": with_role(template, revision, role),
+            "template": t,
         },
+    }
+
+
+def build_baseline(owner: Owner, template: Mapping[str, Any], revision: str, replicas: int) -> dict[str, Any]:
+    """The fresh baseline: new pods of the stable revision's template, labelled role baseline from their template
+    (they pair with nothing and are never promoted). Gated like every pod the operator makes: it releases them
+    once the canary's pods have their nodes, so none takes a GPU a canary pod is pinned to."""
+    t = copy.deepcopy(dict(template))
+    t.setdefault("spec", {})["schedulingGates"] = [{"name": SCHEDULING_GATE}]
+    labels = {k: v for k, v in ((t.get("metadata") or {}).get("labels") or {}).items() if k != LABEL_ROLE}
+    t["metadata"] = {**(t.get("metadata") or {}), "labels": {**labels, LABEL_REVISION: revision, LABEL_ROLE: ROLE_BASELINE}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": deployment_name(owner, ROLE_BASELINE),
+            "namespace": owner.namespace,
+            "labels": {**common_labels(owner), LABEL_REVISION: revision, LABEL_ROLE: ROLE_BASELINE},
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "replicas": replicas,
+            "revisionHistoryLimit": 1,
+            "selector": {"matchLabels": {LABEL_SERVICE: owner.name, LABEL_ROLE: ROLE_BASELINE}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": t,
+        },
+    }
+
+
+def rescaled(owner: Owner, observed: Mapping[str, Any], replicas: int) -> dict[str, Any]:
+    """An existing revision Deployment re-applied as it is, only its replicas changed (an adopted one from an older
+    release keeps its own name, selector, strategy and template: nothing of its pods changes)."""
+    meta = observed.get("metadata") or {}
+    spec = observed.get("spec") or {}
+    out_spec: dict[str, Any] = {
+        "replicas": replicas,
+        "selector": spec.get("selector"),
+        "template": spec.get("template"),
+    }
+    for k in ("revisionHistoryLimit", "progressDeadlineSeconds", "strategy"):
+        if k in spec:
+            out_spec[k] = spec[k]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": owner.namespace,
+            "labels": {**common_labels(owner), **{k: v for k, v in (meta.get("labels") or {}).items() if k in (LABEL_REVISION, LABEL_ROLE)}},
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": out_spec,
     }
 
 
@@ -522,14 +590,15 @@ def build_pod_monitor(
 
 
 def build_pod_disruption_budget(owner: Owner) -> dict[str, Any]:
-    """At most one stable pod down at a time through voluntary disruptions (drains, node upgrades)."""
+    """At most one of the service's pods down at a time through voluntary disruptions (drains, node upgrades),
+    whatever its revision (a canary pod serves traffic too)."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": owned_metadata(owner),
         "spec": {
             "maxUnavailable": 1,
-            "selector": {"matchLabels": {LABEL_SERVICE: owner.name, LABEL_ROLE: ROLE_STABLE}},
+            "selector": {"matchLabels": {LABEL_SERVICE: owner.name}},
         },
     }
 

@@ -26,7 +26,19 @@ from . import builders as B
 from . import kubeconn, metrics
 from .apply import Kube
 from .errors import PermanentError, TemporaryError
-from .names import GROUP, KIND, LABEL_MANAGED_BY, LABEL_ROLE, LABEL_SERVICE, OPERATOR, PLURAL, PREFIX, VERSION
+from .names import (
+    GROUP,
+    KIND,
+    LABEL_MANAGED_BY,
+    LABEL_REVISION,
+    LABEL_ROLE,
+    LABEL_SERVICE,
+    OPERATOR,
+    PLURAL,
+    PREFIX,
+    ROLE_BASELINE,
+    VERSION,
+)
 from .observed import Observed, PodInfo
 from .reconcile import Runtime, Target, reconcile
 from .settings import Settings
@@ -146,7 +158,9 @@ def indexed(body: kopf.Body) -> Packed:
 # millisecond of CPU and does no I/O and takes no lock, so it runs on the event loop as the event arrives.
 @kopf.index("apps", "v1", "deployments", labels=MANAGED)
 async def vlm_deployments(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
-    return {(namespace, labels.get(LABEL_SERVICE)): (labels.get(LABEL_ROLE), indexed(body))}
+    # keyed by revision (the fresh baseline's by its role: it has the stable revision's)
+    key = ROLE_BASELINE if labels.get(LABEL_ROLE) == ROLE_BASELINE else labels.get(LABEL_REVISION)
+    return {(namespace, labels.get(LABEL_SERVICE)): (key, indexed(body))}
 
 
 @kopf.index("", "v1", "pods", labels=MANAGED)
@@ -176,7 +190,7 @@ def _observed(key: tuple[str, str], deployments: kopf.Index, pods: kopf.Index, s
               *monitoring: kopf.Index) -> Observed:
     service = next(iter(services.get(key, [])), None)
     return Observed(
-        deployments={role: packed.unpack() for role, packed in deployments.get(key, [])},
+        deployments={rev: packed.unpack() for rev, packed in deployments.get(key, [])},
         pods=tuple(pods.get(key, [])),
         service=service.unpack() if service is not None else None,
         monitoring=frozenset(kind for index in monitoring for kind in index.get(key, [])),

@@ -101,6 +101,11 @@ class Writer:
         self.confirmed(uid, (api_version, kind, namespace, name))
         return self.kube.delete(api_version, kind, namespace, name)
 
+    def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
+        """One pod patch (a placement, a role label, a removal mark): always sent (the plan asks only for what
+        the index shows missing)."""
+        return self.kube.patch_pod(namespace, name, patch)
+
     def patch_status(self, uid: str, namespace: str, name: str, current: Mapping[str, Any],
                      body: Mapping[str, Any], resource_version: str | None) -> str | None:
         """One conditional status patch (none when nothing changed); remembers its resourceVersion."""

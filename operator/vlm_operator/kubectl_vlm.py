@@ -74,7 +74,8 @@ def service_row(obj: Mapping[str, Any], now: datetime) -> dict[str, str]:
     """One VLMService as the status table shows it (the spec decides the step count, status the rest)."""
     spec, st = obj.get("spec") or {}, obj.get("status") or {}
     ro, prof = st.get("rollout") or {}, st.get("profiler") or {}
-    steps = len(((spec.get("rollout") or {}).get("steps")) or [None])  # the CRD defaults to one step
+    # the status says how many analysed steps the rollout has (the default schedule follows spec.replicas)
+    steps = ro.get("steps") or len(((spec.get("rollout") or {}).get("steps")) or [None])
     active = ro.get("phase") in ACTIVE_PHASES
     top = ro.get("regressedFunction") if ro.get("phase") == "RolledBack" else None
     return {

@@ -42,13 +42,24 @@ OPERATOR_LABELS = (LABEL_APP_NAME, LABEL_APP_INSTANCE, LABEL_APP_COMPONENT, LABE
 SGLANG_PORT = 30000
 # The profiler sidecar's HTTP port (/metrics, /windows.json, /profile/*); vlm_sidecar's default too.
 SIDECAR_PORT = 9400
-# Pod roles (the LABEL_ROLE value; also the Deployment's name suffix, none for stable).
+# Pod roles (the LABEL_ROLE value). A revision's pods change role without a restart (a canary promoted stays the
+# same pod), so the role is not in the pod template: the operator labels each pod as it places it, and again when
+# its revision's role changes. Only the fresh baseline's pods carry theirs from their template.
 ROLE_STABLE = "stable"
 ROLE_CANARY = "canary"
 # Pods of the stable revision started next to the canary's, at the same time and in the same number: the
 # gate's baseline with rollout.baseline Fresh (Kayenta's practice: same age, same time, same traffic).
 ROLE_BASELINE = "baseline"
 ROLES = (ROLE_STABLE, ROLE_CANARY, ROLE_BASELINE)
+# Every pod of a revision Deployment starts behind this scheduling gate: the operator removes it, and where the
+# pod replaces another on a node, pins it to that node in the same write (node affinity may be added only while a
+# pod is gated).
+SCHEDULING_GATE = f"{PREFIX}/placement"
+# The ReplicaSet controller removes the pods with the lowest cost first: the operator marks the pods it replaces.
+ANNOTATION_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+VICTIM_COST = "-1000"
+# Where a node-paired pod's partner ran (on the new pod): the node it was pinned to.
+ANNOTATION_PAIRED_NODE = f"{PREFIX}/paired-node"
 
 # ---- what the sidecar reports ----
 # The scheduler stages, in the order SGLang's event loop runs them, then idle and the rest.
@@ -67,10 +78,14 @@ DEFAULT_WATCH_FUNCTIONS = ("process_input_requests", "hash_feature", "reconstruc
 FRONTEND_ROLES = ("tokenizer_manager", "tokenizer_worker", "mm_processor", "detokenizer")
 
 # ---- rollout phases (status.rollout.phase) ----
-# A canary in progress: the operator keeps the canary (and the baseline) running.
-ACTIVE_PHASES = ("Progressing", "Analysing", "Paused")
+# A canary in progress: the operator keeps the canary (and the baseline) running. Promoting: the analysed steps
+# passed and the remaining stable pods are replaced, node by node, still under analysis.
+ACTIVE_PHASES = ("Progressing", "Analysing", "Paused", "Promoting")
+# A spec change without a rollout block: the pods are replaced the same way (node by node, within the availability
+# budget), with no analysis and no canary; status.rollout is cleared when it ends.
+UPDATING = "Updating"
 # Ended, the canary refused: the operator holds the stable revision until the spec changes (or kubectl vlm
 # retry clears status.rollout).
 HELD_PHASES = ("RolledBack", "Aborted")
 ENDED_PHASES = ("Promoted", *HELD_PHASES)
-PHASES = (*ACTIVE_PHASES, *ENDED_PHASES)
+PHASES = (*ACTIVE_PHASES, UPDATING, *ENDED_PHASES)

@@ -7,10 +7,19 @@ the status; nothing here reads the API server.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .names import LABEL_REVISION, LABEL_ROLE, ROLE_STABLE
+from .names import (
+    ANNOTATION_DELETION_COST,
+    LABEL_REVISION,
+    LABEL_ROLE,
+    ROLE_BASELINE,
+    ROLE_CANARY,
+    ROLE_STABLE,
+    SCHEDULING_GATE,
+    VICTIM_COST,
+)
 from .units import parse_time_or_none
 
 
@@ -27,6 +36,12 @@ class PodInfo:
     # known to be wrong; and how long its last run lasted before it ended (seconds; None: never ended).
     problem: tuple[str, str] | None = None
     last_run_s: float | None = None
+    node: str | None = None  # spec.nodeName once scheduled
+    gated: bool = False  # still behind the operator's scheduling gate
+    victim: bool = False  # marked by the operator to be the one its ReplicaSet removes
+    terminating: bool = False
+    labelled_role: str = ""  # the role label as the pod carries it (role: as this reconcile reads it)
+    affinity_nodes: tuple[str, ...] = ()  # nodes a pin restricts it to (matchFields metadata.name In)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PodInfo:
@@ -43,6 +58,8 @@ class PodInfo:
             ),
             None,
         )
+        spec = body.get("spec", {}) or {}
+        gates = spec.get("schedulingGates") or []
         return cls(
             name=meta.get("name", ""),
             role=labels.get(LABEL_ROLE, ""),
@@ -53,7 +70,24 @@ class PodInfo:
             ip=st.get("podIP"),
             problem=container_problem(st),
             last_run_s=_last_run_s(st),
+            node=spec.get("nodeName") or None,
+            gated=any(isinstance(g, Mapping) and g.get("name") == SCHEDULING_GATE for g in gates),
+            victim=(meta.get("annotations") or {}).get(ANNOTATION_DELETION_COST) == VICTIM_COST,
+            terminating=bool(meta.get("deletionTimestamp")),
+            labelled_role=labels.get(LABEL_ROLE, ""),
+            affinity_nodes=_pinned_nodes(spec),
         )
+
+
+def _pinned_nodes(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    terms = (((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    out: list[str] = []
+    for t in terms:
+        for f in (t or {}).get("matchFields") or []:
+            if f.get("key") == "metadata.name" and f.get("operator") == "In":
+                out += [v for v in f.get("values") or [] if v not in out]
+    return tuple(out)
 
 
 # Container states that keep a pod from ever serving, by the reason the service reports for each (the kubelet's
@@ -115,25 +149,51 @@ def _last_run_s(st: Mapping[str, Any]) -> float | None:
     return longest
 
 
+BASELINE_KEY = ROLE_BASELINE  # the fresh baseline's Deployment in Observed.deployments (not a revision)
+
+
+def deployment_revision(body: Mapping[str, Any]) -> str | None:
+    return ((body.get("metadata") or {}).get("labels") or {}).get(LABEL_REVISION)
+
+
 @dataclass(frozen=True)
 class Observed:
-    deployments: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # role -> body
+    # revision -> its Deployment's body (`{name}-{revision}`, or `{name}` adopted from a release before revision
+    # Deployments); BASELINE_KEY -> the fresh baseline's
+    deployments: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     pods: Sequence[PodInfo] = ()
     service: Mapping[str, Any] | None = None
     monitoring: frozenset[str] = frozenset()  # kinds of the service's monitoring objects that exist (PodMonitor, ...)
 
-    def deployment_revision(self, role: str) -> str | None:
-        d = self.deployments.get(role)
-        if not d:
-            return None
-        return ((d.get("metadata") or {}).get("labels") or {}).get(LABEL_REVISION)
+    def revisions(self) -> list[str]:
+        """The revisions that have a Deployment, by name."""
+        return sorted(k for k in self.deployments if k != BASELINE_KEY)
 
-    def ready_replicas(self, role: str) -> int:
-        d = self.deployments.get(role) or {}
-        return int((d.get("status") or {}).get("readyReplicas") or 0)
+    def replicas(self, revision: str) -> int:
+        """The replicas the revision's Deployment asks for (0 without one)."""
+        d = self.deployments.get(revision) or {}
+        return int((d.get("spec") or {}).get("replicas") or 0)
+
+    def pods_of(self, revision: str) -> list[PodInfo]:
+        """The revision's pods that are not on their way out (the fresh baseline's excluded)."""
+        return [p for p in self.pods if p.revision == revision and not p.terminating and p.role != ROLE_BASELINE]
+
+    def with_roles(self, stable: str | None, canary: str | None) -> Observed:
+        """The same snapshot with each pod's role as the revisions in status say (a pod's label may lag: the
+        operator relabels a promoted canary's pods after the promotion): stable, canary, baseline (the fresh
+        baseline's own label), or "" for a revision that is neither (one being drained)."""
+        def role(p: PodInfo) -> str:
+            if p.labelled_role == ROLE_BASELINE:
+                return ROLE_BASELINE
+            return ROLE_STABLE if p.revision == stable else ROLE_CANARY if canary and p.revision == canary else ""
+        pods = tuple(p if p.role == role(p) else replace(p, role=role(p)) for p in self.pods)
+        return replace(self, pods=pods)
 
     def updated_ready(self, role: str, revision: str) -> int:
         return sum(1 for p in self.pods if p.role == role and p.revision == revision and p.ready)
+
+    def ready_of(self, revision: str) -> int:
+        return sum(1 for p in self.pods_of(revision) if p.ready)
 
     def failing(self) -> PodInfo | None:
         """The first pod by name that is not Ready and has a container problem (deterministic, as `unschedulable`)."""
@@ -142,11 +202,12 @@ class Observed:
 
     def create_failure(self) -> str | None:
         """The message of a Deployment whose ReplicaSet cannot create pods (ReplicaFailure/FailedCreate: Pod
-        Security admission, a ResourceQuota, a webhook), first by role name; None when all can."""
-        for role in sorted(self.deployments):
-            for c in ((self.deployments[role].get("status") or {}).get("conditions") or []):
+        Security admission, a ResourceQuota, a webhook), first by revision; None when all can."""
+        for key in sorted(self.deployments):
+            for c in ((self.deployments[key].get("status") or {}).get("conditions") or []):
                 if c.get("type") == "ReplicaFailure" and c.get("status") == "True":
-                    return f"Deployment of the {role} pods: {c.get('reason') or 'FailedCreate'}: {c.get('message') or ''}".rstrip(": ")
+                    what = "fresh baseline" if key == BASELINE_KEY else f"revision {key}"
+                    return f"Deployment of the {what} pods: {c.get('reason') or 'FailedCreate'}: {c.get('message') or ''}".rstrip(": ")
         return None
 
     def unschedulable(self, role: str | None = None) -> PodInfo | None:
@@ -154,13 +215,14 @@ class Observed:
         stuck = [p for p in self.pods if p.unschedulable and (role is None or p.role == role)]
         return min(stuck, key=lambda p: p.name) if stuck else None
 
-    def rolling(self, role: str = ROLE_STABLE) -> bool:
-        """The role's Deployment is still rolling its pods to its current template."""
-        d = self.deployments.get(role) or {}
-        spec, st = d.get("spec") or {}, d.get("status") or {}
-        want = int(spec.get("replicas") or 0)
-        return bool(d) and (
-            int(st.get("updatedReplicas") or 0) < want
-            or int(st.get("replicas") or 0) > want
-            or (st.get("observedGeneration") or 0) < ((d.get("metadata") or {}).get("generation") or 0)
-        )
+    def rolling(self) -> bool:
+        """Pods of more than one revision run, or a Deployment has not caught up with its replicas."""
+        live = {p.revision for p in self.pods if not p.terminating and p.role != ROLE_BASELINE}
+        if len(live) > 1:
+            return True
+        for d in self.deployments.values():
+            spec, st = d.get("spec") or {}, d.get("status") or {}
+            if int(st.get("replicas") or 0) > int(spec.get("replicas") or 0) or (
+                    (st.get("observedGeneration") or 0) < ((d.get("metadata") or {}).get("generation") or 0)):
+                return True
+        return False

@@ -19,14 +19,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import act, analysis, api, builders, gate, metrics, rollout
+from . import act, analysis, api, builders, gate, metrics, placement, rollout
 from . import conditions as C
 from . import profile_summary as P
 from . import status as S
 from .apply import KubeAPI
-from .errors import InvalidSpec, PermanentError
+from .errors import InvalidSpec, PermanentError, TemporaryError
 from .kube import UNCONFIRMED_TTL_S, Writer
-from .names import ANNOTATION_ROLLOUT_ACTION, ROLE_STABLE, ROLLOUT_ACTIONS
+from .names import ACTIVE_PHASES, ANNOTATION_ROLLOUT_ACTION, ROLLOUT_ACTIONS
 from .observed import Observed
 from .settings import Settings
 from .sources import SidecarReader
@@ -168,15 +168,13 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
         _report(rt, t, observed, emit, now_dt, invalid=msg)
         return "ok"
     prev = api.RolloutStatus.model_validate(t.status["rollout"]) if t.status.get("rollout") else None
-    stable_rev = observed.deployment_revision(ROLE_STABLE)
+    stable_rev = rollout.stable_revision(t.status.get("stableRevision"), observed)
+    canary_seen = prev.revision if prev and prev.phase in ACTIVE_PHASES and prev.revision != stable_rev else None
+    observed = observed.with_roles(stable_rev, canary_seen)
     action = (t.annotations.get(ANNOTATION_ROLLOUT_ACTION) or "").strip().lower() or None
     if action and action not in ROLLOUT_ACTIONS:
         emit("Warning", "UnknownAction", f"{ANNOTATION_ROLLOUT_ACTION}={action}: use one of {', '.join(ROLLOUT_ACTIONS)}")
         action = None
-    free = None
-    starting = spec.rollout and stable_rev and stable_rev != desired.revision and (prev is None or prev.revision != desired.revision)
-    if starting and spec.rollout.capacity == "Auto":  # type: ignore[union-attr]
-        free = rt.kube.free_gpus(spec.gpu.product)
     shown = S.parse_status({"profiler": t.status.get("profiler")}).profiler if t.status.get("profiler") else None
     got = analysis.gather(
         rt.context(), spec, policy, observed, namespace=t.namespace, name=t.name, prev=prev,
@@ -185,7 +183,18 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
     )
 
     # ---- decide
-    plan = rollout.plan(owner, spec, desired, observed, prev, now=now, free_gpus=free, decision=got.decision, action=action)
+    def plan_with(rooms: dict[str, placement.Room] | None) -> rollout.Plan:
+        return rollout.plan(owner, spec, desired, observed, prev, stable=stable_rev, now=now, rooms=rooms,
+                            decision=got.decision, action=action)
+
+    plan = plan_with(None)
+    if plan.wants_rooms:  # a move would add pods: where is a GPU free? (read only then)
+        try:
+            rooms = {n: placement.Room(free, zone) for n, (free, zone) in rt.kube.rooms(spec.gpu.product).items()}
+        except (PermanentError, TemporaryError) as e:
+            log.warning("%s/%s: cannot read the nodes' free GPUs (%s): replacing pods instead of surging", t.namespace, t.name, e)
+            rooms = {}
+        plan = plan_with(rooms)
     ipc_active, ipc_reason, ipc_message = _ipc_cache(t, desired, stable_rev, got.stable_windows)
     h = S.running_health(
         observed, want=plan.want_ready, rollout=plan.rollout,
@@ -290,7 +299,7 @@ def _report(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: datetim
     the whole apply, so a freed quota or a lifted policy needs no spec change."""
     want = t.spec.get("replicas", 1)
     h = S.Health(want=want if isinstance(want, int) and want >= 0 else 1,
-                 ready=observed.ready_replicas(ROLE_STABLE), invalid=invalid, refused=refused)
+                 ready=sum(1 for p in observed.pods if p.ready), invalid=invalid, refused=refused)
     new = S.build_status(t.status, h, generation=t.generation, now=now, **S.carried(t.status))
     if refused:
         new = new.model_copy(update={"observed_generation": t.status.get("observedGeneration")})

@@ -1,23 +1,23 @@
-"""Pure: what the Deployments should be, and the rollout's next state.
+"""Pure: the revisions' Deployments, the pods to place, and the rollout's next state.
 
-Every fact the canary needs lives in `status.rollout` (revision, step, capacity,
-times, verdict), so a restarted operator computes the same plan from the same
-status and cluster. Inputs are plain values; `now` is unix seconds.
+Every revision has its own Deployment (`<name>-<revision>`); "stable" and "canary" are roles recorded in status
+(`stableRevision`, `rollout.revision`), never part of a pod's template, so no Ready pod of the winning revision is
+ever restarted: promotion and rollback move pods between revisions by scaling (module placement: node by node,
+within `rollout.maxUnavailable`, surging on free GPUs). Every fact the rollout needs lives in `status.rollout`
+and the cluster, so a restarted operator computes the same plan. Inputs are plain values; `now` is unix seconds.
 
-Without a `rollout` block a template change rolls the stable Deployment in
-place (maxSurge 0). With one, a new revision gets a canary Deployment:
+Without a `rollout` block a new revision replaces the pods the same way with no analysis (phase Updating). With
+one:
 
-    Progressing --step's canary pods Ready--> Analysing --Promote (last step)--> Promoted
-         |                                        |  \\--Promote (more steps)--> Progressing (next step)
-         |--not Ready within startupTimeout        |--Rollback--> RolledBack (held until the spec changes)
-         |  --> RolledBack (CanaryStartTimeout)    |--Pause--> Paused (resume restarts the step's analysis)
-    annotations: promote / abort / pause / resume
+    Progressing --step's canary pods placed and Ready--> Analysing --Promote (more steps)--> Progressing (next)
+         |                                                  |  \\--Promote (last step)--> Promoting --all pods moved--> Promoted
+         |--a pod not Ready within startupTimeout           |--Rollback--> RolledBack (canary pods replaced by stable
+         |  --> RolledBack (CanaryStartTimeout)             |    ones on their nodes; held until the spec changes)
+         |--no free GPU and the last stable pod must stay   |--Pause--> Paused (resume restarts the step's analysis)
+         |  --> waits (rollout.waiting)                     Promoting: still analysed; a confident regression rolls back
+    annotations: promote (skips to Promoting) / abort / pause / resume
 
-The gate decides every verdict, maxDuration and onInconclusive included; this module only maps the
-verdict to an action (as Argo Rollouts maps an AnalysisRun's phase) and never re-derives one. The
-analysis of a step starts when its canary pods are all Ready (`analysisStartedAt`) and its clock with
-the canary's first profiler window after that (`dataStartedAt`, found by the gate), so start-up (up to
-the startup probe's 20 minutes for a large model) has its own timeout and never eats the analysis time.
+The gate decides every verdict; this module only maps it to an action and never re-derives one.
 """
 
 from __future__ import annotations
@@ -27,15 +27,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import builders as B
-from .api import RolloutStatus, SignalStatus, VLMServiceSpec
+from . import placement as M
+from .api import PairStatus, RolloutStatus, SignalStatus, VLMServiceSpec
 from .gate import Decision
 from .names import ACTIVE_PHASES as ACTIVE
-from .names import HELD_PHASES
-from .observed import Observed
+from .names import HELD_PHASES, ROLE_CANARY, ROLE_STABLE, UPDATING
+from .observed import BASELINE_KEY, Observed
 from .units import format_time as _iso
 from .units import parse_duration, parse_time
 
-# A surged canary pod that stays unschedulable this long falls back to borrowing a stable replica.
+# A fresh baseline's pod that stays unschedulable this long: the canary is compared with the stable pods instead.
 SURGE_PATIENCE_S = 120.0
 
 
@@ -48,40 +49,18 @@ class Event:
 
 @dataclass(frozen=True)
 class Plan:
-    stable: dict[str, Any] | None  # desired Deployment, or None to leave it alone
-    canary: dict[str, Any] | None  # desired Deployment, or None to delete it
+    deployments: dict[str, dict[str, Any]]  # revision -> desired Deployment; an observed one not here is deleted
     stable_revision: str | None
     canary_revision: str | None
     rollout: RolloutStatus | None
     events: tuple[Event, ...] = field(default=())
     baseline: dict[str, Any] | None = None  # desired fresh-baseline Deployment, or None to delete it
+    victims: tuple[str, ...] = ()  # pods to mark for removal, before the Deployments are scaled
+    releases: tuple[tuple[str, str | None], ...] = ()  # (gated pod, node to pin it to or None)
+    labels: tuple[tuple[str, str], ...] = ()  # (pod, role) for pods whose role label is behind
     want_ready: int = 0
     hands_off: bool = False  # spec.paused: change no Deployment
-
-
-def _strip_role(template: Mapping[str, Any]) -> dict[str, Any]:
-    t = {k: v for k, v in template.items()}
-    meta = dict(t.get("metadata") or {})
-    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k not in (B.LABEL_ROLE, B.LABEL_REVISION)}
-    meta["labels"] = labels
-    t["metadata"] = meta
-    return t
-
-
-def _observed_stable(owner: B.Owner, observed: Observed, replicas: int, role: str = B.ROLE_STABLE) -> dict[str, Any] | None:
-    """Re-apply the stable Deployment as it is (its template untouched), only its replicas change; with
-    role baseline, the same template as the fresh-baseline Deployment."""
-    d = observed.deployments.get(B.ROLE_STABLE)
-    if not d:
-        return None
-    rev = observed.deployment_revision(B.ROLE_STABLE) or ""
-    return B.build_deployment(owner, _strip_role(d["spec"]["template"]), rev, role, replicas)
-
-
-def _fresh_fits(capacity: str, full: int, canary_replicas: int) -> bool:
-    """A fresh baseline as large as the canary: spare GPUs (Surge), or borrowed from stable, which then lends
-    twice the canary's replicas (only while it has them)."""
-    return capacity == "Surge" or full >= 2 * canary_replicas
+    wants_rooms: bool = False  # plan again with the nodes' free GPUs (a move would surge)
 
 
 def _upd(r: RolloutStatus, **changes: Any) -> RolloutStatus:
@@ -91,17 +70,30 @@ def _upd(r: RolloutStatus, **changes: Any) -> RolloutStatus:
 def _signals(d: Decision) -> list[SignalStatus]:
     return [
         SignalStatus(
-            name=s.name,
-            baseline=s.baseline,
-            canary=s.canary,
-            delta=s.delta,
-            ci_low=s.ci_low,
-            ci_high=s.ci_high,
-            p_value=s.p_value,
-            verdict=s.verdict,
+            name=s.name, baseline=s.baseline, canary=s.canary, delta=s.delta, ci_low=s.ci_low, ci_high=s.ci_high,
+            p_value=s.p_value, verdict=s.verdict,
         )
         for s in d.signals
     ]
+
+
+def _pairs_in(r: RolloutStatus | None) -> list[M.Pair]:
+    return [M.Pair(**p.model_dump(by_alias=False)) for p in (r.pairs if r else [])]
+
+
+def _pairs_out(pairs: Sequence[M.Pair]) -> list[PairStatus]:
+    return [PairStatus(**p.__dict__) for p in pairs][-512:]
+
+
+def stable_revision(recorded: str | None, observed: Observed) -> str | None:
+    """The stable revision: status.stableRevision while its Deployment exists; otherwise (a service from a release
+    before revision Deployments, or a status lost) the revision with the most Ready pods, adopted as it runs."""
+    revs = observed.revisions()
+    if recorded in revs:
+        return recorded
+    if not revs:
+        return None
+    return max(revs, key=lambda r: (observed.ready_of(r), observed.replicas(r), r))
 
 
 def plan(
@@ -111,178 +103,281 @@ def plan(
     observed: Observed,
     prev: RolloutStatus | None,
     *,
+    stable: str | None,
     now: float,
-    free_gpus: int | None,
+    rooms: Mapping[str, M.Room] | None = None,
     decision: Decision | None = None,
     action: str | None = None,
 ) -> Plan:
     rev = desired.revision
     full = spec.replicas
-    stable_obs_rev = observed.deployment_revision(B.ROLE_STABLE)
+    t = _iso(now)
+    deps = observed.deployments
+    pods = [p for p in observed.pods if p.labelled_role != BASELINE_KEY]
+    events: list[Event] = []
 
-    # The two shapes without a canary: the stable Deployment takes the desired template (first deploy,
-    # no rollout block, promotion), or it keeps the template it has (rolled back, aborted, held).
-    def take_desired(r: RolloutStatus | None, events: Sequence[Event] = ()) -> Plan:
+    def dep(r: str, n: int) -> dict[str, Any] | None:
+        if r in deps:
+            return B.rescaled(owner, deps[r], n)
+        return B.build_deployment(owner, desired.template, r, n) if r == rev else None
+
+    def labels_for(stable_r: str | None, canary_r: str | None) -> tuple[tuple[str, str], ...]:
+        want = {stable_r: ROLE_STABLE, canary_r: ROLE_CANARY}
+        return tuple((p.name, want[p.revision]) for p in sorted(pods, key=lambda p: p.name)
+                     if p.revision in want and p.revision and not p.gated and not p.terminating
+                     and p.labelled_role != want[p.revision])
+
+    def finish(outcome: M.Outcome | None, stable_r: str | None, canary_r: str | None, r: RolloutStatus | None,
+               *, want: int = full, baseline: dict[str, Any] | None = None, keep: Sequence[str] = (),
+               more: Sequence[tuple[str, str | None]] = ()) -> Plan:
+        wanted: dict[str, dict[str, Any]] = {}
+        reps = dict(outcome.replicas) if outcome else {}
+        for x in {*reps, *keep, *(k for k in (stable_r, canary_r) if k)}:
+            n = reps.get(x, observed.replicas(x) if x in deps else 0)
+            if x not in (stable_r, canary_r) and n == 0 and not observed.pods_of(x) and x not in keep:
+                continue  # drained: its Deployment goes
+            d = dep(x, n)
+            if d is not None:
+                wanted[x] = d
+        role = {stable_r: ROLE_STABLE, canary_r: ROLE_CANARY}
+        releases = outcome.releases if outcome else M.release_all(pods)
+        was = {(x.node, x.pod, x.started_at) for x in (prev.pairs if prev else []) if x.dropped}
+        for x in (r.pairs if r else []):
+            if x.dropped and (x.node, x.pod, x.started_at) not in was:
+                events.append(Event("Warning", "PairDropped", f"pair on node {x.node} dropped: {x.dropped}"))
         return Plan(
-            stable=B.build_deployment(owner, desired.template, rev, B.ROLE_STABLE, full),
-            canary=None,
-            stable_revision=rev,
-            canary_revision=None,
-            rollout=r,
-            events=tuple(events),
-            want_ready=full,
+            deployments=wanted, stable_revision=stable_r, canary_revision=canary_r, rollout=r, events=tuple(events),
+            baseline=baseline, victims=outcome.victims if outcome else (),
+            releases=tuple((p, n) for p, n in releases) + tuple(more),
+            labels=labels_for(stable_r, canary_r) + tuple(
+                (p, role.get(next((q.revision for q in pods if q.name == p), None), "")) for p, _ in releases
+                if role.get(next((q.revision for q in pods if q.name == p), None))),
+            want_ready=want,
         )
 
-    def keep_stable(r: RolloutStatus | None, events: Sequence[Event] = ()) -> Plan:
-        return Plan(
-            stable=_observed_stable(owner, observed, full),
-            canary=None,
-            stable_revision=stable_obs_rev,
-            canary_revision=None,
-            rollout=r,
-            events=tuple(events),
-            want_ready=full,
-        )
+    def run(m: M.Move, r: RolloutStatus | None) -> M.Outcome | None:
+        """The move's next increment, or None when it has pods to add, may surge, and the nodes' free GPUs are
+        not read yet (the reconcile reads them and plans again)."""
+        if rooms is None and m.surge and observed.replicas(m.to) < m.target and any(
+                p.revision != m.to for p in pods if not p.terminating):
+            return None
+        return M.move(m, {x: observed.replicas(x) for x in observed.revisions()}, pods, _pairs_in(r), rooms,
+                      stable=stable, now=t)
+
+    def _back(r: RolloutStatus) -> Plan:
+        """Held (rolled back, aborted): the canary's pods replaced by stable ones on their nodes, within the budget;
+        its Deployment goes once it has no pod."""
+        m = M.Move(to=stable, target=full, total=full, max_unavailable=u, gpus_per_replica=spec.gpus_per_replica,
+                   surge=surge)
+        out = run(m, r)
+        if out is None:
+            return _rooms(stable, r)
+        r = _upd(r, pairs=_pairs_out(out.pairs), waiting=out.waiting)
+        return finish(out, stable, None, r, want=full if out.done else floor(u))
+
+    def floor(u: int) -> int:
+        """The Ready replicas a move keeps (the Ready condition's want meanwhile): never 0 for a service that has
+        replicas (a 1-replica service replacing its only pod is not Ready)."""
+        return max(full - u, min(full, 1))
 
     if spec.paused:
-        return Plan(None, None, stable_obs_rev, observed.deployment_revision(B.ROLE_CANARY), prev, want_ready=full, hands_off=True)
-    if spec.rollout is None or stable_obs_rev is None or stable_obs_rev == rev:
-        # No canary wanted, or nothing to compare with yet (first deploy), or the spec is the stable one.
-        if prev and prev.phase in ACTIVE and stable_obs_rev == rev:
-            if prev.revision == rev:
-                # The stable Deployment already carries this rollout's canary template: only a promotion puts it
-                # there, and the operator stopped (or its status write failed) between applying it and recording
-                # it. Record the promotion it made instead of reading the spec as reverted.
-                msg = f"canary {rev} promoted to stable (the promotion was applied before the operator restarted)"
-                return take_desired(
-                    _upd(prev, phase="Promoted", verdict="Promote", reason="PromotionApplied", message=msg),
-                    [Event("Normal", "CanaryPromoted", msg)],
-                )
-            return take_desired(_upd(prev, phase="Aborted", reason="SpecReverted", message="spec is back at the stable revision"))
-        return take_desired(prev if prev and prev.phase not in ACTIVE else None)
+        return Plan({}, stable, prev.revision if prev and prev.phase in ACTIVE else None, prev, want_ready=full,
+                    hands_off=True)
 
-    held = prev is not None and prev.revision == rev and prev.phase in HELD_PHASES
-    if held:
-        return keep_stable(prev)
+    # ---- first deploy: one Deployment of the desired revision, its pods released where the scheduler likes
+    if stable is None:
+        return finish(M.Outcome(replicas={rev: full}, releases=M.release_all(pods)), rev, None,
+                      prev if prev and prev.phase not in (*ACTIVE, UPDATING) else None)
 
-    steps = spec.rollout.steps
-    events: list[Event] = []
-    if prev is None or prev.revision != rev or prev.phase not in ACTIVE:
-        k = steps[0].replicas
-        need = k * spec.gpus_per_replica
-        want_fresh = spec.rollout.baseline == "Fresh"
-        capacity = spec.rollout.capacity
-        baseline = "Fresh" if want_fresh and _fresh_fits(capacity, full, k) else "Stable"
-        if capacity == "Auto":
-            free = free_gpus if free_gpus is not None else -1
-            if want_fresh and free >= 2 * need:
-                capacity, baseline = "Surge", "Fresh"
-            elif want_fresh and full >= 2 * k:
-                # A fresh baseline is worth more than a surged canary compared with old pods.
-                capacity, baseline = "Borrow", "Fresh"
+    u = spec.rollout.max_unavailable if spec.rollout else 1
+    capacity = spec.rollout.capacity if spec.rollout else "Auto"
+    surge, replace = capacity != "Borrow", capacity != "Surge"
+
+    # ---- the spec is the stable revision: keep it at full replicas, drain anything else (a refused canary)
+    if rev == stable:
+        r = prev
+        if prev and prev.phase in (*ACTIVE, UPDATING) and prev.revision == rev:
+            # Only the operator's own promotion (or update) makes this rollout's revision the stable one: it stopped
+            # (or its status write failed) between the last round's writes and recording them. Record what it did
+            # instead of reading the spec as reverted.
+            if prev.phase == UPDATING:
+                r = None
+                events.append(Event("Normal", "Updated", f"all {full} replicas run revision {rev}"))
             else:
-                capacity, baseline = ("Surge" if free >= need else "Borrow"), "Stable"
-        r = RolloutStatus(
-            phase="Progressing",
-            revision=rev,
-            step=0,
-            capacity=capacity,
-            baseline=baseline,
-            started_at=_iso(now),
-            step_started_at=_iso(now),
-            message=f"canary {rev} started ({capacity.lower()}, {baseline.lower()} baseline), stable {stable_obs_rev}",
-        )
-        detail = "" if baseline == spec.rollout.baseline else "; no capacity for a fresh baseline, comparing with the stable pods"
-        events.append(Event("Normal", "CanaryStarted", f"canary revision {rev} against stable {stable_obs_rev} ({capacity}, {baseline} baseline{detail})"))
+                msg = f"canary {rev} promoted to stable (the promotion was applied before the operator restarted)"
+                r = _upd(prev, phase="Promoted", verdict="Promote", reason="PromotionApplied", message=msg, waiting=None)
+                events.append(Event("Normal", "CanaryPromoted", msg))
+        elif prev and prev.phase in (*ACTIVE, UPDATING):
+            msg = "spec is back at the stable revision"
+            r = _upd(prev, phase="Aborted", reason="SpecReverted", message=msg, waiting=None)
+        m = M.Move(to=stable, target=full, total=full, max_unavailable=u, gpus_per_replica=spec.gpus_per_replica,
+                   surge=surge)
+        out = run(m, r)
+        if out is None:
+            return _rooms(stable, r)
+        if r is not None and r.phase in HELD_PHASES:
+            r = _upd(r, pairs=_pairs_out(out.pairs), waiting=out.waiting)
+        moving = any(p.revision != stable for p in pods if not p.terminating)  # else a plain scale: want them all
+        return finish(out, stable, None, r, want=full if out.done or not moving else floor(u))
+
+    # ---- a new revision without a rollout block: replaced node by node, no analysis
+    if spec.rollout is None:
+        r = prev if prev and prev.phase == UPDATING and prev.revision == rev else RolloutStatus(
+            phase=UPDATING, revision=rev, from_revision=stable, started_at=t, step_started_at=t,
+            message=f"updating from {stable} to {rev}")
+        out = run(M.Move(to=rev, target=full, total=full, max_unavailable=1, gpus_per_replica=spec.gpus_per_replica), r)
+        if out is None:
+            return _rooms(stable, r)
+        if out.outage and not r.warning:
+            # Told before it happens: this round only says so; the next one replaces the pod.
+            msg = (f"no free GPU next to the only Ready pod: updating to {rev} takes the service down until the new "
+                   "pod is Ready (add a GPU, or raise replicas, to update without an outage)")
+            events.append(Event("Warning", "UpdateCausesOutage", msg))
+            return finish(None, stable, None, _upd(r, warning=msg, waiting="outage announced; replacing next round"))
+        r = _upd(r, pairs=_pairs_out(out.pairs), waiting=out.waiting,
+                 message=f"updating from {stable} to {rev}: {observed.ready_of(rev)}/{full} replaced")
+        if out.done:
+            events.append(Event("Normal", "Updated", f"all {full} replicas run revision {rev}"))
+            return finish(out, rev, None, None)
+        return finish(out, stable, None, r, want=floor(1))
+
+    ro = spec.rollout
+    steps = ro.schedule(full)
+
+    # ---- held: the canary was refused; its pods are replaced by stable ones on their nodes
+    if prev is not None and prev.revision == rev and prev.phase in HELD_PHASES:
+        return _back(prev)
+
+    # ---- a rollout of this revision starts (or a newer spec supersedes one in progress)
+    if prev is None or prev.revision != rev or prev.phase not in ACTIVE:
+        baseline = "Stable"
+        if ro.baseline == "Fresh":
+            free = sum(x.free_gpus for x in (rooms or {}).values())
+            if rooms is None:
+                return _rooms(stable, prev)
+            if free >= 2 * steps[0].replicas * spec.gpus_per_replica:
+                baseline = "Fresh"
+        r = RolloutStatus(phase="Progressing", revision=rev, from_revision=stable, step=0, steps=len(steps),
+                          capacity="Borrow" if capacity == "Borrow" else "Surge" if capacity == "Surge" else None,
+                          baseline=baseline, started_at=t, step_started_at=t,
+                          message=f"canary {rev} started against stable {stable}")
+        detail = "" if baseline == ro.baseline else "; no free GPUs for a fresh baseline, comparing with the stable pods"
+        events.append(Event("Normal", "CanaryStarted", f"canary revision {rev} against stable {stable} "
+                            f"({len(steps)} step(s): {', '.join(str(s.replicas) for s in steps)} pod(s){detail})"))
     else:
         r = prev
 
-    # The decision point: the user's action (the rollout-action annotation), the canary's start-up and the
-    # gate's verdict are its inputs, each mapped to one transition below; nothing here re-derives a verdict.
+    # ---- the decision point: the user's action, the start-up, the gate's verdict
     if action == "abort":
         r = _upd(r, phase="Aborted", reason="AbortedByUser", message="aborted by annotation")
         events.append(Event("Warning", "CanaryAborted", f"canary {rev} aborted by annotation"))
-    elif action == "pause" and r.phase != "Paused":
+        return _back(r)
+    if action == "pause" and r.phase != "Paused":
         r = _upd(r, phase="Paused", reason="PausedByUser", message="paused by annotation")
     elif action == "resume" and r.phase == "Paused":
-        # The step's analysis starts afresh (a new clock), once its canary pods are Ready again.
-        r = _upd(r, phase="Progressing", analysis_started_at=None, data_started_at=None, step_started_at=_iso(now), reason="Resumed", message="resumed by annotation")
-    elif action == "promote":
-        # The user's promotion is an input like the gate's verdict, and wins over it: the remaining steps are
-        # skipped, and this round's analysis (if any) is not recorded as the reason.
-        r = _upd(r, step=len(steps) - 1, phase="Promoted", verdict="Promote", reason="PromotedByUser",
-                 message="promoted by annotation")
-        events.append(Event("Normal", "CanaryPromoted", f"canary {rev} promoted to stable: promoted by annotation"))
+        r = _upd(r, phase="Progressing", analysis_started_at=None, data_started_at=None, step_started_at=t,
+                 reason="Resumed", message="resumed by annotation")
+    elif action == "promote" and r.phase != "Promoting":
+        r = _upd(r, step=len(steps) - 1, phase="Promoting", verdict="Promote", reason="PromotedByUser",
+                 message="promoted by annotation", analysis_started_at=None, data_started_at=None, step_started_at=t)
+        events.append(Event("Normal", "CanaryPromoting", f"canary {rev} promoted by annotation: replacing the rest"))
 
-    # Canary pods that cannot be placed on spare GPUs: borrow a stable replica instead of waiting.
-    step_replicas = steps[min(r.step, len(steps) - 1)].replicas
-    if r.phase == "Progressing" and r.capacity == "Surge":
-        stuck = observed.unschedulable(B.ROLE_CANARY) or observed.unschedulable(B.ROLE_BASELINE)
-        if stuck and now - parse_time(r.step_started_at) >= SURGE_PATIENCE_S:
-            r = _upd(r, capacity="Borrow", message=f"no spare GPU for the canary ({stuck.unschedulable}); borrowing")
-            events.append(Event("Normal", "CanaryBorrowing", "no spare GPU for the canary: borrowing a stable replica"))
-    fresh = r.baseline == "Fresh"
-    if fresh and r.phase in ACTIVE and not _fresh_fits(r.capacity or "Borrow", full, step_replicas):
-        r = _upd(r, baseline="Stable", message=f"{full} replicas cannot lend {2 * step_replicas}: comparing with the stable pods")
-        events.append(Event("Normal", "CanaryBaselineStable", f"no capacity for a fresh baseline of {step_replicas}: comparing with the stable pods"))
-        fresh = False
-
-    if r.phase == "Progressing":
-        baseline_ready = not fresh or observed.updated_ready(B.ROLE_BASELINE, stable_obs_rev) >= step_replicas
-        if observed.updated_ready(B.ROLE_CANARY, rev) >= step_replicas and baseline_ready:
-            r = _upd(r, phase="Analysing", analysis_started_at=_iso(now), data_started_at=None)
-        elif now - parse_time(r.step_started_at) >= parse_duration(spec.rollout.startup_timeout):
-            msg = f"canary pods of step {r.step + 1} not Ready within startupTimeout {spec.rollout.startup_timeout}"
-            r = _upd(r, phase="RolledBack", verdict="Rollback", reason="CanaryStartTimeout", message=msg)
-            events.append(Event("Warning", "CanaryRolledBack", f"canary {rev} rolled back: {msg}"))
-
-    if decision is not None and r.phase == "Analysing":
+    if decision is not None and r.phase in ("Analysing", "Promoting"):
         if decision.warning and not r.warning:
             events.append(Event("Warning", "CanaryMarginUnresolvable", decision.warning))
-        r = _upd(
-            r,
-            last_analysis_at=_iso(now),
-            analyses=r.analyses + 1,
-            signals=_signals(decision) or r.signals,
-            verdict=decision.verdict,
-            reason=decision.reason,
-            message=decision.message,
-            warning=decision.warning,
-            data_started_at=r.data_started_at or (
-                _iso(decision.clock_started_at) if decision.clock_started_at is not None else None),
-        )
-        if decision.verdict == "Rollback":
-            r = _upd(r, phase="RolledBack", regressed_function=decision.regressed_function, regressed_stage=decision.regressed_stage)
+        confident = any(s.verdict == "fail" for s in decision.signals)
+        if r.phase == "Analysing" or confident:
+            r = _upd(
+                r, last_analysis_at=t, analyses=r.analyses + 1, signals=_signals(decision) or r.signals,
+                verdict=decision.verdict, reason=decision.reason, message=decision.message, warning=decision.warning,
+                data_started_at=r.data_started_at or (
+                    _iso(decision.clock_started_at) if decision.clock_started_at is not None else None),
+            )
+        else:  # promoting: only a confident regression counts; the look is still recorded
+            r = _upd(r, last_analysis_at=t, analyses=r.analyses + 1, signals=_signals(decision) or r.signals)
+        if decision.verdict == "Rollback" and (r.phase == "Analysing" or confident):
+            r = _upd(r, phase="RolledBack", regressed_function=decision.regressed_function,
+                     regressed_stage=decision.regressed_stage)
             fn = f"; function {decision.regressed_function} grew most" if decision.regressed_function else ""
             events.append(Event("Warning", "CanaryRolledBack", f"canary {rev} rolled back: {decision.message}{fn}"))
-        elif decision.verdict == "Pause":
+            return _back(r)
+        if r.phase == "Analysing" and decision.verdict == "Pause":
             r = _upd(r, phase="Paused")
             events.append(Event("Warning", "CanaryPaused", f"canary {rev} paused: {decision.message}"))
-        elif decision.verdict == "Promote":
+        elif r.phase == "Analysing" and decision.verdict == "Promote":
             if r.step + 1 < len(steps):
-                r = _upd(r, step=r.step + 1, step_started_at=_iso(now), analysis_started_at=None, data_started_at=None,
+                r = _upd(r, step=r.step + 1, step_started_at=t, analysis_started_at=None, data_started_at=None,
                          phase="Progressing")
                 events.append(Event("Normal", "CanaryStep", f"canary {rev} passed step {r.step}; moving on"))
             else:
-                r = _upd(r, phase="Promoted")
-                events.append(Event("Normal", "CanaryPromoted", f"canary {rev} promoted to stable: {decision.message}"))
+                r = _upd(r, phase="Promoting", step_started_at=t, analysis_started_at=t, data_started_at=None)
+                events.append(Event("Normal", "CanaryPromoting",
+                                    f"canary {rev} passed its last step: replacing the remaining stable pods"))
 
-    if r.phase == "Promoted":
-        return take_desired(r, events)
-    if r.phase in HELD_PHASES:
-        return keep_stable(r, events)
-    canary_replicas = steps[min(r.step, len(steps) - 1)].replicas
-    fresh = r.baseline == "Fresh"
-    baseline_replicas = canary_replicas if fresh else 0
-    lent = canary_replicas + baseline_replicas
-    stable_replicas = full if r.capacity == "Surge" else max(full - lent, 0)
-    return Plan(
-        stable=_observed_stable(owner, observed, stable_replicas),
-        canary=B.build_deployment(owner, desired.template, rev, B.ROLE_CANARY, canary_replicas),
-        baseline=_observed_stable(owner, observed, baseline_replicas, B.ROLE_BASELINE) if fresh else None,
-        stable_revision=stable_obs_rev,
-        canary_revision=rev,
-        rollout=r,
-        events=tuple(events),
-        want_ready=stable_replicas + canary_replicas + baseline_replicas,
-    )
+    # ---- the pods: a step grows the canary, promotion moves the rest, a pause holds
+    k = steps[min(r.step, len(steps) - 1)].replicas
+    gpr = spec.gpus_per_replica
+    if r.phase == "Promoting":
+        m = M.Move(to=rev, target=full, total=full, max_unavailable=u, gpus_per_replica=gpr, surge=surge)
+    else:
+        # (Analysing, Paused: the step's pods stay; one lost with its Deployment, deleted by hand, comes back)
+        target = k
+        m = M.Move(to=rev, target=target, total=full, max_unavailable=u, gpus_per_replica=gpr, hold_surplus=True,
+                   keep_old=1, surge=surge)
+    if not replace:
+        m = M.Move(**{**m.__dict__, "max_unavailable": 0})
+    out = run(m, r)
+    if out is None:
+        return _rooms(stable, r, canary=rev)
+    r = _upd(r, pairs=_pairs_out(out.pairs), waiting=out.waiting)
+    if out.added:
+        r = _upd(r, step_started_at=t)  # the start-up clock counts from the last pod placed
+
+    if r.phase == "Progressing":
+        if out.no_capacity and (prev.waiting if prev is not None and prev.revision == rev else None) != out.waiting:
+            events.append(Event("Warning", "CanaryWaitingForGPU",
+                                f"canary {rev}: {out.waiting}; it waits (kubectl vlm promote replaces without analysis)"))
+        fresh_ready = sum(1 for p in observed.pods if p.labelled_role == BASELINE_KEY and p.ready and not p.terminating)
+        if out.done and (r.baseline != "Fresh" or fresh_ready >= k):  # a fresh baseline starts with the canary
+            r = _upd(r, phase="Analysing", analysis_started_at=t, data_started_at=None, waiting=None)
+        elif not out.no_capacity and now - parse_time(r.step_started_at) >= parse_duration(ro.startup_timeout):
+            msg = f"canary pods of step {r.step + 1} not Ready within startupTimeout {ro.startup_timeout}"
+            r = _upd(r, phase="RolledBack", verdict="Rollback", reason="CanaryStartTimeout", message=msg)
+            events.append(Event("Warning", "CanaryRolledBack", f"canary {rev} rolled back: {msg}"))
+            return _back(r)
+        elif out.no_capacity:
+            r = _upd(r, step_started_at=t)
+    if r.phase == "Promoting" and out.done:
+        r = _upd(r, phase="Promoted", verdict="Promote", waiting=None,
+                 reason=r.reason if r.reason == "PromotedByUser" else "Promoted",
+                 message=r.message if r.reason == "PromotedByUser" else f"all {full} replicas run {rev}")
+        events.append(Event("Normal", "CanaryPromoted", f"canary {rev} promoted to stable: {r.message}"))
+        return finish(out, rev, None, r)
+
+    # a fresh baseline next to the canary while its steps are analysed
+    base = None
+    if r.baseline == "Fresh" and r.phase in ("Progressing", "Analysing", "Paused") and stable in deps:
+        stuck = [p for p in observed.pods if p.labelled_role == BASELINE_KEY and p.unschedulable]
+        if stuck and now - parse_time(r.step_started_at) >= SURGE_PATIENCE_S:
+            r = _upd(r, baseline="Stable", message="no free GPU for the fresh baseline: comparing with the stable pods")
+            events.append(Event("Normal", "CanaryBaselineStable",
+                                "no free GPU for a fresh baseline: comparing with the stable pods"))
+        else:
+            base = B.build_baseline(owner, deps[stable]["spec"]["template"], stable, k)
+    # The fresh baseline's pods wait behind the gate until the canary's are on their nodes: otherwise the
+    # scheduler may give one the free GPU a canary pod is pinned to.
+    more: list[tuple[str, str | None]] = []
+    canary_pods = [p for p in pods if p.revision == rev and not p.terminating]
+    if base is not None and len(canary_pods) >= out.replicas.get(rev, 0) and all(p.node for p in canary_pods):
+        more = [(p.name, None) for p in sorted(observed.pods, key=lambda p: p.name)
+                if p.labelled_role == BASELINE_KEY and p.gated and not p.terminating]
+    return finish(out, stable, rev, r, want=full if r.phase != "Promoting" else floor(u), baseline=base,
+                  keep=(stable,), more=more)
+
+
+def _rooms(stable: str | None, r: RolloutStatus | None, canary: str | None = None) -> Plan:
+    """Nothing decided yet: plan again with the nodes' free GPUs."""
+    return Plan({}, stable, canary, r, hands_off=True, wants_rooms=True)
+
+
+__all__ = ["Event", "Plan", "plan", "stable_revision"]

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from . import api
 from . import conditions as C
-from .names import ACTIVE_PHASES
+from .names import ACTIVE_PHASES, UPDATING
 from .observed import Observed
 
 log = logging.getLogger("vlm_operator.status")
@@ -42,6 +42,7 @@ class Health:
     rollout_message: str | None = None
     rollout_analyses: int = 0
     rollout_warning: str | None = None  # the gate's: the pods' spread keeps it from resolving the margin
+    rollout_waiting: str | None = None  # why no pod is being replaced now (the budget, no free GPU)
     ipc_active: bool | None = None
     ipc_reason: str = "Unknown"
     ipc_message: str = ""
@@ -65,7 +66,10 @@ def health_conditions(h: Health) -> list[C.Cond]:
     else:
         conds.append(C.Cond(C.READY, False, "ReplicasNotReady", f"{h.ready}/{h.want} replicas ready"))
     if h.rollout_phase in ACTIVE_PHASES:
-        conds.append(C.Cond(C.PROGRESSING, True, f"Canary{h.rollout_phase}", h.rollout_message or ""))
+        conds.append(C.Cond(C.PROGRESSING, True, f"Canary{h.rollout_phase}", _joined(h.rollout_message, h.rollout_waiting)))
+    elif h.rollout_phase == UPDATING:
+        conds.append(C.Cond(C.PROGRESSING, True, "Updating",
+                            _joined(h.rollout_message, h.rollout_warning, h.rollout_waiting)))
     elif h.rolling:
         conds.append(C.Cond(C.PROGRESSING, True, "RollingUpdate", "the Deployment is rolling to a new revision"))
     else:
@@ -85,6 +89,10 @@ def health_conditions(h: Health) -> list[C.Cond]:
     if h.rollout_phase is not None:
         conds.append(margin_condition(h))
     return conds
+
+
+def _joined(*parts: str | None) -> str:
+    return "; ".join(p for p in parts if p)
 
 
 def margin_condition(h: Health) -> C.Cond:
@@ -248,6 +256,7 @@ def running_health(
         rollout_message=rollout.message if rollout else None,
         rollout_analyses=rollout.analyses if rollout else 0,
         rollout_warning=rollout.warning if rollout else None,
+        rollout_waiting=rollout.waiting if rollout else None,
         ipc_active=ipc_active,
         ipc_reason=ipc_reason,
         ipc_message=ipc_message,

@@ -150,10 +150,12 @@ def test_cache_off_rolled_back_and_harmless_change_promoted(kube, namespace, sta
     assert st["stableRevision"] != before and st["stableRevision"] == h["revision"]
     assert not warnings(kube, namespace, "CanaryRolledBack", name=HARMLESS)
 
-    # Canary (and fresh baseline) Deployments gone, stable ones untouched.
+    # One Deployment per service left, its stable revision's (the refused canary's and the fresh baseline's gone;
+    # the promoted canary's kept: its pods were never restarted).
     def deployments():
         return sorted(d.metadata.name for d in client.AppsV1Api(kube).list_namespaced_deployment(namespace).items)
-    wait_for(lambda: deployments() == sorted([NAME, HARMLESS]), 30, "only the stable Deployments", interval=1.0)
+    stables = sorted(f"{n}-{get_vlms(kube, namespace, n)['status']['stableRevision']}" for n in (NAME, HARMLESS))
+    wait_for(lambda: deployments() == stables, 60, f"only the stable Deployments {stables}", interval=1.0)
 
     # The alert reaches Alertmanager, naming the function, for the rolled-back service only.
     def alerted():
@@ -175,23 +177,33 @@ SHIPPED = {
 }
 
 
-def test_no_spare_gpu_borrows_and_finishes(kube, namespace, stack):
-    """Two replicas of 8 GPUs fill both fake nodes: the canary must borrow a stable replica."""
+def test_no_spare_gpu_replaces_a_stable_pod_on_its_node_and_promotes(kube, namespace, stack):
+    """Two replicas of 8 GPUs fill both fake nodes: the canary pod must take the GPU of one stable pod, on that
+    pod's node (a Replace pair), while the other stable pod stays to compare with; a harmless change is then
+    promoted (the canary was compared with a stable pod all along: before, this path ran the canary alone and
+    this test accepted either verdict), the promotion replaces the last stable pod on its own node, and no pod
+    is left Pending."""
     op, _, pm = stack
     spec = copy.deepcopy(SPEC)
     spec.update({"replicas": 2, "gpu": {"count": 8}})
     create(kube, namespace, spec)
     ready(kube, namespace, op)
     pm.wait_mapped(2)
+    core = client.CoreV1Api(kube)
+    nodes = {p.metadata.name: p.spec.node_name for p in core.list_namespaced_pod(namespace).items}
     patch(kube, namespace, {"sglang": {"env": [{"name": "HARMLESS", "value": "2"}]}})
-    r = wait_phase(kube, namespace, {"Progressing", "Analysing", "Promoted", "RolledBack"}, 60, op)
-    assert r["capacity"] == "Borrow", dump(r)
+    r = wait_phase(kube, namespace, {"Analysing", "Promoting", "Promoted", "RolledBack"}, 120, op)
+    first = r["pairs"][0]
+    assert first["kind"] == "Replace" and nodes[first["replaced"]] == first["node"], dump(r)
     r = wait_phase(kube, namespace, {"Promoted", "RolledBack"}, 240, op)
-    # After the verdict the stable Deployment rolls: its new pods wait for the GPUs of terminating ones
-    # for a moment. What must not happen is a pod that stays Pending.
+    assert r["phase"] == "Promoted", dump(r)
+    placed = {p.metadata.name: p.spec.node_name for p in core.list_namespaced_pod(namespace).items}
+    for pair in r["pairs"]:
+        if pair.get("pod") and not pair.get("dropped"):
+            assert placed.get(pair["pod"]) == pair["node"], (dump(r["pairs"]), placed)
+
     def pending():
-        pods = client.CoreV1Api(kube).list_namespaced_pod(namespace).items
-        return [p.metadata.name for p in pods if p.status.phase == "Pending"]
+        return [p.metadata.name for p in core.list_namespaced_pod(namespace).items if p.status.phase == "Pending"]
     wait_for(lambda: not pending(), 90, "no pod Pending after the rollout", interval=2.0)
 
 

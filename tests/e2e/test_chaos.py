@@ -9,23 +9,25 @@ in different phases:
 
 | service          | change            | undisturbed verdict | state at the SIGKILL                               |
 |------------------|-------------------|---------------------|----------------------------------------------------|
-| chaos-promoting  | harmless          | Promoted            | Promoting: stable Deployment updated, canary still there, status not yet written |
-| chaos-rollingback| IPC cache off     | RolledBack          | RollingBack: verdict reached, canary not deleted, status not yet written |
+| chaos-promoting  | harmless          | Promoted            | Promoting: verdict reached, the stable pod not yet marked for removal, status not yet written |
+| chaos-rollingback| IPC cache off     | RolledBack          | RollingBack: verdict reached, the canary pod not yet marked for removal, status not yet written |
 | chaos-analysing  | harmless, 80 s step, signals from Prometheus | Promoted | Analysing, mid-step         |
 | chaos-paused     | harmless          | Promoted            | Paused (`kubectl vlm pause`), resumed after the takeover |
 | chaos-progressing| IPC cache off     | RolledBack          | Progressing: canary started, analysis not begun    |
 
-The two mid-reconcile states are made exact by the active replica's recorder: it holds the DELETE of the
-service's canary Deployment, which the reconcile sends after applying the stable Deployment and before
-writing the status, and from then on the service's status writes (a retried reconcile after the held DELETE
-timed out would otherwise record the verdict), and the replica is killed while those are held (they never
-reach the API server).
+The two mid-reconcile states are made exact by the active replica's recorder: it holds the first pod write
+that marks one of the service's pods for removal (its pod-deletion-cost: the warm promotion's, or the
+rollback's, first move, sent before the revisions' Deployments are scaled and before the status is written),
+and from then on the service's status writes (a retried reconcile after the held write timed out would
+otherwise record the verdict), and the replica is killed while those are held (they never reach the API
+server).
 chaos-progressing's status writes after "Progressing" are held the same way, so it is still Progressing at
 the kill however fast kwok makes its pods Ready.
 
 The standby takes over when the dead replica's keep-alive expires (peering lifetime 20 s here,
 `VLM_PEERING_LIFETIME_SECONDS`; the chart's default is 60), and then, one after another while the rollouts
-go on: chaos-paused's canary Deployment is deleted by hand once it is resumed (the operator recreates it),
+go on: chaos-paused's canary Deployment (`<name>-<revision>`) is deleted by hand once it is resumed (the
+operator recreates it),
 chaos-progressing's canary sidecar is SIGKILLed and started again (as the kubelet restarts a crashed
 container), Prometheus is restarted (chaos-analysing reads its signals from it), and the API server and etcd
 are restarted (`hack/testbed restart`).
@@ -217,8 +219,8 @@ def test_faults_in_every_phase_end_with_the_undisturbed_verdicts(cluster, kube, 
         mark("all Ready")
 
         # Every matching request is held: urllib3 retries a DELETE that timed out (30 s), and the retry must not pass.
-        holds = {n: rec.hold(lambda r, n=n: r.method == "DELETE" and r.path.endswith(f"/deployments/{n}-canary"),
-                             once=False)
+        holds = {n: rec.hold(lambda r, n=n: r.method == "PATCH" and f"/pods/{n}-" in r.path
+                             and b"pod-deletion-cost" in (r.body or b""), once=False)
                  for n in (PROMOTING, ROLLINGBACK)}
         # From the moment a service's DELETE is first held, its status writes are held too: the held DELETE times
         # out after 30 s on a slow run, the reconcile is retried, and the retry would record the verdict
@@ -237,7 +239,7 @@ def test_faults_in_every_phase_end_with_the_undisturbed_verdicts(cluster, kube, 
             if not h.hit.wait(180):
                 states = {n: rollout(kube, namespace, n) for n in CHANGES}
                 raise AssertionError(f"{name} reached no verdict:\n{dump(states)}\n{op.log_tail()}")
-            mark(f"{name}: canary DELETE held")
+            mark(f"{name}: the first removal mark held")
 
         # Analysing: started only now, so its 80 s step is still running through the takeover and the restarts.
         patch(kube, namespace, CHANGES[ANALYSING], name=ANALYSING)
@@ -254,7 +256,6 @@ def test_faults_in_every_phase_end_with_the_undisturbed_verdicts(cluster, kube, 
         assert _phase(kube, namespace, PROGRESSING) == "Progressing"
 
         at_kill = {n: _phase(kube, namespace, n) for n in CHANGES}
-        dep_promoting = client.AppsV1Api(kube).read_namespaced_deployment(PROMOTING, namespace)
         # The active replica's last keep-alive as the standby judges it: the `lastseen` kopf stamped in it (the
         # peers' deadlines are that stamp plus the lifetime), of the keep-alives the API server answered, and the
         # entry read back from the KopfPeering (one CI run found no entry for the active replica there). Not the
@@ -288,10 +289,14 @@ def test_faults_in_every_phase_end_with_the_undisturbed_verdicts(cluster, kube, 
             f"{standby}'s peering log: {peering_log(op2)}\n{active}'s peering log: {peering_log(op)}\n"
             f"{active}'s requests for {PROMOTING}: "
             f"{[(round(r.at - t0, 1), r.method, r.path, r.held) for r in rec.requests if PROMOTING in r.path]}")
-        # Promoting: the stable Deployment already runs the canary's revision, the canary is still there.
+        # Promoting: both revisions' Deployments still there, with their pods, none marked for removal.
         canary_rev = rollout(kube, namespace, PROMOTING)["revision"]
-        assert dep_promoting.spec.template.metadata.labels["serving.vlmops.dev/revision"] == canary_rev
-        assert f"{PROMOTING}-canary" in _deployments(kube, namespace)
+        stable_rev = get_vlms(kube, namespace, PROMOTING)["status"]["stableRevision"]
+        assert {f"{PROMOTING}-{stable_rev}", f"{PROMOTING}-{canary_rev}"} <= set(_deployments(kube, namespace))
+        marked = [p.metadata.name for p in client.CoreV1Api(kube).list_namespaced_pod(
+            namespace, label_selector=f"serving.vlmops.dev/vlmservice={PROMOTING}").items
+            if "controller.kubernetes.io/pod-deletion-cost" in (p.metadata.annotations or {})]
+        assert marked == [], marked
         # While the active replica lived, the standby wrote nothing but its keep-alives; the active did the work.
         assert rec2.writes(until=t_kill) == [], _describe(rec2.writes(until=t_kill))
         assert rec2.writes(until=t_kill, peering=True), "the standby sent no keep-alive"
@@ -311,10 +316,11 @@ def test_faults_in_every_phase_end_with_the_undisturbed_verdicts(cluster, kube, 
         # Faults under the standby, now active, one after another while the rollouts go on; each must happen
         # while its service is mid-analysis, so none is skipped by a verdict that came first.
         _wait_phase(kube, namespace, PAUSED, {"Analysing"}, 60, "after the resume")
-        client.AppsV1Api(kube).delete_namespaced_deployment(f"{PAUSED}-canary", namespace)
-        mark(f"{PAUSED}-canary Deployment deleted by hand")
+        paused_canary = f"{PAUSED}-{rollout(kube, namespace, PAUSED)['revision']}"
+        client.AppsV1Api(kube).delete_namespaced_deployment(paused_canary, namespace)
+        mark(f"{paused_canary} Deployment (the canary's) deleted by hand")
         _wait_phase(kube, namespace, PROGRESSING, {"Analysing"}, 60, "after the takeover")
-        pod = podmap.restart_sidecar(PROGRESSING + "-canary-")
+        pod = podmap.restart_sidecar(f"{PROGRESSING}-{rollout(kube, namespace, PROGRESSING)['revision']}-")
         assert pod, f"no canary pod of {PROGRESSING} mapped: {sorted(podmap.mapped)}"
         mark(f"sidecar of {pod} killed and restarted")
         assert _phase(kube, namespace, ANALYSING) == "Analysing", f"chaos-analysing ended early: {timeline}"
@@ -335,8 +341,9 @@ def test_faults_in_every_phase_end_with_the_undisturbed_verdicts(cluster, kube, 
         phases = {n: r["phase"] for n, r in got.items()}
         assert phases == EXPECTED, f"{dump(got)}\ntimeline: {timeline}\n{op2.log_tail(60)}"
 
-        # No orphans: only the stable Deployments are left, one PodMonitor per service.
-        wait_for(lambda: _deployments(kube, namespace) == sorted(CHANGES), 60, "only the stable Deployments",
+        # No orphans: only the stable revisions' Deployments are left, one PodMonitor per service.
+        stables = sorted(f"{n}-{get_vlms(kube, namespace, n)['status']['stableRevision']}" for n in CHANGES)
+        wait_for(lambda: _deployments(kube, namespace) == stables, 60, f"only the stable Deployments {stables}",
                  interval=1.0)
         # No duplicate Events: one start and one verdict per service, never the other verdict.
         events = _events(kube, namespace)

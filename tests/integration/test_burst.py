@@ -27,10 +27,15 @@ def test_a_burst_gets_its_deployments_first_and_its_services_at_the_next_resync(
     def present(lister) -> set[str]:
         return {o.metadata.name for o in lister(namespace).items} & set(names)
 
+    def deployed() -> set[str]:
+        """The services that have a Deployment (named by its revision: `NAME-REVISION`)."""
+        return {(d.metadata.labels or {}).get("serving.vlmops.dev/vlmservice")
+                for d in apps.list_namespaced_deployment(namespace).items} & set(names)
+
     gen = run_operator(cluster.kubeconfig, namespace, tmp_path, VLM_HANDLER_THREADS="1", VLM_RESYNC_SECONDS="5")
     op = next(gen)
     try:
-        wait_for(lambda: present(apps.list_namespaced_deployment) == set(names), 60,
+        wait_for(lambda: deployed() == set(names), 60,
                  f"the {COUNT} Deployments", interval=0.1)
         services = present(core.list_namespaced_service)
         policies = present(net.list_namespaced_network_policy)

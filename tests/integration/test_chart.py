@@ -251,7 +251,8 @@ def test_namespaced_install_runs_the_real_operator_with_its_service_account(
         denied = re.findall(r"\(403\)|\b403 Forbidden|[Ff]orbidden", log)
         assert not denied, op.log_tail(80)
         deps = client.AppsV1Api(kube).list_namespaced_deployment(watched, label_selector=f"{GROUP}/vlmservice=rbac-check")
-        assert [d.metadata.name for d in deps.items] == ["rbac-check"]
+        rev = get_vlms(kube, watched, "rbac-check")["status"]["stableRevision"]
+        assert [d.metadata.name for d in deps.items] == [f"rbac-check-{rev}"]
 
 
 def test_uninstall_keeps_crds_and_vlmservices(cluster, kube, namespace, release):

@@ -67,6 +67,11 @@ def deployments(kube, namespace, name):
         namespace, label_selector=f"serving.vlmops.dev/vlmservice={name}").items}
 
 
+def stable_deployment(kube, namespace, name) -> str:
+    """The name of the service's stable revision's Deployment (`NAME-REVISION`)."""
+    return f"{name}-{get_vlms(kube, namespace, name)['status']['stableRevision']}"
+
+
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
 def test_example_becomes_ready_on_fake_h100_nodes(kube, namespace, operator, kubectl, example):
     doc = EXAMPLES[example]
@@ -127,20 +132,18 @@ def test_scale_and_in_place_image_change(kube, namespace, operator):
     wait_condition(kube, namespace, name, "Ready", "True", op=operator)
     patch_spec(kube, namespace, name, {"replicas": 2})
     wait_for(lambda: (get_vlms(kube, namespace, name)["status"].get("readyReplicas") == 2), 60, "2 ready replicas")
-    assert deployments(kube, namespace, name)[name].spec.replicas == 2
+    assert deployments(kube, namespace, name)[stable_deployment(kube, namespace, name)].spec.replicas == 2
     before = get_vlms(kube, namespace, name)["status"]["stableRevision"]
     patch_spec(kube, namespace, name, {"sglang": {"image": "lmsysorg/sglang:v0.5.22"}})
-
-    def rolled():
-        d = deployments(kube, namespace, name)[name]
-        c = d.spec.template.spec.containers[0]
-        return c.image == "lmsysorg/sglang:v0.5.22" and d
-    d = wait_for(rolled, 30, "Deployment rolled to the new image")
-    assert d.spec.strategy.rolling_update.max_surge == 0
-    assert set(deployments(kube, namespace, name)) == {name}  # no canary without a rollout block
-    obj = wait_condition(kube, namespace, name, "Ready", "True", timeout=90, op=operator)
-    wait_for(lambda: get_vlms(kube, namespace, name)["status"]["stableRevision"] != before, 30, "new stable revision")
-    assert obj["status"]["readyReplicas"] == 2
+    # No rollout block: the new revision's Deployment takes the pods over (no canary, no analysis), and once it
+    # runs them all the old one goes.
+    obj = wait_for(lambda: (o := get_vlms(kube, namespace, name))["status"].get("stableRevision") != before
+                   and o["status"].get("readyReplicas") == 2 and not o["status"].get("rollout") and o, 90,
+                   "the new revision serving 2 replicas")
+    assert set(deployments(kube, namespace, name)) == {stable_deployment(kube, namespace, name)}
+    d = deployments(kube, namespace, name)[stable_deployment(kube, namespace, name)]
+    assert d.spec.template.spec.containers[0].image == "lmsysorg/sglang:v0.5.22" and d.spec.replicas == 2
+    assert condition(obj, "Ready")["status"] == "True"
 
 
 def test_delete_garbage_collects_everything(kube, namespace, operator):
@@ -322,10 +325,12 @@ def test_operator_survives_a_deleted_owned_deployment(kube, namespace, operator)
     name = doc["metadata"]["name"]
     create(kube, namespace, doc)
     wait_condition(kube, namespace, name, "Ready", "True", op=operator)
-    client.AppsV1Api(kube).delete_namespaced_deployment(name, namespace)
-    wait_for(lambda: name in deployments(kube, namespace, name), 30, "Deployment re-created")
-    with pytest.raises(ApiException):
-        client.AppsV1Api(kube).read_namespaced_deployment(name + "-canary", namespace)
+    dep = stable_deployment(kube, namespace, name)
+    uid = client.AppsV1Api(kube).read_namespaced_deployment(dep, namespace).metadata.uid
+    client.AppsV1Api(kube).delete_namespaced_deployment(dep, namespace)
+    wait_for(lambda: dep in (ds := deployments(kube, namespace, name)) and ds[dep].metadata.uid != uid, 30,
+             "Deployment re-created")
+    assert set(deployments(kube, namespace, name)) == {dep}  # no other revision, no canary
 
 
 # ---------------------------------------------------------------- issue 15: pod template, effective image, security
@@ -364,7 +369,7 @@ def test_hf_token_by_reference_pod_fields_pdb_and_effective_image(cluster, kube,
         header, row = kubectl("get", "vlms", "-n", namespace, name).splitlines()[:2]
         assert "VERSION" in header and "0.5.22" in row
 
-        dep = deployments(kube, namespace, name)[name]
+        dep = deployments(kube, namespace, name)[stable_deployment(kube, namespace, name)]
         sg = next(c for c in dep.spec.template.spec.containers if c.name == "sglang")
         assert sg.image == "lmsysorg/sglang:v0.5.22"
         env = {e.name: e for e in sg.env}
@@ -391,15 +396,14 @@ def test_hf_token_by_reference_pod_fields_pdb_and_effective_image(cluster, kube,
         pdb = wait_for(lambda: policy.read_namespaced_pod_disruption_budget(name, namespace), 30, "PDB",
                        ignore=(ApiException,))
         assert pdb.spec.max_unavailable == 1
-        assert pdb.spec.selector.match_labels == {"serving.vlmops.dev/vlmservice": name,
-                                                  "serving.vlmops.dev/role": "stable"}
+        assert pdb.spec.selector.match_labels == {"serving.vlmops.dev/vlmservice": name}  # every revision's pods
         assert pdb.metadata.owner_references[0].name == name
         wait_for(lambda: pdb_status(policy, namespace, name) == 2, 30, "PDB counts the two stable pods")
 
         patch_spec(kube, namespace, name, {"replicas": 1})
         wait_for(lambda: _gone(lambda: policy.read_namespaced_pod_disruption_budget(name, namespace)), 30,
                  "PDB deleted at replicas 1")
-        assert apps.read_namespaced_deployment(name, namespace).spec.replicas == 1
+        assert apps.read_namespaced_deployment(stable_deployment(kube, namespace, name), namespace).spec.replicas == 1
     finally:
         next(gen, None)
 
@@ -457,7 +461,8 @@ def test_dropping_the_old_crd_default_image_keeps_the_revision(kube, namespace, 
     create(kube, namespace, doc)
     obj = wait_condition(kube, namespace, name, "Ready", "True", timeout=90, op=operator)
     before = obj["status"]["stableRevision"]
-    dep_gen = client.AppsV1Api(kube).read_namespaced_deployment(name, namespace).metadata.generation
+    dep_name = stable_deployment(kube, namespace, name)
+    dep_gen = client.AppsV1Api(kube).read_namespaced_deployment(dep_name, namespace).metadata.generation
     patch_spec(kube, namespace, name, {"sglang": {"image": None}})
 
     def observed():
@@ -467,4 +472,4 @@ def test_dropping_the_old_crd_default_image_keeps_the_revision(kube, namespace, 
     assert "image" not in obj["spec"]["sglang"]
     assert obj["status"]["stableRevision"] == before
     assert obj["status"]["sglang"]["image"] == "lmsysorg/sglang:v0.5.23"
-    assert client.AppsV1Api(kube).read_namespaced_deployment(name, namespace).metadata.generation == dep_gen
+    assert client.AppsV1Api(kube).read_namespaced_deployment(dep_name, namespace).metadata.generation == dep_gen

@@ -96,9 +96,11 @@ vlm_operator/apply.py (server-side apply: create+patch; canary teardown: delete)
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, watch, create, patch]
+# patch: the operator places its pods (removes its scheduling gate, pins a replacement to its partner's node),
+# marks the pod it replaces (pod-deletion-cost) and labels each pod's role. Never create or delete.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch]
+  verbs: [get, list, watch, patch]
 # kopf 1.45 posts core/v1 Events only (kopf._core.engines.posting); events.k8s.io is not used.
 - apiGroups: [""]
   resources: [events]

@@ -154,7 +154,7 @@ class GatePolicy:
                 **({"loop_p95": m.loop_p95 / 100} if m.loop_p95 is not None else {}),
             },
             confidence=a.confidence,
-            steps=len(spec.rollout.steps),
+            steps=len(spec.rollout.schedule(spec.replicas)),
             min_samples=a.min_samples,
             max_duration_s=parse_duration(a.max_duration),
             on_inconclusive=a.on_inconclusive,

@@ -59,6 +59,12 @@ class FakeKube:
     # a 422; or (code, message), e.g. 403 for RBAC, an admission policy or a quota): the apply raises
     # PermanentError(reason=f"Http{code}"), as `apply.classify` maps a 4xx other than 409 and 429.
     refuse: Any = None
+    # The fake cluster's GPU nodes (name -> GPUs) and the pods its ReplicaSets, scheduler and kubelets made
+    # (`settle`): (namespace, name) -> pod record.
+    nodes: dict[str, int] = field(default_factory=lambda: {"node-0": 64})
+    pod_store: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    pod_counter: int = 0
+    zones: dict[str, str] = field(default_factory=dict)
 
     # ------------------------------------------------------------- the KubeAPI the reconcile calls
 
@@ -141,6 +147,35 @@ class FakeKube:
         self.free_gpu_calls += 1
         return self.gpus
 
+    def rooms(self, product: str, resource: str = "nvidia.com/gpu") -> dict[str, tuple[int, str]]:
+        self.free_gpu_calls += 1
+        used: dict[str, int] = {}
+        for p in self.pod_store.values():
+            if p["node"]:
+                used[p["node"]] = used.get(p["node"], 0) + p["gpus"]
+        return {n: (g - used.get(n, 0), self.zones.get(n, "")) for n, g in self.nodes.items()}
+
+    def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
+        p = self.pod_store.get((namespace, name))
+        if p is None:
+            return False
+        self._maybe_fail()
+        meta = patch.get("metadata") or {}
+        p["labels"].update(meta.get("labels") or {})
+        p["annotations"].update(meta.get("annotations") or {})
+        spec = patch.get("spec") or {}
+        if "schedulingGates" in spec:
+            if not p["gated"]:
+                raise PermanentError(f"pod {name}: schedulingGates may only be removed", reason="Http422")
+            p["gated"] = False
+        if "affinity" in spec:
+            if not p["gated"] and "schedulingGates" not in spec:
+                raise PermanentError(f"pod {name}: node affinity may only change while gated", reason="Http422")
+            terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            p["pin"] = [v for t in terms for f in t.get("matchFields") or [] for v in f["values"]]
+        self.writes.append(Write("patch", "Pod", namespace, name, copy.deepcopy(dict(patch))))
+        return True
+
     # ------------------------------------------------------------- the test's side
 
     def create_vlmservice(
@@ -177,36 +212,100 @@ class FakeKube:
                       meta.get("annotations") or {}, meta.get("resourceVersion"))
 
     def deployments(self, namespace: str = "ns", service: str | None = None) -> dict[str, dict[str, Any]]:
-        """role -> Deployment of one service (all services when `service` is None)."""
+        """revision (or "baseline" for the fresh baseline's) -> Deployment of one service (all services when
+        `service` is None), as the operator's index keys them."""
         out = {}
         for (_, kind, ns, _name), obj in self.objects.items():
             labels = obj["metadata"].get("labels") or {}
             if kind == "Deployment" and ns == namespace and (service is None or labels.get(builders.LABEL_SERVICE) == service):
-                out[labels.get(builders.LABEL_ROLE, "")] = obj
+                key = "baseline" if labels.get(builders.LABEL_ROLE) == "baseline" else labels.get(builders.LABEL_REVISION, "")
+                out[key] = obj
         return out
 
-    def settle(self, name: str, namespace: str = "ns", *, ready: bool = True) -> None:
-        """Every Deployment of the service rolled out (all replicas updated; Ready when `ready`)."""
+    def deployment(self, name: str, role: str, namespace: str = "ns") -> dict[str, Any]:
+        """The service's Deployment of a role, as its status names the revisions (stable, canary, baseline)."""
+        st = self.vlmservice(name, namespace).get("status") or {}
+        rev = {"stable": st.get("stableRevision"), "canary": st.get("canaryRevision"), "baseline": "baseline"}[role]
+        return self.deployments(namespace, name)[rev]
+
+    def _gpus(self, d: Mapping[str, Any]) -> int:
+        n = 0
+        for c in d["spec"]["template"]["spec"].get("containers", []):
+            n += int(((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu", 0))
+        return n
+
+    def settle(self, name: str, namespace: str = "ns", *, ready: bool = True, rounds: int = 3) -> None:
+        """What the ReplicaSets, the scheduler and the kubelets would do: each Deployment's pods made up to its
+        replicas (behind its template's scheduling gates) or removed down to it (lowest deletion cost first, then
+        not Ready, then the newest), released pods placed on their pinned node or the first with a free GPU (none
+        free: unschedulable), placed pods Ready when `ready`. Pods whose Deployment was deleted go first (the
+        garbage collector), so they no longer hold their GPUs."""
+        owners = {obj["metadata"]["name"] for (_, kind, ns, _n), obj in self.objects.items()
+                  if kind == "Deployment" and ns == namespace}
+        for key, p in list(self.pod_store.items()):
+            if p["namespace"] == namespace and p["owner"] not in owners:
+                del self.pod_store[key]
+        for _ in range(rounds):
+            deps = self.deployments(namespace, name)
+            for _key, d in sorted(deps.items()):
+                dname = d["metadata"]["name"]
+                mine = sorted((p for p in self.pod_store.values() if p["namespace"] == namespace and p["owner"] == dname),
+                              key=lambda p: p["seq"])
+                want = int(d["spec"].get("replicas") or 0)
+                while len(mine) > want:
+                    def rank(p: dict[str, Any]) -> tuple:
+                        cost = int(p["annotations"].get("controller.kubernetes.io/pod-deletion-cost", "0"))
+                        return (p["node"] is not None, p["ready"], cost, -p["seq"])
+                    victim = min(mine, key=rank)
+                    mine.remove(victim)
+                    del self.pod_store[(namespace, victim["name"])]
+                tmeta = d["spec"]["template"]["metadata"]
+                gated = bool(d["spec"]["template"]["spec"].get("schedulingGates"))
+                while len(mine) < want:
+                    self.pod_counter += 1
+                    pname = f"{dname}-{self.pod_counter}"
+                    p = {"name": pname, "namespace": namespace, "owner": dname, "seq": self.pod_counter,
+                         "labels": dict(tmeta.get("labels") or {}), "annotations": {}, "gated": gated, "node": None,
+                         "pin": None, "ready": False, "gpus": self._gpus(d), "ip": f"10.0.0.{self.pod_counter % 250}"}
+                    self.pod_store[(namespace, pname)] = p
+                    mine.append(p)
+            for p in sorted(self.pod_store.values(), key=lambda p: p["seq"]):
+                if p["namespace"] != namespace or p["gated"] or p["node"]:
+                    continue
+                free = self.rooms("")
+                for n in (p["pin"] or sorted(self.nodes)):
+                    if n in free and free[n][0] >= p["gpus"]:
+                        p["node"] = n
+                        break
+            for p in self.pod_store.values():
+                if p["namespace"] == namespace and p["node"]:
+                    p["ready"] = ready
         for d in self.deployments(namespace, name).values():
-            want = int(d["spec"].get("replicas") or 0)
+            dname = d["metadata"]["name"]
+            mine = [p for p in self.pod_store.values() if p["namespace"] == namespace and p["owner"] == dname]
+            nready = sum(1 for p in mine if p["ready"])
             d["status"] = {
                 "observedGeneration": d["metadata"]["generation"],
-                "replicas": want,
-                "updatedReplicas": want,
-                "readyReplicas": want if ready else 0,
-                "availableReplicas": want if ready else 0,
+                "replicas": len(mine),
+                "updatedReplicas": len(mine),
+                "readyReplicas": nready,
+                "availableReplicas": nready,
             }
 
     def pods(self, name: str, namespace: str = "ns") -> list[PodInfo]:
-        """The pods the settled Deployments run (none before `settle`): `<deployment>-<i>`, IP 10.0.<d>.<i>,
-        the first `readyReplicas` of them Ready."""
+        """The service's pods as the operator's index shows them (none before `settle`)."""
         out = []
-        for d_index, (role, d) in enumerate(sorted(self.deployments(namespace, name).items())):
-            labels = d["spec"]["template"]["metadata"]["labels"]
-            st = d.get("status") or {}
-            for i in range(int(st.get("replicas") or 0)):
-                out.append(PodInfo(f"{d['metadata']['name']}-{i}", role, labels.get(builders.LABEL_REVISION, ""),
-                                   "Running", i < int(st.get("readyReplicas") or 0), ip=f"10.0.{d_index}.{i}"))
+        dnames = {d["metadata"]["name"] for d in self.deployments(namespace, name).values()}
+        for p in sorted(self.pod_store.values(), key=lambda p: p["seq"]):
+            if p["namespace"] != namespace or p["owner"] not in dnames:
+                continue
+            role = p["labels"].get(builders.LABEL_ROLE, "")
+            out.append(PodInfo(
+                p["name"], role, p["labels"].get(builders.LABEL_REVISION, ""), "Running" if p["node"] else "Pending",
+                p["ready"], unschedulable=None if p["node"] or p["gated"] else "0/1 nodes are available: no free GPU",
+                ip=p["ip"] if p["node"] else None, node=p["node"], gated=p["gated"],
+                victim=p["annotations"].get("controller.kubernetes.io/pod-deletion-cost") == "-1000",
+                labelled_role=role, affinity_nodes=tuple(p["pin"] or ())))
         return out
 
     def observed(self, name: str, namespace: str = "ns", *, pods: Sequence[PodInfo] | None = None) -> Observed:

@@ -37,8 +37,17 @@ def test_gpu_count_defaults_to_tensor_parallel():
 def test_rollout_defaults():
     s = api.parse_spec({**MINIMAL, "replicas": 2, "rollout": {}})
     assert s.rollout is not None
-    assert [st.replicas for st in s.rollout.steps] == [1]
+    assert s.rollout.steps is None  # not set: the default schedule for the replicas
+    assert [st.replicas for st in s.rollout.schedule(s.replicas)] == [1]
+    assert [st.replicas for st in s.rollout.schedule(1)] == [1]
+    assert [st.replicas for st in s.rollout.schedule(8)] == [1, 2, 4]
+    assert [st.replicas for st in s.rollout.schedule(9)] == [1, 2, 4, 8]
+    assert all(st.analysis == "5m" for st in s.rollout.schedule(9))
     assert s.rollout.capacity == "Auto"
+    assert s.rollout.baseline == "Stable"
+    assert s.rollout.max_unavailable == 1
+    written = api.parse_spec({**MINIMAL, "replicas": 8, "rollout": {"steps": [{"replicas": 3}]}}).rollout
+    assert [st.replicas for st in written.schedule(8)] == [3]  # steps as written win
     a = s.rollout.analysis
     assert (a.source, a.interval, a.confidence, a.min_samples, a.on_inconclusive) == (
         "Auto",
@@ -198,8 +207,10 @@ INVALID = [
     (_with("sglang.startupTimeout", "soon"), "startupTimeout"),
     ({**MINIMAL, "telemetry": {"enabled": False}, "rollout": {}}, "telemetry.enabled"),
     ({**MINIMAL, "rollout": {"steps": [{"replicas": 1, "analysis": "45m"}]}}, "maxDuration"),
-    ({**MINIMAL, "rollout": {"analysis": {"maxDuration": "3m", "interval": "1m"}}}, "maxDuration"),
+    ({**MINIMAL, "rollout": {"steps": [{"replicas": 1}], "analysis": {"maxDuration": "3m", "interval": "1m"}}},
+     "maxDuration"),
     ({**MINIMAL, "rollout": {"analysis": {"maxRegression": {"loopP95": 101}}}}, "loopP95"),
+    ({**MINIMAL, "rollout": {"maxUnavailable": -1}}, "maxUnavailable"),
     ({**MINIMAL, "rollout": {"analysis": {"maxRegression": {"loopP95": -1}}}}, "loopP95"),
 ]
 

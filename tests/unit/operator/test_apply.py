@@ -142,6 +142,45 @@ def test_free_gpus_subtracts_requests_on_matching_nodes():
     assert "spec.nodeName=n1" in c.calls[1][1]
 
 
+def test_rooms_are_each_schedulable_nodes_free_gpus_and_zone():
+    nodes = {"items": [
+        {"metadata": {"name": "n1", "labels": {"topology.kubernetes.io/zone": "z1"}},
+         "status": {"allocatable": {"nvidia.com/gpu": "8"}}},
+        {"metadata": {"name": "n2"}, "status": {"allocatable": {"nvidia.com/gpu": "4"}}},
+        {"metadata": {"name": "cordoned"}, "spec": {"unschedulable": True},
+         "status": {"allocatable": {"nvidia.com/gpu": "8"}}},
+    ]}
+    # one read per schedulable node of the product (the API server filters by spec.nodeName)
+    on_n1 = {"items": [
+        {"spec": {"nodeName": "n1", "containers": [{"resources": {"requests": {"nvidia.com/gpu": "3"}}}, {}]}},
+        {"spec": {"nodeName": "n1", "containers": [{"resources": {"requests": {"nvidia.com/gpu": "2"}}}]}},
+    ]}
+    on_n2 = {"items": []}
+    c = FakeApiClient([Resp(200, json.dumps(nodes).encode()), Resp(200, json.dumps(on_n1).encode()),
+                       Resp(200, json.dumps(on_n2).encode())])
+    assert apply.Kube(c, "m").rooms("H100") == {"n1": (3, "z1"), "n2": (4, "")}
+    assert "labelSelector=nvidia.com/gpu.product=H100" in c.calls[0][1]
+    assert len(c.calls) == 3  # the cordoned node is not read
+    assert "spec.nodeName=n1" in c.calls[1][1] and "status.phase!=Succeeded" in c.calls[1][1]
+    assert "spec.nodeName=n2" in c.calls[2][1]
+    c = FakeApiClient([Resp(403, b'{"message":"nodes is forbidden"}', "Forbidden")])
+    with pytest.raises(PermanentError, match="nodes is forbidden"):
+        apply.Kube(c, "m").rooms("H100")
+
+
+def test_a_pod_patch_is_a_strategic_merge_and_a_gone_pod_is_false():
+    c = FakeApiClient([Resp(200), Resp(404, b"{}", "Not Found"), Resp(422, b'{"message":"spec: Forbidden"}', "U")])
+    k = apply.Kube(c, "m")
+    patch = {"metadata": {"labels": {"serving.vlmops.dev/role": "canary"}}}
+    assert k.patch_pod("ns", "svc-abc-1", patch) is True
+    method, url, headers, body = c.calls[0]
+    assert (method, url, body) == ("PATCH", "/api/v1/namespaces/ns/pods/svc-abc-1", patch)
+    assert headers["Content-Type"] == "application/strategic-merge-patch+json"
+    assert k.patch_pod("ns", "gone", patch) is False
+    with pytest.raises(PermanentError, match="Forbidden"):
+        k.patch_pod("ns", "svc-abc-1", patch)
+
+
 def test_a_conditional_status_write_carries_the_copy_s_resource_version_and_a_conflict_is_a_stale_copy():
     c = FakeApiClient([Resp(200, b'{"metadata": {"resourceVersion": "8"}}'), Resp(409, b"{}", "Conflict")])
     k = apply.Kube(c, "m")

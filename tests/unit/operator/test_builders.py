@@ -34,7 +34,7 @@ def test_golden(path):
     spec = api.parse_spec(yaml.safe_load(path.read_text())["spec"])
     d = builders.build_desired(OWNER, spec, SETTINGS)
     out = {
-        "deployment": builders.build_deployment(OWNER, d.template, d.revision, builders.ROLE_STABLE, spec.replicas),
+        "deployment": builders.build_deployment(OWNER, d.template, d.revision, spec.replicas),
         "service": d.service,
         "podDisruptionBudget": d.pdb,
         "networkPolicy": d.network_policy,
@@ -99,18 +99,36 @@ def test_revision_is_stable_and_sensitive():
     b = _desired({"model": {"path": "m"}})
     c = _desired({"model": {"path": "m"}, "sglang": {"ipcCache": {"mode": "Off"}}})
     assert a.revision == b.revision != c.revision
-    # The role label is not part of the revision: stable and canary of one spec agree.
-    s = builders.build_deployment(OWNER, a.template, a.revision, builders.ROLE_STABLE, 1)
-    k = builders.build_deployment(OWNER, a.template, a.revision, builders.ROLE_CANARY, 1)
-    assert s["spec"]["template"]["metadata"]["labels"][builders.LABEL_REVISION] == k["spec"]["template"]["metadata"][
-        "labels"
-    ][builders.LABEL_REVISION]
-    assert s["metadata"]["name"] == "svc" and k["metadata"]["name"] == "svc-canary"
+    # One Deployment per revision, named by it; the role is not in its pod template (the operator labels each
+    # pod as it places it), so a promoted canary keeps its pods: the template is the same whatever the role.
+    s = builders.build_deployment(OWNER, a.template, a.revision, 1)
+    k = builders.build_deployment(OWNER, c.template, c.revision, 1)
+    assert s["metadata"]["name"] == f"svc-{a.revision}" and k["metadata"]["name"] == f"svc-{c.revision}"
+    assert s["metadata"]["name"] == builders.deployment_name(OWNER, a.revision)
+    labels = s["spec"]["template"]["metadata"]["labels"]
+    assert labels[builders.LABEL_REVISION] == a.revision and builders.LABEL_ROLE not in labels
+    assert builders.LABEL_ROLE not in s["metadata"]["labels"]
+    assert s["spec"]["selector"] == {
+        "matchLabels": {builders.LABEL_SERVICE: "svc", builders.LABEL_REVISION: a.revision},
+        "matchExpressions": [{"key": builders.LABEL_ROLE, "operator": "NotIn", "values": [builders.ROLE_BASELINE]}],
+    }
+    # Every pod starts behind the operator's scheduling gate, which is not part of the revision either.
+    assert s["spec"]["template"]["spec"]["schedulingGates"] == [{"name": builders.SCHEDULING_GATE}]
+    assert "schedulingGates" not in a.template["spec"]
+    # The fresh baseline: the stable revision's pods, labelled baseline from their template, which the revision
+    # Deployment's selector leaves out.
+    base = builders.build_baseline(OWNER, s["spec"]["template"], a.revision, 2)
+    assert base["metadata"]["name"] == "svc-baseline" and base["spec"]["replicas"] == 2
+    blabels = base["spec"]["template"]["metadata"]["labels"]
+    assert blabels[builders.LABEL_ROLE] == builders.ROLE_BASELINE and blabels[builders.LABEL_REVISION] == a.revision
+    assert base["spec"]["selector"] == {"matchLabels": {builders.LABEL_SERVICE: "svc",
+                                                        builders.LABEL_ROLE: builders.ROLE_BASELINE}}
+    assert base["spec"]["template"]["spec"]["schedulingGates"] == [{"name": builders.SCHEDULING_GATE}]
 
 
 def test_deployment_never_surges_gpus():
     d = _desired({"model": {"path": "m"}})
-    dep = builders.build_deployment(OWNER, d.template, d.revision, builders.ROLE_STABLE, 3)
+    dep = builders.build_deployment(OWNER, d.template, d.revision, 3)
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     assert dep["metadata"]["ownerReferences"][0]["controller"] is True
 
@@ -226,21 +244,23 @@ def test_pod_fields_reach_the_pod_and_only_when_set():
 def test_operator_labels_cover_what_the_schema_refuses():
     """Every pod label the operator sets is one the spec may not set (so a user label never shadows it)."""
     d = _desired({"model": {"path": "m"}})
-    s = builders.build_deployment(OWNER, d.template, d.revision, builders.ROLE_STABLE, 1)
-    for k in s["spec"]["template"]["metadata"]["labels"]:
+    s = builders.build_deployment(OWNER, d.template, d.revision, 1)
+    base = builders.build_baseline(OWNER, s["spec"]["template"], d.revision, 1)
+    for k in [*s["spec"]["template"]["metadata"]["labels"], *base["spec"]["template"]["metadata"]["labels"]]:
         assert k in api.OPERATOR_LABELS or k.startswith(api.OPERATOR_PREFIX), k
     for k in s["spec"]["template"]["metadata"]["annotations"]:
         assert k.startswith(api.OPERATOR_PREFIX), k
 
 
-def test_pdb_only_with_more_than_one_replica_and_over_the_stable_pods():
+def test_pdb_only_with_more_than_one_replica_and_over_all_the_services_pods():
     assert _desired({"model": {"path": "m"}, "replicas": 1}).pdb is None
     assert _desired({"model": {"path": "m"}, "replicas": 0}).pdb is None
     pdb = _desired({"model": {"path": "m"}, "replicas": 2}).pdb
     assert pdb["apiVersion"] == "policy/v1" and pdb["metadata"]["name"] == "svc"
     assert pdb["spec"] == {
         "maxUnavailable": 1,
-        "selector": {"matchLabels": {builders.LABEL_SERVICE: "svc", builders.LABEL_ROLE: builders.ROLE_STABLE}},
+        # every pod of the service, whatever its revision or role (a canary pod serves traffic too)
+        "selector": {"matchLabels": {builders.LABEL_SERVICE: "svc"}},
     }
     assert pdb["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
 
@@ -359,7 +379,7 @@ def test_the_qos_classifier_tells_burstable_pods():
 def test_startup_timeout_sizes_the_startup_probe_and_the_progress_deadline():
     def probe(spec):
         d = _desired(spec)
-        dep = builders.build_deployment(OWNER, d.template, d.revision, builders.ROLE_STABLE, 1)
+        dep = builders.build_deployment(OWNER, d.template, d.revision, 1)
         return _containers(d)["sglang"]["startupProbe"], dep["spec"]["progressDeadlineSeconds"]
 
     default, deadline = probe({"model": {"path": "m"}})

@@ -128,13 +128,18 @@ def test_index_handlers_run_on_the_event_loop_not_behind_the_reconciles() -> Non
 
     pod = {"metadata": {"name": "svc-0", "namespace": "ns", "labels": {B.LABEL_SERVICE: "svc"}},
            "spec": {}, "status": {}}
-    dep = {"metadata": {"name": "svc", "namespace": "ns", "labels": {B.LABEL_SERVICE: "svc",
-                                                                    B.LABEL_ROLE: B.ROLE_STABLE}}, "spec": {}}
+    dep = {"metadata": {"name": "svc-abc", "namespace": "ns", "labels": {B.LABEL_SERVICE: "svc",
+                                                                        B.LABEL_REVISION: "abc"}}, "spec": {}}
+    base = {"metadata": {"name": "svc-baseline", "namespace": "ns", "labels": {
+        B.LABEL_SERVICE: "svc", B.LABEL_REVISION: "abc", B.LABEL_ROLE: B.ROLE_BASELINE}}, "spec": {}}
     for fn in (H.vlm_deployments, H.vlm_pods, H.vlm_services):
         assert inspect.iscoroutinefunction(fn), fn.__name__
     got = asyncio.run(H.vlm_deployments(namespace="ns", labels=dep["metadata"]["labels"], body=kopf.Body(dep)))
-    (key, (role, packed)), = got.items()
-    assert key == ("ns", "svc") and role == B.ROLE_STABLE and packed.unpack()["metadata"]["name"] == "svc"
+    (key, (rev, packed)), = got.items()  # a revision's Deployment: keyed by its revision
+    assert key == ("ns", "svc") and rev == "abc" and packed.unpack()["metadata"]["name"] == "svc-abc"
+    got = asyncio.run(H.vlm_deployments(namespace="ns", labels=base["metadata"]["labels"], body=kopf.Body(base)))
+    (key, (rev, packed)), = got.items()  # the fresh baseline's (the stable revision's too): keyed by its role
+    assert key == ("ns", "svc") and rev == B.ROLE_BASELINE and packed.unpack()["metadata"]["name"] == "svc-baseline"
     got = asyncio.run(H.vlm_pods(namespace="ns", labels=pod["metadata"]["labels"], body=kopf.Body(pod)))
     assert list(got) == [("ns", "svc")] and got[("ns", "svc")].name == "svc-0"
     got = asyncio.run(H.vlm_services(namespace="ns", name="svc", body=kopf.Body(dep)))

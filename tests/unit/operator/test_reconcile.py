@@ -35,6 +35,13 @@ class Cluster:
         observed = self.kube.observed(self.name, pods=pods)
         reconcile.reconcile(self.rt, t, observed, lambda *e: self.events.append(e), now=now)
 
+    def up(self, now: float) -> None:
+        """The pods the Deployments ask for made, placed and Ready: the ReplicaSets make them behind the operator's
+        scheduling gate (settle), a reconcile releases them, and the scheduler and kubelets run them (settle)."""
+        self.kube.settle(self.name)
+        self.run(now)
+        self.kube.settle(self.name)
+
     @property
     def status(self) -> dict:
         return self.kube.vlmservice(self.name)["status"]
@@ -48,8 +55,11 @@ def test_first_reconcile_creates_service_deployment_and_budget_then_reports_pend
     c.run()
     applied = sorted(w.kind for w in c.kube.written("apply"))
     assert applied == ["Deployment", "NetworkPolicy", "PodDisruptionBudget", "Service"]
-    dep = c.kube.deployments()[builders.ROLE_STABLE]
-    assert dep["spec"]["replicas"] == 2 and dep["metadata"]["name"] == "svc"
+    dep = c.kube.deployment("svc", "stable")
+    rev = dep["metadata"]["labels"][builders.LABEL_REVISION]
+    assert list(c.kube.deployments()) == [rev]  # one Deployment, of the revision, named by it
+    assert dep["spec"]["replicas"] == 2 and dep["metadata"]["name"] == f"svc-{rev}"
+    assert dep["spec"]["template"]["spec"]["schedulingGates"] == [{"name": builders.SCHEDULING_GATE}]
     st = c.status
     assert st["phase"] == "Pending" and st["observedGeneration"] == 1
     assert st["replicas"] == 2 and st["readyReplicas"] == 0
@@ -64,7 +74,18 @@ def test_first_reconcile_creates_service_deployment_and_budget_then_reports_pend
 def test_pods_ready_flip_ready_with_one_normal_event_and_a_resync_writes_nothing():
     c = Cluster()
     c.run()
+    c.kube.settle("svc")  # the ReplicaSet's pods, behind the operator's gate
+    assert [p.gated for p in c.kube.pods("svc")] == [True, True]
+    c.kube.reset_writes()
+    c.run(T0 + 5)  # the reconcile releases them (no pin: nothing to pair with) and labels them stable
+    released = c.kube.written("patch", "Pod")
+    assert sorted(w.name for w in released) == sorted(p.name for p in c.kube.pods("svc"))
+    for w in released:
+        assert w.body["metadata"]["labels"] == {builders.LABEL_ROLE: builders.ROLE_STABLE}
+        assert "affinity" not in w.body["spec"]
+    assert c.status["phase"] == "Pending" and c.events == []
     c.kube.settle("svc")
+    assert all(p.node == "node-0" and p.ready and p.labelled_role == "stable" for p in c.kube.pods("svc"))
     c.kube.reset_writes()
     c.run(T0 + 15)
     assert c.status["phase"] == "Ready" and c.status["readyReplicas"] == 2
@@ -85,6 +106,9 @@ def test_transition_time_moves_only_when_a_condition_flips():
     c.run(T0 + 100)  # nothing changed
     assert c.condition("Ready")["lastTransitionTime"] == before
     c.kube.settle("svc")
+    c.run(T0 + 150)  # the pods released, none Ready yet: still no flip
+    assert c.condition("Ready")["lastTransitionTime"] == before
+    c.kube.settle("svc")
     c.run(T0 + 200)
     assert c.condition("Ready")["lastTransitionTime"] != before
 
@@ -92,7 +116,7 @@ def test_transition_time_moves_only_when_a_condition_flips():
 def test_invalid_spec_keeps_the_last_good_status_and_touches_no_deployment():
     c = Cluster()
     c.run()
-    c.kube.settle("svc")
+    c.up(T0 + 5)
     c.run(T0 + 15)
     good = dict(c.status)
     c.kube.update_spec("svc", {**SPEC, "sglang": {"args": ["--tp", "2"]}})
@@ -124,13 +148,14 @@ def test_invalid_spec_with_a_garbled_status_does_not_stall():
 def test_scaling_rewrites_the_deployment_and_the_status():
     c = Cluster()
     c.run()
-    c.kube.settle("svc")
+    c.up(T0 + 5)
     c.run(T0 + 15)
     c.kube.update_spec("svc", {**SPEC, "replicas": 3})
     c.kube.reset_writes()
     c.run(T0 + 30)
     assert [w.kind for w in c.kube.written("apply")][:1] == ["Deployment"]
-    assert c.kube.deployments()[builders.ROLE_STABLE]["spec"]["replicas"] == 3
+    assert list(c.kube.deployments()) == [c.status["stableRevision"]]  # the same revision: scaled, not replaced
+    assert c.kube.deployment("svc", "stable")["spec"]["replicas"] == 3
     assert c.status["replicas"] == 3 and c.status["phase"] == "Pending"
 
 
@@ -150,7 +175,7 @@ def test_paused_changes_no_deployment_but_still_reports():
     c.kube.reset_writes()
     c.run(T0 + 15)
     assert c.kube.written("apply") == [] and c.kube.written("delete") == []
-    assert c.kube.deployments()[builders.ROLE_STABLE]["spec"]["replicas"] == 2
+    assert c.kube.deployment("svc", "stable")["spec"]["replicas"] == 2
     assert c.status["observedGeneration"] == 2
 
 
@@ -185,7 +210,7 @@ ROLLOUT = {
 
 def start_canary(c: Cluster) -> str:
     c.run(T0)
-    c.kube.settle(c.name)
+    c.up(T0 + 5)
     c.run(T0 + 15)
     c.kube.update_spec(c.name, {**ROLLOUT, "sglang": {"ipcCache": {"mode": "Off"}}})
     c.run(T0 + 30)
@@ -193,12 +218,24 @@ def start_canary(c: Cluster) -> str:
 
 
 def test_a_new_revision_starts_a_canary_with_a_fresh_baseline_when_gpus_are_free():
-    c = Cluster(ROLLOUT, gpus=8)
-    rev = start_canary(c)
-    assert c.kube.free_gpu_calls == 1
+    fresh = {**ROLLOUT, "rollout": {**ROLLOUT["rollout"], "baseline": "Fresh"}}  # the default is now Stable
+    c = Cluster(fresh, gpus=8)
+    c.run(T0)
+    c.up(T0 + 5)
+    c.run(T0 + 15)
+    stable = c.status["stableRevision"]
+    c.kube.update_spec(c.name, {**fresh, "sglang": {"ipcCache": {"mode": "Off"}}})
+    calls = c.kube.free_gpu_calls
+    c.run(T0 + 30)
+    rev = c.status["rollout"]["revision"]
+    assert c.kube.free_gpu_calls == calls + 1  # the nodes' free GPUs read once, to place the canary and baseline
     deps = c.kube.deployments()
-    assert set(deps) == {builders.ROLE_STABLE, builders.ROLE_CANARY, builders.ROLE_BASELINE}
-    assert deps[builders.ROLE_CANARY]["metadata"]["labels"][builders.LABEL_REVISION] == rev
+    assert set(deps) == {stable, rev, builders.ROLE_BASELINE}
+    assert deps[rev]["metadata"]["name"] == f"svc-{rev}" and deps[rev]["spec"]["replicas"] == 1
+    assert deps[builders.ROLE_BASELINE]["metadata"]["labels"][builders.LABEL_REVISION] == stable
+    assert deps[builders.ROLE_BASELINE]["spec"]["replicas"] == 1
+    assert deps[stable]["spec"]["replicas"] == 2  # room on the node: the canary surges, no stable pod goes
+    assert c.status["rollout"]["baseline"] == "Fresh"
     st = c.status
     assert st["phase"] == "Canary" and st["rollout"]["phase"] == "Progressing" and st["canaryRevision"] == rev
     assert c.condition("Progressing")["reason"] == "CanaryProgressing"
@@ -241,7 +278,7 @@ def test_rollout_events_follow_the_status_so_a_failed_write_never_posts_them_twi
     stopped before it) posts nothing, and the retry, planned from the status it finds, posts them once."""
     c = Cluster(ROLLOUT, gpus=8)
     c.run(T0)
-    c.kube.settle(c.name)
+    c.up(T0 + 5)
     c.run(T0 + 15)
     c.kube.update_spec(c.name, {**ROLLOUT, "sglang": {"ipcCache": {"mode": "Off"}}})
     real = c.kube.patch_status
@@ -265,7 +302,7 @@ def test_a_stale_copy_queued_before_a_write_is_skipped():
     rollout restarted)."""
     c = Cluster(ROLLOUT, gpus=8)
     c.run(T0)
-    c.kube.settle(c.name)
+    c.up(T0 + 5)
     c.run(T0 + 15)
     c.kube.update_spec(c.name, {**ROLLOUT, "sglang": {"ipcCache": {"mode": "Off"}}})
     queued_update = c.kube.target(c.name)  # the update handler's copy
@@ -287,7 +324,7 @@ def test_a_copy_older_than_another_writers_change_never_writes_its_status_or_eve
     retry on a fresh copy plans from what the other writer recorded."""
     c = Cluster(ROLLOUT, gpus=8)
     c.run(T0)
-    c.kube.settle(c.name)
+    c.up(T0 + 5)
     c.run(T0 + 15)
     c.kube.update_spec(c.name, {**ROLLOUT, "sglang": {"ipcCache": {"mode": "Off"}}})
     lagging = c.kube.target(c.name)  # a standby's cached copy
@@ -319,7 +356,7 @@ def test_a_reconcile_on_an_index_behind_our_own_writes_does_not_apply_them_again
     assert c.kube.written("apply") == []
     # Once the index showed them, a Deployment deleted by hand is re-created at once.
     c.run(T0 + 2)
-    c.kube.delete("apps/v1", "Deployment", "ns", c.name)
+    c.kube.delete("apps/v1", "Deployment", "ns", f"{c.name}-{c.status['stableRevision']}")
     c.kube.reset_writes()
     c.run(T0 + 3)
     assert [w.kind for w in c.kube.written("apply")] == ["Deployment"]
@@ -383,7 +420,7 @@ def test_an_object_the_api_server_refuses_is_an_invalid_spec_reported_once_and_n
     c.kube.update_spec("svc", {**SPEC, "sglang": {"args": ["--fixed"]}})
     c.run(T0 + 60)
     assert "Deployment" in [w.kind for w in c.kube.written("apply")]
-    c.kube.settle("svc")
+    c.up(T0 + 70)
     c.run(T0 + 75)
     assert c.condition("Ready")["status"] == "True"
 
@@ -416,7 +453,7 @@ def test_an_apply_refused_outside_the_spec_is_a_condition_and_is_tried_again_at_
     assert "Deployment" in [w.kind for w in c.kube.written("apply")]
     assert ("policy/v1", "PodDisruptionBudget", "ns", "svc") in c.kube.objects
     assert c.status["observedGeneration"] == 1
-    c.kube.settle("svc")
+    c.up(T0 + 40)
     c.run(T0 + 45)
     assert (c.condition("Ready")["status"], c.condition("Degraded")["status"]) == ("True", "False")
     assert c.events[-1][:2] == ("Normal", "AllReplicasReady"), c.events
@@ -426,7 +463,7 @@ def test_a_refused_change_to_a_serving_service_keeps_it_ready_and_marks_it_degra
     """The pods serve on while a change to them is refused: Ready stays True, Degraded=True/ApplyRefused."""
     c = Cluster()
     c.run(T0)
-    c.kube.settle("svc")
+    c.up(T0 + 5)
     c.run(T0 + 15)
     c.events.clear()
     c.kube.refuse = lambda obj: QUOTA if obj["kind"] == "Deployment" else None

@@ -1,12 +1,13 @@
 """Valid but unusual specs through the reconcile (fake Kube wrapper): one field of the full canary example
 changed at a time (tests/specfuzz.py), kept only where the model accepts it, then reconciled with and
-without GPUs to spare, pods settled, a template change made and reconciled again. Never an exception,
+without GPUs to spare on the node, pods made, released and settled, a template change made and reconciled again. Never an exception,
 and the service always ends with a Ready condition whose reason says what happened."""
 
 from __future__ import annotations
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from vlm_operator import api
 
 from tests.specfuzz import BASE, READY_REASONS, model_accepts, mutants, mutate
 
@@ -21,15 +22,17 @@ def test_unusual_valid_specs_reconcile_to_a_condition(case, gpus):
     spec = mutate(BASE, path, value, action)
     assume(model_accepts(spec))
     c = Cluster(spec, gpus=gpus)
+    model = api.parse_spec(spec)
+    c.kube.nodes = {"node-0": model.replicas * model.gpus_per_replica + gpus}  # `gpus` to spare once all run
     c.run(T0)
-    c.kube.settle("svc")
+    c.up(T0 + 5)
     c.run(T0 + 15)
     # A pod-template change: a canary where the spec has a rollout.
     changed = {**spec, "sglang": {**(spec.get("sglang") or {}), "args": ["--fuzz-change"]}}
     if model_accepts(changed):
         c.kube.update_spec("svc", changed)
     c.run(T0 + 30)
-    c.kube.settle("svc")
+    c.up(T0 + 40)
     c.run(T0 + 45)
     ready = c.condition("Ready")
     assert ready["reason"] in READY_REASONS, ready

@@ -17,12 +17,13 @@ from .test_reconcile_profiler import Cluster, ready
 
 
 def traffic(state: dict):
-    """Sidecar windows' IPC fields from `state`: features (bool), reopen (set of pods re-opening handles)."""
+    """Sidecar windows' IPC fields from `state`: features (bool), reopen (the pods re-opening handles, by the number
+    their ReplicaSet gave them: `<svc>-<revision>-<n>`, 1 and 2 for the first two)."""
 
     def extra(pod: str, k: int) -> dict:
         if not state["features"]:
             return {"feature_transport_share": 0.0, "ipc_handle_reopen_share": 0.0, "feature_transport_samples": 0}
-        reopen = pod in state["reopen"]
+        reopen = any(pod.endswith(f"-{n}") for n in state["reopen"])
         return {"feature_transport_share": 0.12, "ipc_handle_reopen_share": 0.11 if reopen else 0.0,
                 "feature_transport_samples": 600}
 
@@ -60,15 +61,17 @@ def test_flags_reason_until_feature_traffic_then_observed_in_profile_and_kept_th
 
 
 def test_a_pod_told_to_cache_that_reopens_handles_is_not_observed_with_one_warning():
-    state = {"features": True, "reopen": {"svc-1"}}
+    state = {"features": True, "reopen": {2}}
     c = Cluster(extra=traffic(state))
     t = ready(c)
+    good, bad = (p.name for p in c.kube.pods("svc"))
+    assert bad.endswith("-2") and not good.endswith("-2")
     c.run(t + 15)
     cond = ipc(c)
     assert (cond["status"], cond["reason"]) == ("False", "NotObserved"), cond
-    assert "svc-1" in cond["message"] and "svc-0" not in cond["message"]
+    assert bad in cond["message"] and good not in cond["message"]
     warnings = [e for e in c.events if e[1] == C.IPC_NOT_OBSERVED_EVENT]
-    assert len(warnings) == 1 and warnings[0][0] == "Warning" and "svc-1" in warnings[0][2]
+    assert len(warnings) == 1 and warnings[0][0] == "Warning" and bad in warnings[0][2]
     assert verified() == 0.0
     c.kube.reset_writes()
     for i in range(2, 10):  # steady: the verdict is not rewritten and the Warning not repeated
@@ -82,7 +85,7 @@ def test_a_pod_told_to_cache_that_reopens_handles_is_not_observed_with_one_warni
 
 
 def test_cache_switched_off_by_spec_keeps_the_flags_reason_whatever_the_profile():
-    c = Cluster({**SPEC, "sglang": {"ipcCache": {"mode": "Off"}}}, extra=traffic({"features": True, "reopen": {"svc-0"}}))
+    c = Cluster({**SPEC, "sglang": {"ipcCache": {"mode": "Off"}}}, extra=traffic({"features": True, "reopen": {1}}))
     t = ready(c)
     c.run(t + 15)
     assert (ipc(c)["status"], ipc(c)["reason"]) == ("False", "DisabledBySpec")

@@ -75,10 +75,23 @@ class Cluster:
 
 
 def ready(c: Cluster, t: float = T0) -> float:
-    c.run(t)
-    c.kube.settle("svc")
+    c.run(t - 30)
+    place(c, t - 20)  # (a round before the pods have IPs: the next profiler read is one interval later)
     c.run(t + 1)
     return t + 1
+
+
+def place(c: Cluster, t: float) -> None:
+    """The ReplicaSets' pods made (behind the operator's gate), released by a reconcile, then scheduled and Ready.
+    That reconcile, the first with a stable revision, reads no sidecar (no pod has an IP yet) but spends the
+    service's profiler read of the interval."""
+    c.kube.settle("svc")
+    c.run(t)
+    c.kube.settle("svc")
+
+
+def names(c: Cluster) -> list[str]:
+    return [p.name for p in c.kube.pods("svc")]
 
 
 def test_profiler_summary_is_written_once_and_a_steady_service_writes_nothing_after():
@@ -131,55 +144,70 @@ def test_lastsampletime_is_refreshed_at_the_refresh_setting():
 
 def test_dead_sidecars_cost_one_timeout_per_window_then_back_off_and_the_status_says_nothing_new():
     c = Cluster()
-    c.run(T0)
-    c.kube.settle("svc")
-    c.sidecars.dead = {p.name for p in c.kube.pods("svc")}
+    c.run(T0 - 30)
+    place(c, T0 - 20)
+    c.sidecars.dead = set(names(c))
+    assert len(c.sidecars.dead) == 2 and c.sidecars.calls == {}
     for i in range(40):  # 10 minutes of 15 s resyncs
         c.run(T0 + 1 + 15 * i)
     # Tried at 0, 15, 45, 105, 225, 345, 465, 585 s (1, 2, 4, 8, 8, ... intervals): 8 per pod, not 40.
-    assert c.sidecars.calls == {"svc-0": 8, "svc-1": 8}
+    assert c.sidecars.calls == {n: 8 for n in names(c)}
     assert "profiler" not in c.status  # unavailable is not a summary
 
 
 def test_a_dead_pod_does_not_hide_the_live_one_and_comes_back_after_its_backoff():
     c = Cluster(loop=lambda pod: 0.020)
-    c.run(T0)
-    c.kube.settle("svc")
-    c.sidecars.dead = {"svc-1"}
+    c.run(T0 - 30)
+    place(c, T0 - 20)
+    first, second = names(c)
+    assert c.sidecars.calls == {}
+    c.sidecars.dead = {second}
     c.run(T0 + 1)
     assert c.status["profiler"]["loopP50"] == "20.0ms"
     c.sidecars.dead = set()
     for i in range(1, 5):
         c.run(T0 + 1 + 15 * i)
-    # Failed at 1 s, so not tried again before its next window (16 s); then read once per window like svc-0.
-    assert c.sidecars.calls == {"svc-0": 5, "svc-1": 5}
+    # Failed at 1 s, so not tried again before its next window (16 s); then read once per window like the other.
+    assert c.sidecars.calls == {first: 5, second: 5}
 
 
 def start_analysis(c: Cluster) -> float:
-    """Stable ready, then a new revision: canary and fresh baseline up and analysing. Returns the time."""
+    """Stable ready, then a new revision: the canary pod up next to the stable pods (a free GPU on their node:
+    a surge; compared with the stable pods, the default baseline) and analysing. Returns the time."""
     t = ready(c)
     c.kube.update_spec("svc", {**ROLLOUT, "sglang": {"ipcCache": {"mode": "Off"}}})
     c.run(t + 10)
-    c.kube.settle("svc")
+    place(c, t + 15)
     c.run(t + 20)
     assert c.status["rollout"]["phase"] == "Analysing", c.status["rollout"]
+    assert c.status["rollout"]["baseline"] == "Stable"
+    assert sorted(p.role for p in c.kube.pods("svc")) == [builders.ROLE_CANARY, builders.ROLE_STABLE,
+                                                          builders.ROLE_STABLE]
     return t + 20
+
+
+def canary_pod(c: Cluster, pod: str) -> bool:
+    """Is `pod` one of the canary revision's (its Deployment's name, then the pod's number)?"""
+    rev = c.status.get("canaryRevision") or (c.status.get("rollout") or {}).get("revision")
+    return bool(rev) and pod.rsplit("-", 1)[0] == f"svc-{rev}"
 
 
 def test_unreachable_canary_sidecars_are_signals_unavailable_never_a_pass():
     c = Cluster(ROLLOUT, gpus=8)
     t = start_analysis(c)
     c.sidecars.dead = {p.name for p in c.kube.pods("svc") if p.role == builders.ROLE_CANARY}
+    (dead,) = c.sidecars.dead
     for i in range(1, 9):
         c.run(t + 60 * i)
     r = c.status["rollout"]
     assert r["phase"] == "Analysing" and r["analyses"] >= 1
-    assert "no profiler sidecar of revision" in r["message"] and "svc-canary-0" in r["message"]
+    assert "no profiler sidecar of revision" in r["message"] and dead in r["message"]
     assert all(s.get("verdict") != "pass" for s in r.get("signals", []))
 
 
 def test_a_slower_canary_is_rolled_back_through_reconcile():
-    c = Cluster(ROLLOUT, gpus=8, loop=lambda pod: 0.030 if "canary" in pod else 0.020)
+    c = Cluster(ROLLOUT, gpus=8)
+    c.sidecars.loop = lambda pod: 0.030 if canary_pod(c, pod) else 0.020
     t = start_analysis(c)
     for i in range(1, 11):
         c.run(t + 60 * i)
@@ -188,7 +216,13 @@ def test_a_slower_canary_is_rolled_back_through_reconcile():
     r = c.status["rollout"]
     assert r["phase"] == "RolledBack", r
     assert c.status["phase"] == "RolledBack"
-    assert builders.ROLE_CANARY not in c.kube.deployments()
+    stable = c.status["stableRevision"]
+    for i in range(1, 4):  # the canary's pod removed (it was a surge: the stable pods all stayed)
+        c.kube.settle("svc")
+        c.run(t + 600 + 15 * i)
+    assert set(c.kube.deployments()) == {stable}  # the canary's Deployment deleted once it has no pod
+    assert [p.revision for p in c.kube.pods("svc")] == [stable, stable]
+    assert c.status["stableRevision"] == stable and c.status["rollout"]["phase"] == "RolledBack"
     # One Event per rollback: the rollout's own, not a second one for the Degraded condition's flip.
     assert [e[1] for e in c.events].count("CanaryRolledBack") == 1, c.events
     labels = {"namespace": "ns", "vlmservice": "svc", "revision": r["revision"]}

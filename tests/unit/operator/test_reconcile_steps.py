@@ -1,6 +1,7 @@
-"""Multi-step rollouts walked end to end through reconcile and the real gate (fake Kube, fake sidecars): every
-step starts its own canary pods and its own analysis clock, an early TooFewSamples in a later step is just a
-look too soon, and a regression that only shows in a later step is rolled back there."""
+"""Multi-step rollouts walked end to end through reconcile and the real gate (fake Kube with its pod simulation,
+fake sidecars): every step starts its own canary pods and its own analysis clock, an early TooFewSamples in a later
+step is just a look too soon, and a regression that only shows in a later step is rolled back there. Pods are named
+`<svc>-<revision>-<n>`: a pod is the canary's by its revision (status.rollout.revision)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,19 @@ STEPS = {
 CHANGE = {"sglang": {"env": [{"name": "HARMLESS", "value": "1"}]}}
 
 
-def walk(c: Cluster, start: float, limit: int = 60, on_look=None) -> list[dict]:
-    """A reconcile every minute, the cluster settling after each (new pods Ready), until a verdict: each
-    look's (step, phase, reason, canary replicas, analysisStartedAt)."""
+def canary_revision(c: Cluster) -> str | None:
+    return (c.status.get("rollout") or {}).get("revision")
+
+
+def is_canary(c: Cluster, pod: str) -> bool:
+    rev = canary_revision(c)
+    return bool(rev) and pod.startswith(f"svc-{rev}-")
+
+
+def walk(c: Cluster, start: float, limit: int = 80, on_look=None) -> list[dict]:
+    """A reconcile every minute, the cluster settling after each (gated pods released the round after they are
+    made, placed pods Ready), until a verdict: each look's (step, phase, reason, canary replicas,
+    analysisStartedAt, Ready serving pods)."""
     looks = []
     t = start
     for _ in range(limit):
@@ -31,20 +42,39 @@ def walk(c: Cluster, start: float, limit: int = 60, on_look=None) -> list[dict]:
         r = c.status["rollout"]
         if on_look:
             on_look(t, r)
-        canary = c.kube.deployments().get(builders.ROLE_CANARY)
+        canary = c.kube.deployments("ns", "svc").get(r["revision"])
         looks.append({"t": t - start, "step": r.get("step"), "phase": r["phase"], "reason": r.get("reason"),
                       "canary": canary["spec"]["replicas"] if canary else None,
-                      "started": r.get("analysisStartedAt")})
+                      "started": r.get("analysisStartedAt"), "ready": serving_ready(c)})
         if r["phase"] in ("Promoted", "RolledBack", "Aborted"):
             return looks
         c.kube.settle("svc")
     raise AssertionError(f"no verdict after {limit} looks: {looks[-5:]}")
 
 
+def serving_ready(c: Cluster) -> int:
+    return sum(1 for p in c.kube.pods("svc") if p.ready and p.labelled_role != builders.ROLE_BASELINE)
+
+
+def finish(c: Cluster, t: float, limit: int = 10) -> float:
+    """Reconciles after the verdict until the service runs one revision (a rollback replaces the canary's pods
+    first; a drained Deployment goes the round after its last pod)."""
+    for _ in range(limit):
+        c.kube.settle("svc")
+        t += 60
+        c.run(t)
+        if len(c.kube.deployments("ns", "svc")) == 1 and all(p.ready for p in c.kube.pods("svc")):
+            return t
+    raise AssertionError(f"still {sorted(c.kube.deployments('ns', 'svc'))} after {limit} rounds")
+
+
 def start(c: Cluster) -> float:
     c.run(T0)
-    c.kube.settle("svc")
-    c.run(T0 + 1)
+    c.kube.settle("svc")  # the pods made, gated
+    c.run(T0 + 1)  # released
+    c.kube.settle("svc")  # placed and Ready
+    c.run(T0 + 2)
+    assert serving_ready(c) == 4
     c.kube.update_spec("svc", {**STEPS, **CHANGE})
     c.run(T0 + 10)
     return T0 + 10
@@ -60,21 +90,26 @@ def test_three_steps_each_with_its_own_pods_and_clock_end_promoted():
     quiet: dict[str, float] = {}  # when step 3's canary pods see no traffic (window ends, unix seconds)
 
     def on_look(t: float, r: dict) -> None:
-        if r.get("step") == 2 and not quiet:
+        if r.get("step") == 2 and r["phase"] == "Analysing" and not quiet:  # step 3's pods just became Ready
             quiet.update({"from": t - 15, "until": t + 195})
 
     def traffic(pod: str, k: int) -> dict:
-        return {"samples": 0} if "canary" in pod and quiet and quiet["from"] <= k * 15.0 <= quiet["until"] else {}
+        return {"samples": 0} if is_canary(c, pod) and quiet and quiet["from"] <= k * 15.0 <= quiet["until"] else {}
 
     c = Cluster(spec, gpus=16, extra=traffic)
     c.run(T0)
     old_rev = c.status["stableRevision"]
     looks = walk(c, start(c), on_look=on_look)
     assert looks[-1]["phase"] == "Promoted", looks
-    # Steps in order, each with its own canary size, and each step's analysis started when its pods were Ready.
+    # Steps in order, each with its own canary size, and each step's analysis started when its pods were Ready;
+    # after the last step the remaining stable pods are replaced (Promoting), still looked at.
     by_step: dict[int, list[dict]] = {}
     for look in looks[:-1]:
-        by_step.setdefault(look["step"], []).append(look)
+        if look["phase"] != "Promoting":
+            by_step.setdefault(look["step"], []).append(look)
+    promoting = [x for x in looks if x["phase"] == "Promoting"]
+    assert promoting and looks.index(promoting[0]) > looks.index(by_step[2][-1]), looks
+    assert min(x["ready"] for x in looks) >= 3, "Ready replicas never below replicas - maxUnavailable"
     assert sorted(by_step) == [0, 1, 2], looks
     assert [{x["canary"] for x in by_step[s]} for s in (0, 1, 2)] == [{1}, {2}, {3}], looks
     starts = [next(x["started"] for x in by_step[s] if x["started"]) for s in (0, 1, 2)]
@@ -85,14 +120,19 @@ def test_three_steps_each_with_its_own_pods_and_clock_end_promoted():
     # too few windows with traffic: Inconclusive, never a timeout.
     assert any(x["reason"] == "TooFewSamples" for x in by_step[0]), by_step[0]
     early = [x for x in by_step[2] if x["phase"] == "Analysing" and x["reason"] in ("TooFewSamples", "NoTraffic")]
-    assert len(early) >= 2, by_step[2]
+    assert len(early) >= 2, "\n".join(str((x["t"], x["step"], x["phase"], x["reason"], x["canary"], x["ready"], x["started"])) for x in looks)
     assert looks[-1]["t"] > 5 * 60 + 240, "the rollout as a whole ran past one maxDuration"
-    # Promoted: the stable Deployment runs the new revision, the canary and the fresh baseline are gone.
-    deps = c.kube.deployments()
-    assert set(deps) == {builders.ROLE_STABLE}
-    new_rev = deps[builders.ROLE_STABLE]["metadata"]["labels"][builders.LABEL_REVISION]
+    # Promoted: the new revision is stable, its Deployment (the canary's, never restarted) runs every replica;
+    # the old revision's Deployment and the fresh baseline are gone.
+    new_rev = canary_revision(c)
     assert new_rev != old_rev and c.status["stableRevision"] == new_rev
-    assert deps[builders.ROLE_STABLE]["spec"]["replicas"] == 4
+    canary_pods = {p.name for p in c.kube.pods("svc") if p.revision == new_rev and p.ready}
+    finish(c, T0 + 10 + looks[-1]["t"])
+    deps = c.kube.deployments("ns", "svc")
+    assert set(deps) == {new_rev} and deps[new_rev]["spec"]["replicas"] == 4
+    pods = c.kube.pods("svc")
+    assert len(pods) == 4 and canary_pods <= {p.name for p in pods}
+    assert {p.labelled_role for p in pods} == {"stable"}
     reasons = [e[1] for e in c.events]
     assert reasons.count("CanaryStarted") == 1 and reasons.count("CanaryPromoted") == 1, reasons
     assert "CanaryRolledBack" not in reasons
@@ -102,7 +142,16 @@ def test_a_regression_that_shows_only_in_step_two_is_rolled_back_there():
     """One canary pod of two is slow (a node it lands on, a load it only meets at more replicas): step 1 passes
     on the fast pod, step 2 sees the revision-wide mean grow and rolls back, naming step 2."""
     two = {**STEPS, "rollout": {**STEPS["rollout"], "steps": STEPS["rollout"]["steps"][:2]}}
-    c = Cluster(two, gpus=16, loop=lambda pod: 0.032 if pod == "svc-canary-1" else 0.020)
+    first: list[str] = []  # the canary pod of step 1
+
+    def loop(pod: str) -> float:
+        if not is_canary(c, pod):
+            return 0.020
+        if not first:
+            first.append(pod)
+        return 0.020 if pod == first[0] else 0.032
+
+    c = Cluster(two, gpus=16, loop=loop)
     c.run(T0)
     old_rev = c.status["stableRevision"]
     looks = walk(c, start(c))
@@ -111,8 +160,12 @@ def test_a_regression_that_shows_only_in_step_two_is_rolled_back_there():
     assert any(x["step"] == 1 and x["phase"] == "Analysing" for x in looks), looks
     r = c.status["rollout"]
     assert r["reason"] in ("LoopLatencyRegressed", "LoopP95Regressed", "StageTimeRegressed"), r
-    deps = c.kube.deployments()
-    assert set(deps) == {builders.ROLE_STABLE}
-    assert deps[builders.ROLE_STABLE]["metadata"]["labels"][builders.LABEL_REVISION] == old_rev
+    assert c.status["stableRevision"] == old_rev and c.status.get("canaryRevision") is None
+    # The canary's pods are replaced by stable ones; its Deployment and the fresh baseline go.
+    finish(c, T0 + 10 + looks[-1]["t"])
+    deps = c.kube.deployments("ns", "svc")
+    assert set(deps) == {old_rev} and deps[old_rev]["spec"]["replicas"] == 4
+    assert {p.revision for p in c.kube.pods("svc")} == {old_rev} and len(c.kube.pods("svc")) == 4
+    assert first and first[0] not in {p.name for p in c.kube.pods("svc")}
     reasons = [e[1] for e in c.events]
     assert reasons.count("CanaryRolledBack") == 1 and "CanaryPromoted" not in reasons, reasons

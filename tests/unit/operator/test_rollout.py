@@ -1,18 +1,26 @@
-"""The rollout state machine: pure, so each phase change is checked on constructed inputs."""
+"""The rollout state machine (pure), walked over a small fake cluster: every plan is applied as the reconcile
+applies it (pods marked, released and labelled, revision Deployments scaled or deleted) and the cluster settles
+(FakeKube: ReplicaSets, scheduler, kubelets) before the next round."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field
 
 import pytest
-from vlm_operator import analysis, api, builders, rollout, units
+from vlm_operator import act, analysis, api, builders, placement, rollout, units
 from vlm_operator.gate import Decision
-from vlm_operator.observed import Observed, PodInfo
+from vlm_operator.gate.verdict import SignalResult
+from vlm_operator.names import ACTIVE_PHASES
+from vlm_operator.observed import BASELINE_KEY, Observed
 from vlm_operator.settings import Settings
+
+from .fakekube import FakeKube
 
 OWNER = builders.Owner("svc", "ns", "uid-1")
 SETTINGS = Settings()
 T0 = 1_800_000_000.0
+CHANGE = {"sglang": {"ipcCache": {"mode": "Off"}}}
+TIGHT = {"node-0": 1, "node-1": 1, "node-2": 1}  # one GPU each: no room to surge
 
 
 def spec(**over) -> api.VLMServiceSpec:
@@ -32,202 +40,470 @@ def desired(s: api.VLMServiceSpec) -> builders.Desired:
     return builders.build_desired(OWNER, s, SETTINGS)
 
 
-def observed_with_stable(d: builders.Desired, replicas: int = 3, canary: builders.Desired | None = None, canary_ready=0,
-                         baseline_ready: int | None = None) -> Observed:
-    deps = {builders.ROLE_STABLE: builders.build_deployment(OWNER, d.template, d.revision, builders.ROLE_STABLE, replicas)}
-    pods = [PodInfo(f"s{i}", builders.ROLE_STABLE, d.revision, "Running", True) for i in range(replicas)]
-    if baseline_ready is not None:
-        deps[builders.ROLE_BASELINE] = builders.build_deployment(OWNER, d.template, d.revision, builders.ROLE_BASELINE, 1)
-        pods += [PodInfo(f"b{i}", builders.ROLE_BASELINE, d.revision, "Running", True) for i in range(baseline_ready)]
-    if canary is not None:
-        deps[builders.ROLE_CANARY] = builders.build_deployment(OWNER, canary.template, canary.revision, builders.ROLE_CANARY, 1)
-        pods += [PodInfo(f"c{i}", builders.ROLE_CANARY, canary.revision, "Running", True) for i in range(canary_ready)]
-    return Observed(deployments=deps, pods=tuple(pods))
-
-
 def decision(verdict: str, **kw) -> Decision:
     return Decision(verdict=verdict, reason=kw.pop("reason", verdict), message=kw.pop("message", verdict), **kw)
 
 
-def test_first_deploy_creates_stable_without_canary():
+def fail_signal() -> SignalResult:
+    return SignalResult(name="loop_latency", baseline=0.02, canary=0.03, delta=0.5, ci_low=0.4, ci_high=0.6,
+                        p_value=0.001, n_baseline=40, n_canary=40, verdict="fail")
+
+
+def stored(r: api.RolloutStatus | None) -> api.RolloutStatus | None:
+    """The rollout status as the API server keeps it (JSON, camelCase, nulls dropped) and a restart reads it."""
+    return api.RolloutStatus.model_validate(r.model_dump(by_alias=True, exclude_none=True)) if r else None
+
+
+@dataclass
+class World:
+    """One service on a FakeKube, its status (stableRevision, rollout) kept here as the reconcile keeps it."""
+
+    spec: api.VLMServiceSpec
+    nodes: dict[str, int] = field(default_factory=lambda: dict(TIGHT))
+    stable: str | None = None
+    rollout: api.RolloutStatus | None = None
+    events: list[rollout.Event] = field(default_factory=list)
+    ready_seen: list[int] = field(default_factory=list)  # Ready serving pods after every settle
+
+    def __post_init__(self) -> None:
+        self.kube = FakeKube(nodes=dict(self.nodes))
+
+    # what a reconcile reads
+    def observed(self) -> Observed:
+        obs = self.kube.observed("svc")
+        stable = rollout.stable_revision(self.stable, obs)
+        prev = self.rollout
+        canary = prev.revision if prev and prev.phase in ACTIVE_PHASES and prev.revision != stable else None
+        return obs.with_roles(stable, canary)
+
+    def plan(self, now: float, *, decision: Decision | None = None, action: str | None = None,
+             prev: api.RolloutStatus | str | None = "status") -> rollout.Plan:
+        obs = self.observed()
+        r = self.rollout if prev == "status" else prev
+        stable = rollout.stable_revision(self.stable, obs)
+
+        def once(rooms):
+            return rollout.plan(OWNER, self.spec, desired(self.spec), obs, r, stable=stable, now=now, rooms=rooms,
+                                decision=decision, action=action)
+
+        p = once(None)
+        if p.wants_rooms:
+            p = once({n: placement.Room(f, z) for n, (f, z) in self.kube.rooms("").items()})
+        return p
+
+    def step(self, now: float, *, settle: bool = True, ready: bool = True, **kw) -> rollout.Plan:
+        """One reconcile (plan, apply, status written), then the cluster settles."""
+        obs = self.observed()
+        p = self.plan(now, **kw)
+        assert not p.wants_rooms
+        if not p.hands_off:
+            act.place_pods(self.kube, "ns", p, obs)
+            for rev, body in sorted(p.deployments.items()):
+                self.kube.apply(body, obs.deployments.get(rev))
+            if p.baseline is not None:
+                self.kube.apply(p.baseline, obs.deployments.get(BASELINE_KEY))
+            for rev, body in obs.deployments.items():
+                if rev not in p.deployments and (rev != BASELINE_KEY or p.baseline is None):
+                    self.kube.delete("apps/v1", "Deployment", "ns", body["metadata"]["name"])
+        self.stable, self.rollout = p.stable_revision, stored(p.rollout)
+        self.events += p.events
+        if settle:
+            self.kube.settle("svc", ready=ready)
+            self.ready_seen.append(sum(1 for x in self.serving() if x.ready))
+        return p
+
+    def serving(self):
+        return [p for p in self.kube.pods("svc") if p.labelled_role != BASELINE_KEY]
+
+    def pods_of(self, rev: str):
+        return [p for p in self.serving() if p.revision == rev]
+
+    def reasons(self) -> list[str]:
+        return [e.reason for e in self.events]
+
+    def deploy(self, now: float = T0 - 100) -> str:
+        """First deploy, settled: every pod Ready, labelled stable."""
+        for i in range(3):
+            self.step(now + i)
+        assert self.stable and len(self.pods_of(self.stable)) == self.spec.replicas
+        assert all(p.ready and p.labelled_role == "stable" for p in self.serving())
+        self.ready_seen.clear()
+        return self.stable
+
+    def change(self, new: api.VLMServiceSpec) -> str:
+        self.spec = new
+        return desired(new).revision
+
+    def until(self, now: float, done, *, limit: int = 40, dt: float = 10, **kw) -> float:
+        for _ in range(limit):
+            self.step(now, **kw)
+            if done(self):
+                return now
+            now += dt
+        raise AssertionError(f"not reached after {limit} rounds: {self.rollout}")
+
+
+def canary_world(new_spec=None, *, nodes=None, old=None) -> tuple[World, str, str]:
+    w = World(old or spec(), nodes=nodes or dict(TIGHT))
+    old_rev = w.deploy()
+    return w, old_rev, w.change(new_spec or spec(**CHANGE))
+
+
+def analysing(w: World, now: float = T0) -> float:
+    """The canary walked to Analysing (its step's pods placed and Ready)."""
+    return w.until(now, lambda w: w.rollout.phase == "Analysing")
+
+
+# -- first deploy, updates without a rollout block -----------------------------------------------------------
+
+
+def test_first_deploy_creates_one_deployment_of_the_revision():
     s = spec()
     d = desired(s)
-    p = rollout.plan(OWNER, s, d, Observed(), None, now=T0, free_gpus=16)
-    assert p.stable["spec"]["replicas"] == 3 and p.canary is None and p.stable_revision == d.revision
+    p = rollout.plan(OWNER, s, d, Observed(), None, stable=None, now=T0)
+    assert p.stable_revision == d.revision and p.canary_revision is None and p.rollout is None
+    dep = p.deployments[d.revision]
+    assert list(p.deployments) == [d.revision] and dep["metadata"]["name"] == f"svc-{d.revision}"
+    assert dep["spec"]["replicas"] == 3 and dep["spec"]["template"]["spec"]["schedulingGates"]
+    # Its pods start gated, are released where the scheduler likes and labelled stable on the pod itself.
+    w = World(s)
+    w.step(T0)
+    assert all(p.gated for p in w.serving()) and len(w.serving()) == 3
+    second = w.step(T0 + 1)
+    assert all(n is None for _, n in second.releases)
+    assert len(second.releases) == 3 and {r for _, r in second.labels} == {"stable"}
+    assert all(p.ready and p.name.startswith(f"svc-{d.revision}-") for p in w.serving())
 
 
-def test_without_rollout_block_a_change_rolls_in_place():
+def test_without_rollout_block_a_change_replaces_pods_node_by_node():
     old = spec(rollout=None)
-    new = spec(rollout=None, sglang={"ipcCache": {"mode": "Off"}})
-    p = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=0)
-    assert p.canary is None
-    assert p.stable["spec"]["template"]["metadata"]["labels"][builders.LABEL_REVISION] == desired(new).revision
+    w = World(old)
+    old_rev = w.deploy()
+    old_nodes = sorted(p.node for p in w.serving())
+    old_template = w.kube.deployments("ns", "svc")[old_rev]["spec"]["template"]
+    new_rev = w.change(spec(rollout=None, **CHANGE))
+    first = w.step(T0)
+    assert (first.rollout.phase, first.rollout.revision, first.rollout.from_revision) == ("Updating", new_rev, old_rev)
+    assert first.stable_revision == old_rev and first.canary_revision is None and len(first.victims) == 1
+    w.until(T0 + 10, lambda w: w.rollout is None)
+    assert w.stable == new_rev and set(w.kube.deployments("ns", "svc")) == {new_rev}
+    assert sorted(p.node for p in w.serving()) == old_nodes and all(p.revision == new_rev for p in w.serving())
+    assert min(w.ready_seen) == 2  # never below replicas - 1
+    assert w.reasons().count("Updated") == 1
+    # The old Deployment was only ever scaled, never rolled in place.
+    assert all(x.body["spec"]["template"] == old_template for x in w.kube.written("apply", "Deployment")
+               if x.name == f"svc-{old_rev}")
 
 
-def test_new_revision_starts_a_canary_and_surges_when_gpus_are_free():
-    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
-    obs = observed_with_stable(desired(old))
-    p = rollout.plan(OWNER, new, desired(new), obs, None, now=T0, free_gpus=8)
-    assert p.rollout.phase == "Progressing" and p.rollout.capacity == "Surge"
-    assert p.canary["spec"]["replicas"] == 1 and p.stable["spec"]["replicas"] == 3
-    # The stable Deployment keeps its own template.
-    assert p.stable["spec"]["template"]["metadata"]["labels"][builders.LABEL_REVISION] == desired(old).revision
-    assert [e.reason for e in p.events] == ["CanaryStarted"]
+def test_update_of_one_replica_without_a_free_gpu_warns_before_the_outage():
+    one = {"node-0": 1}
+    w = World(spec(replicas=1, rollout=None), nodes=one)
+    old_rev = w.deploy()
+    new_rev = w.change(spec(replicas=1, rollout=None, **CHANGE))
+    warned = w.step(T0)
+    assert [e.reason for e in warned.events] == ["UpdateCausesOutage"] and warned.rollout.warning
+    assert warned.victims == () and new_rev not in warned.deployments and w.pods_of(old_rev)[0].ready
+    nxt = w.step(T0 + 10)
+    assert len(nxt.victims) == 1
+    assert "UpdateCausesOutage" not in [e.reason for e in nxt.events]
+    w.until(T0 + 20, lambda w: w.rollout is None)
+    assert w.stable == new_rev and w.reasons().count("UpdateCausesOutage") == 1
 
 
-def test_no_free_gpu_borrows_a_stable_replica():
-    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
-    p = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=0)
-    assert p.rollout.capacity == "Borrow"
-    assert p.stable["spec"]["replicas"] == 2 and p.canary["spec"]["replicas"] == 1
+def test_update_of_one_replica_with_a_free_gpu_surges_without_an_outage():
+    w = World(spec(replicas=1, rollout=None), nodes={"node-0": 2})
+    w.deploy()
+    new_rev = w.change(spec(replicas=1, rollout=None, **CHANGE))
+    w.until(T0, lambda w: w.rollout is None)
+    assert w.stable == new_rev and min(w.ready_seen) == 1 and "UpdateCausesOutage" not in w.reasons()
 
 
-def test_surge_stuck_unschedulable_falls_back_to_borrow():
-    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
-    p0 = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=8)
-    obs = observed_with_stable(desired(old), canary=desired(new))
-    obs = replace(obs, pods=(*obs.pods, PodInfo("c0", "canary", desired(new).revision, "Pending", False, "0/2 nodes: Insufficient nvidia.com/gpu")))
-    p1 = rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=T0 + rollout.SURGE_PATIENCE_S + 1, free_gpus=None)
-    assert p1.rollout.capacity == "Borrow" and p1.stable["spec"]["replicas"] == 2
+# -- a canary starts ----------------------------------------------------------------------------------------
 
 
-def _ready(old, new, now=T0 + 10, canary_ready=1):
-    """The canary started at T0 and its pods were Ready at `now`: the step's analysis starts then."""
-    p0 = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=8)
-    obs = observed_with_stable(desired(old), canary=desired(new), canary_ready=canary_ready)
-    assert not analysis.due(new, p0.rollout, obs, desired(new).revision, T0 + 1)  # not Analysing yet
-    p1 = rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=now, free_gpus=None)
-    return p1, obs
+def test_new_revision_starts_a_canary_and_surges_next_to_a_stable_pod():
+    w, old_rev, new_rev = canary_world()
+    for n in w.kube.nodes:
+        w.kube.nodes[n] = 2  # a GPU free next to every stable pod
+    old_template = w.kube.deployments("ns", "svc")[old_rev]["spec"]["template"]
+    p = w.step(T0)
+    assert (p.rollout.phase, p.rollout.revision, p.rollout.from_revision) == ("Progressing", new_rev, old_rev)
+    assert p.rollout.capacity is None and p.rollout.steps == 1 and [e.reason for e in p.events] == ["CanaryStarted"]
+    assert p.deployments[old_rev]["spec"]["replicas"] == 3 and p.deployments[new_rev]["spec"]["replicas"] == 1
+    assert p.deployments[old_rev]["spec"]["template"] == old_template  # the stable Deployment keeps its own
+    assert p.victims == () and [x.kind for x in p.rollout.pairs] == ["Surge"]
+    assert (p.stable_revision, p.canary_revision) == (old_rev, new_rev)
+    analysing(w, T0 + 10)
+    canary = w.pods_of(new_rev)
+    assert len(canary) == 1 and canary[0].node == w.rollout.pairs[0].node and canary[0].labelled_role == "canary"
+    assert len(w.pods_of(old_rev)) == 3 and min(w.ready_seen) == 3  # a concurrent pair: nothing dipped
 
 
-def _analysing(old, new, verdict, now):
-    p1, obs = _ready(old, new)
-    assert p1.rollout.phase == "Analysing" and p1.rollout.analysis_started_at
-    assert analysis.due(new, p1.rollout, obs, desired(new).revision, T0 + 11)
-    return rollout.plan(OWNER, new, desired(new), obs, p1.rollout, now=now, free_gpus=None, decision=verdict)
+def test_no_free_gpu_replaces_a_stable_pod_on_its_node():
+    w, old_rev, new_rev = canary_world()
+    where = {x.name: x.node for x in w.serving()}
+    p = w.step(T0)
+    assert p.rollout.capacity is None and [x.kind for x in p.rollout.pairs] == ["Replace"]
+    victim = p.victims[0]
+    victim_node = where[victim]
+    assert p.rollout.pairs[0].replaced == victim and p.rollout.pairs[0].node == victim_node
+    assert p.deployments[old_rev]["spec"]["replicas"] == 2 and p.deployments[new_rev]["spec"]["replicas"] == 1
+    analysing(w, T0 + 10)
+    assert [x.node for x in w.pods_of(new_rev)] == [victim_node] and min(w.ready_seen) == 2
 
 
-def test_rollback_deletes_the_canary_and_names_the_function():
-    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
-    d = decision("Rollback", reason="StageTimeRegressed", regressed_function="reconstruct_on_target_device", regressed_stage="process_input_requests")
-    p = _analysing(old, new, d, T0 + 120)
-    assert p.rollout.phase == "RolledBack" and p.canary is None
+def test_capacity_borrow_never_surges():
+    new = spec(**CHANGE, rollout={"capacity": "Borrow", "steps": [{"replicas": 1}]})
+    w, _old_rev, _new_rev = canary_world(new, nodes={"node-0": 8})
+    p = w.step(T0)
+    assert p.rollout.capacity == "Borrow" and [x.kind for x in p.rollout.pairs] == ["Replace"] and len(p.victims) == 1
+
+
+def test_one_replica_without_a_free_gpu_waits_for_one_and_says_so_once():
+    """keep_old: the only stable pod is what the canary is compared with, so it is never taken; the canary
+    waits (rollout.waiting, one CanaryWaitingForGPU), and its start-up clock does not run while it waits."""
+    one = spec(replicas=1, rollout={"steps": [{"replicas": 1}], "startupTimeout": "10m"})
+    w = World(spec(replicas=1), nodes={"node-0": 1})
+    old_rev = w.deploy()
+    new_rev = w.change(one.model_copy(update={"sglang": spec(**CHANGE).sglang}))
+    now = T0
+    for _ in range(5):
+        p = w.step(now)
+        assert p.victims == () and p.rollout.phase == "Progressing" and p.rollout.waiting
+        assert [x.ready for x in w.pods_of(old_rev)] == [True] and not w.pods_of(new_rev)
+        now += 600  # well past startupTimeout: no CanaryStartTimeout while it waits for a GPU
+    assert w.reasons().count("CanaryWaitingForGPU") == 1, w.reasons()
+    w.kube.nodes["node-0"] = 2  # a GPU is added
+    analysing(w, now)
+    assert w.rollout.waiting is None and len(w.pods_of(new_rev)) == 1 and min(w.ready_seen) == 1
+
+
+# -- the gate's verdicts --------------------------------------------------------------------------------------
+
+
+def test_rollback_replaces_the_canary_pods_and_names_the_function():
+    w, old_rev, new_rev = canary_world()
+    t = analysing(w)
+    canary_node = w.pods_of(new_rev)[0].node
+    d = decision("Rollback", reason="StageTimeRegressed", regressed_function="reconstruct_on_target_device",
+                 regressed_stage="process_input_requests")
+    p = w.step(t + 120, decision=d)
+    assert p.rollout.phase == "RolledBack" and p.canary_revision is None and p.stable_revision == old_rev
     assert p.rollout.regressed_function == "reconstruct_on_target_device"
-    assert p.stable["spec"]["replicas"] == 3
     ev = [e for e in p.events if e.reason == "CanaryRolledBack"]
     assert ev and ev[0].type == "Warning" and "reconstruct_on_target_device" in ev[0].message
+    # The canary's pod is replaced by a stable one on its node; its Deployment goes once it has no pod.
+    t = w.until(t + 130, lambda w: new_rev not in w.kube.deployments("ns", "svc") and
+                len([x for x in w.pods_of(old_rev) if x.ready]) == 3)
+    assert not w.pods_of(new_rev) and canary_node in {x.node for x in w.pods_of(old_rev)}
+    assert min(w.ready_seen) == 2
     # Held: the same revision does not start again.
-    again = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), p.rollout, now=T0 + 200, free_gpus=8)
-    assert again.canary is None and again.rollout.phase == "RolledBack" and not again.events
+    again = w.step(t + 200)
+    assert again.canary_revision is None and again.rollout.phase == "RolledBack" and not again.events
+    assert set(again.deployments) == {old_rev}
 
 
-def test_promote_on_the_last_step_takes_the_canary_template():
-    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
-    late = _analysing(old, new, decision("Promote"), T0 + 301)
-    assert late.rollout.phase == "Promoted" and late.canary is None
-    assert late.stable_revision == desired(new).revision
-    assert late.stable["spec"]["template"]["metadata"]["labels"][builders.LABEL_REVISION] == desired(new).revision
+def test_promote_on_the_last_step_replaces_the_rest_and_keeps_the_canary_pods():
+    w, old_rev, new_rev = canary_world()
+    t = analysing(w)
+    canary_pods = {p.name for p in w.pods_of(new_rev)}
+    p = w.step(t + 301, decision=decision("Promote"))
+    assert p.rollout.phase == "Promoting" and [e.reason for e in p.events] == ["CanaryPromoting"]
+    assert p.stable_revision == old_rev and p.canary_revision == new_rev
+    w.until(t + 310, lambda w: w.rollout.phase == "Promoted")
+    assert w.stable == new_rev and w.reasons().count("CanaryPromoted") == 1
+    assert set(w.kube.deployments("ns", "svc")) == {new_rev}
+    pods = w.serving()
+    assert len(pods) == 3 and all(x.revision == new_rev and x.ready for x in pods)
+    assert canary_pods <= {x.name for x in pods}  # never restarted: the canary's pods are now stable pods
+    w.step(t + 400)
+    assert all(x.labelled_role == "stable" for x in w.serving())
+    assert min(w.ready_seen) == 2  # replaced within maxUnavailable 1
+    assert sorted(x.node for x in w.serving()) == sorted(TIGHT)
+
+
+def test_promoting_rolls_back_only_on_a_confident_regression():
+    w, _old_rev, _new_rev = canary_world()
+    t = analysing(w)
+    w.step(t + 301, decision=decision("Promote"))
+    vague = w.step(t + 320, decision=decision("Rollback", reason="MaxDurationReached"))
+    assert vague.rollout.phase == "Promoting" and vague.rollout.analyses >= 2
+    assert vague.rollout.reason != "MaxDurationReached"
+    sure = w.step(t + 380, decision=decision("Rollback", reason="LoopLatencyRegressed", signals=(fail_signal(),)))
+    assert (sure.rollout.phase, sure.rollout.reason) == ("RolledBack", "LoopLatencyRegressed")
+    assert "CanaryRolledBack" in [e.reason for e in sure.events]
 
 
 @pytest.mark.parametrize("verdict", ["Continue", "Inconclusive"])
 def test_the_rollout_never_rederives_a_verdict(verdict):
     """Only the gate decides: long past maxDuration, Continue or Inconclusive changes nothing, whatever
-    onInconclusive says (it used to become Promoted/MaxDurationReached with onInconclusive Promote)."""
-    old = spec()
+    onInconclusive says."""
     for action in ("Rollback", "Promote", "Pause"):
-        new = spec(
-            sglang={"ipcCache": {"mode": "Off"}},
-            rollout={"steps": [{"replicas": 1}], "analysis": {"maxDuration": "30m", "onInconclusive": action}},
-        )
-        p = _analysing(old, new, decision(verdict, reason="SignalsUnavailable"), T0 + 7200)
-        assert p.rollout.phase == "Analysing" and p.canary is not None, action
+        new = spec(**CHANGE, rollout={"steps": [{"replicas": 1}],
+                                      "analysis": {"maxDuration": "30m", "onInconclusive": action}})
+        w, _, new_rev = canary_world(new)
+        t = analysing(w)
+        p = w.step(t + 7200, decision=decision(verdict, reason="SignalsUnavailable"))
+        assert p.rollout.phase == "Analysing" and p.canary_revision == new_rev, action
 
 
 def test_gate_verdicts_map_to_actions():
-    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
-    rolled = _analysing(old, new, decision("Rollback", reason="MaxDurationReached"), T0 + 1900)
+    w, _, new_rev = canary_world()
+    t = analysing(w)
+    rolled = w.plan(t + 1900, decision=decision("Rollback", reason="MaxDurationReached"))
     assert rolled.rollout.phase == "RolledBack" and rolled.rollout.reason == "MaxDurationReached"
-    paused = _analysing(old, new, decision("Pause", reason="MaxDurationReached"), T0 + 1900)
-    assert paused.rollout.phase == "Paused" and paused.canary is not None
+    assert rolled.canary_revision is None
+    paused = w.plan(t + 1900, decision=decision("Pause", reason="MaxDurationReached"))
+    assert paused.rollout.phase == "Paused" and paused.canary_revision == new_rev
     assert [e.reason for e in paused.events] == ["CanaryPaused"]
-    assert not analysis.due(new, paused.rollout, observed_with_stable(desired(old), canary=desired(new), canary_ready=1), desired(new).revision, T0 + 2000)
+    promoted = w.plan(t + 1900, decision=decision("Promote"))
+    assert promoted.rollout.phase == "Promoting"
+    w.step(t + 1900, decision=decision("Pause", reason="MaxDurationReached"))
+    assert not analysis.due(w.spec, w.rollout, w.observed(), new_rev, t + 2000)
 
 
 def test_multi_step_each_step_has_its_own_analysis_clock():
     """Step 2 starts its analysis when its pods are Ready; its maxDuration never counts step 1's time."""
     three = {"steps": [{"replicas": 1}, {"replicas": 2}, {"replicas": 3}], "analysis": {"maxDuration": "30m"}}
-    old, new = spec(replicas=4), spec(replicas=4, sglang={"ipcCache": {"mode": "Off"}}, rollout=three)
-    p1, obs1 = _ready(old, new)
-    step1 = rollout.plan(OWNER, new, desired(new), obs1, p1.rollout, now=T0 + 1500, free_gpus=None, decision=decision("Promote"))
+    nodes = {f"node-{i}": 1 for i in range(4)}
+    w, _, new_rev = canary_world(spec(replicas=4, rollout=three, **CHANGE), nodes=nodes, old=spec(replicas=4))
+    t = analysing(w)
+    assert w.rollout.steps == 3
+    step1 = w.step(t + 1500, decision=decision("Promote"))
     r = step1.rollout
     assert (r.phase, r.step, r.analysis_started_at) == ("Progressing", 1, None)
-    assert step1.canary["spec"]["replicas"] == 2
-    # One of two canary pods Ready: still starting, no analysis.
-    obs_one = observed_with_stable(desired(old), 4, canary=desired(new), canary_ready=1)
-    waiting = rollout.plan(OWNER, new, desired(new), obs_one, r, now=T0 + 1600, free_gpus=None)
-    assert waiting.rollout.phase == "Progressing"
-    assert not analysis.due(new, waiting.rollout, obs_one, desired(new).revision, T0 + 1600)
-    obs_two = observed_with_stable(desired(old), 4, canary=desired(new), canary_ready=2)
-    ready = rollout.plan(OWNER, new, desired(new), obs_two, waiting.rollout, now=T0 + 1700, free_gpus=None)
-    assert ready.rollout.phase == "Analysing" and units.parse_time(ready.rollout.analysis_started_at) == T0 + 1700
-    # The operator hands the gate that start time; an early Inconclusive keeps the step going.
-    later = rollout.plan(OWNER, new, desired(new), obs_two, ready.rollout, now=T0 + 1800, free_gpus=None,
-                         decision=decision("Inconclusive", reason="TooFewSamples"))
+    assert step1.deployments[new_rev]["spec"]["replicas"] == 2
+    # The second canary pod is still gated: Progressing, no analysis.
+    assert len([p for p in w.pods_of(new_rev) if p.ready]) == 1
+    assert not analysis.due(w.spec, w.rollout, w.observed(), new_rev, t + 1600)
+    ready_at = w.until(t + 1600, lambda w: w.rollout.phase == "Analysing")
+    assert units.parse_time(w.rollout.analysis_started_at) == ready_at and ready_at > t + 1600
+    later = w.step(ready_at + 100, decision=decision("Inconclusive", reason="TooFewSamples"))
     assert later.rollout.phase == "Analysing" and later.rollout.step == 1
+    # Step 2 of 3 keeps a stable pod to compare with as step 3 does (3 of 4).
+    w.step(ready_at + 400, decision=decision("Promote"))
+    w.until(ready_at + 410, lambda w: w.rollout.phase == "Analysing")
+    assert (w.rollout.step, len(w.pods_of(new_rev)), min(w.ready_seen)) == (2, 3, 3)
 
 
 def test_canary_that_never_gets_ready_rolls_back_after_its_startup_timeout():
-    old = spec()
-    new = spec(sglang={"ipcCache": {"mode": "Off"}}, rollout={"steps": [{"replicas": 1}], "startupTimeout": "20m"})
-    p0 = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=8)
-    obs = observed_with_stable(desired(old), canary=desired(new), canary_ready=0)
-    mid = rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=T0 + 1100, free_gpus=None)
+    new = spec(**CHANGE, rollout={"steps": [{"replicas": 1}], "startupTimeout": "20m"})
+    w, _old_rev, new_rev = canary_world(new)
+
+    def no_canary_ready():
+        for p in w.kube.pod_store.values():
+            if p["labels"].get(builders.LABEL_REVISION) == new_rev:
+                p["ready"] = False
+
+    for i in range(4):  # victim, release, placed (never Ready)
+        w.step(T0 + i)
+        no_canary_ready()
+    placed = units.parse_time(w.rollout.step_started_at)
+    assert w.rollout.phase == "Progressing" and [p.node for p in w.pods_of(new_rev)] != [None]
+    mid = w.step(placed + 1100)
+    no_canary_ready()
     assert mid.rollout.phase == "Progressing"
-    end = rollout.plan(OWNER, new, desired(new), obs, mid.rollout, now=T0 + 1201, free_gpus=None)
-    assert (end.rollout.phase, end.rollout.reason) == ("RolledBack", "CanaryStartTimeout") and end.canary is None
+    end = w.step(placed + 1201)
+    assert (end.rollout.phase, end.rollout.reason) == ("RolledBack", "CanaryStartTimeout")
+    assert end.canary_revision is None and "CanaryRolledBack" in [e.reason for e in end.events]
 
 
 def test_manual_actions():
-    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
-    p0 = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=8)
-    obs = observed_with_stable(desired(old), canary=desired(new), canary_ready=1)
-    assert rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=T0 + 5, free_gpus=None, action="abort").rollout.phase == "Aborted"
-    assert rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=T0 + 5, free_gpus=None, action="promote").rollout.phase == "Promoted"
-    paused = rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=T0 + 5, free_gpus=None, action="pause")
-    assert paused.rollout.phase == "Paused" and paused.canary is not None
-    assert not analysis.due(new, paused.rollout, obs, desired(new).revision, T0 + 500)
+    w, _old_rev, new_rev = canary_world()
+    t = analysing(w)
+    aborted = w.plan(t + 5, action="abort")
+    assert aborted.rollout.phase == "Aborted" and [e.reason for e in aborted.events] == ["CanaryAborted"]
+    assert aborted.canary_revision is None
+    promoted = w.plan(t + 5, action="promote")
+    assert (promoted.rollout.phase, promoted.rollout.reason) == ("Promoting", "PromotedByUser")
+    assert [e.reason for e in promoted.events] == ["CanaryPromoting"]
+    # The user's promotion wins over this round's verdict.
+    assert w.plan(t + 5, action="promote", decision=decision("Pause")).rollout.phase == "Promoting"
+    paused = w.step(t + 5, action="pause")
+    assert paused.rollout.phase == "Paused" and paused.canary_revision == new_rev
+    assert not analysis.due(w.spec, w.rollout, w.observed(), new_rev, t + 500)
+    resumed = w.step(t + 600, action="resume")
+    # The step's analysis starts afresh: its pods are still Ready, so a new clock from now.
+    assert (resumed.rollout.phase, resumed.rollout.reason) == ("Analysing", "Resumed")
+    assert units.parse_time(resumed.rollout.analysis_started_at) == t + 600
+    w.step(t + 610, action="promote")
+    w.until(t + 620, lambda w: w.rollout.phase == "Promoted")
+    assert w.rollout.reason == "PromotedByUser" and w.stable == new_rev
+
+
+def test_abort_replaces_the_canary_with_stable_pods():
+    w, old_rev, new_rev = canary_world()
+    t = analysing(w)
+    w.step(t + 5, action="abort")
+    w.until(t + 10, lambda w: new_rev not in w.kube.deployments("ns", "svc") and len(w.pods_of(old_rev)) == 3
+            and all(p.ready for p in w.serving()))
+    assert w.rollout.phase == "Aborted" and w.stable == old_rev and min(w.ready_seen) == 2
 
 
 def test_same_inputs_same_plan_after_a_restart():
-    """All state is in status: replaying the stored rollout status gives the same plan."""
-    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
-    p0 = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=8)
-    stored = api.RolloutStatus.model_validate(p0.rollout.model_dump(by_alias=True, exclude_none=True))
-    obs = observed_with_stable(desired(old), canary=desired(new))
-    a = rollout.plan(OWNER, new, desired(new), obs, p0.rollout, now=T0 + 30, free_gpus=None)
-    b = rollout.plan(OWNER, new, desired(new), obs, stored, now=T0 + 30, free_gpus=None)
-    assert a == b
-
+    """All state is in status and the cluster: replaying the stored rollout status gives the same plan, in the
+    middle of a move too (pairs recorded, a gated canary pod waiting for its release)."""
+    w, _, _ = canary_world(spec(replicas=3, rollout={"steps": [{"replicas": 2}]}, **CHANGE))
+    pinned = []
+    for i in range(3):
+        w.step(T0 + i)
+        live = w.plan(T0 + 30)
+        again = w.plan(T0 + 30, prev=stored(w.rollout))
+        assert live == again and w.rollout.pairs
+        pinned += [n for _, n in live.releases if n]
+    assert pinned  # the pinned releases come from the stored pairs
 
 
 def test_a_promotion_applied_before_a_restart_is_recorded_as_promoted():
-    """Killed between applying the promotion (the stable Deployment took the canary template) and writing the
-    status: the restarted operator finds the rollout Analysing and the stable Deployment at the canary's
-    revision. That is the promotion it made, not a spec reverted by the user."""
-    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
-    analysing = _analysing(old, new, decision("Continue"), T0 + 100).rollout
-    assert analysing.phase == "Analysing"
-    promoted_obs = observed_with_stable(desired(new))  # the promotion reached the API server, the status did not
-    p = rollout.plan(OWNER, new, desired(new), promoted_obs, analysing, now=T0 + 200, free_gpus=None)
+    """Killed between applying the promotion's last round (the old revision's Deployment deleted) and writing the
+    status: the restarted operator finds the rollout Promoting and only the canary's revision running. That is
+    the promotion it made, not a spec reverted by the user."""
+    w, old_rev, new_rev = canary_world()
+    t = analysing(w)
+    w.step(t + 301, decision=decision("Promote"))
+    t = w.until(t + 310, lambda w: w.rollout.phase == "Promoted")
+    # That round deleted the old revision's Deployment; its status write (Promoted, stableRevision) is lost:
+    assert [x.name for x in w.kube.written("delete", "Deployment")] == [f"svc-{old_rev}"]
+    lost = World(w.spec)
+    lost.kube, lost.stable = w.kube, old_rev
+    lost.rollout = stored(w.rollout.model_copy(update={"phase": "Promoting", "reason": None, "message": None}))
+    p = lost.step(t + 10)
     assert (p.rollout.phase, p.rollout.verdict, p.rollout.reason) == ("Promoted", "Promote", "PromotionApplied")
-    assert [e.reason for e in p.events] == ["CanaryPromoted"] and p.canary is None
-    # Recorded once: the next reconcile finds it Promoted and posts nothing.
-    again = rollout.plan(OWNER, new, desired(new), promoted_obs, p.rollout, now=T0 + 215, free_gpus=None)
+    assert [e.reason for e in p.events] == ["CanaryPromoted"] and p.stable_revision == new_rev
+    again = lost.step(t + 25)
     assert again.rollout.phase == "Promoted" and not again.events
     # A spec really put back at the stable revision mid-rollout is still an abort.
-    reverted = rollout.plan(OWNER, old, desired(old), observed_with_stable(desired(old)), analysing, now=T0 + 200,
-                            free_gpus=None)
+    w2, _old2, _ = canary_world()
+    t2 = analysing(w2)
+    w2.change(spec())
+    reverted = w2.step(t2 + 10)
     assert (reverted.rollout.phase, reverted.rollout.reason) == ("Aborted", "SpecReverted")
+
+
+def test_an_unresolvable_margin_is_a_warning_event_once():
+    w, _, _ = canary_world()
+    t = analysing(w)
+    d = decision("Continue", reason="AwaitingEvidence", warning="pods of the baseline differ by 3.0% (sd)")
+    first = w.step(t + 60, decision=d)
+    assert [e.reason for e in first.events] == ["CanaryMarginUnresolvable"] and first.rollout.warning
+    again = w.step(t + 120, decision=d)
+    assert not again.events
+
+
+def test_the_clock_the_gate_found_is_kept_and_each_step_starts_without_one():
+    two = {"steps": [{"replicas": 1}, {"replicas": 2}]}
+    nodes = {f"node-{i}": 1 for i in range(4)}
+    w, _, _ = canary_world(spec(replicas=4, rollout=two, **CHANGE), nodes=nodes, old=spec(replicas=4))
+    t = analysing(w)
+    assert w.rollout.data_started_at is None
+    first = w.step(t + 60, decision=decision("Continue", reason="StepInProgress", clock_started_at=t + 40))
+    assert units.parse_time(first.rollout.data_started_at) == t + 40
+    # A later look that reports another clock (the first window fell out of the sidecar's history) moves nothing.
+    later = w.step(t + 120, decision=decision("Continue", reason="StepInProgress", clock_started_at=t + 100))
+    assert later.rollout.data_started_at == first.rollout.data_started_at
+    step2 = w.step(t + 400, decision=decision("Promote", clock_started_at=t + 40))
+    assert (step2.rollout.step, step2.rollout.analysis_started_at, step2.rollout.data_started_at) == (1, None, None)
+
 
 # -- fresh baseline ----------------------------------------------------------------------------------
 
@@ -236,65 +512,83 @@ def fresh(**over):
     return spec(rollout={"baseline": "Fresh", "steps": [{"replicas": 1}]}, **over)
 
 
-def test_fresh_baseline_surges_next_to_the_canary_with_the_stable_template():
-    old, new = spec(), fresh(sglang={"ipcCache": {"mode": "Off"}})
-    p = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=8)
-    assert (p.rollout.capacity, p.rollout.baseline) == ("Surge", "Fresh")
+# node-0 runs the 3 stable pods with 2 GPUs left (the canary's surge and the ungated baseline pod both fit there)
+ROOMY = {"node-0": 5, "node-1": 4}
+
+
+def test_fresh_baseline_runs_next_to_the_canary_with_the_stable_template():
+    w, old_rev, _new_rev = canary_world(fresh(**CHANGE), nodes=ROOMY)
+    p = w.step(T0)
+    assert (p.rollout.baseline, p.rollout.capacity) == ("Fresh", None)
     assert p.baseline["metadata"]["name"] == "svc-baseline" and p.baseline["spec"]["replicas"] == 1
     labels = p.baseline["spec"]["template"]["metadata"]["labels"]
-    assert labels[builders.LABEL_REVISION] == desired(old).revision and labels[builders.LABEL_ROLE] == builders.ROLE_BASELINE
-    assert p.baseline["spec"]["template"]["spec"] == p.stable["spec"]["template"]["spec"]
-    assert p.stable["spec"]["replicas"] == 3 and p.want_ready == 5
+    assert labels[builders.LABEL_REVISION] == old_rev and labels[builders.LABEL_ROLE] == builders.ROLE_BASELINE
+    stable_t = w.kube.deployments("ns", "svc")[old_rev]["spec"]["template"]["spec"]
+    assert p.baseline["spec"]["template"]["spec"] == stable_t  # the stable template, gated like it
+    assert p.deployments[old_rev]["spec"]["replicas"] == 3 and p.want_ready == 3
 
 
 def test_fresh_baseline_waits_for_its_pods_before_the_analysis_starts():
-    old, new = spec(), fresh(sglang={"ipcCache": {"mode": "Off"}})
-    p0 = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=8)
-    only_canary = observed_with_stable(desired(old), canary=desired(new), canary_ready=1, baseline_ready=0)
-    assert rollout.plan(OWNER, new, desired(new), only_canary, p0.rollout, now=T0 + 5, free_gpus=None).rollout.phase == "Progressing"
-    both = observed_with_stable(desired(old), canary=desired(new), canary_ready=1, baseline_ready=1)
-    p1 = rollout.plan(OWNER, new, desired(new), both, p0.rollout, now=T0 + 6, free_gpus=None)
-    assert p1.rollout.phase == "Analysing" and p1.baseline is not None
-    done = rollout.plan(OWNER, new, desired(new), both, p1.rollout, now=T0 + 400, free_gpus=None, decision=decision("Promote"))
-    assert done.rollout.phase == "Promoted" and done.baseline is None and done.canary is None
+    w, _old_rev, new_rev = canary_world(fresh(**CHANGE), nodes=ROOMY)
+
+    def hold_baseline():
+        for p in w.kube.pod_store.values():
+            if p["labels"].get(builders.LABEL_ROLE) == builders.ROLE_BASELINE:
+                p["ready"] = False
+
+    for i in range(4):
+        w.step(T0 + i)
+        hold_baseline()
+    assert [p.ready for p in w.pods_of(new_rev)] == [True]
+    assert w.step(T0 + 10).rollout.phase == "Progressing"  # the canary is Ready, its baseline is not
+    assert w.step(T0 + 11).rollout.phase == "Analysing"
+    p = w.step(T0 + 400, decision=decision("Promote"))
+    assert p.rollout.phase == "Promoting" and p.baseline is None
+    assert BASELINE_KEY not in w.kube.deployments("ns", "svc")
+    w.until(T0 + 410, lambda w: w.rollout.phase == "Promoted")
 
 
-def test_fresh_baseline_borrows_two_replicas_when_no_gpu_is_spare():
-    old, new = spec(), fresh(sglang={"ipcCache": {"mode": "Off"}})
-    p = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old)), None, now=T0, free_gpus=1)
-    assert (p.rollout.capacity, p.rollout.baseline) == ("Borrow", "Fresh")
-    assert (p.stable["spec"]["replicas"], p.baseline["spec"]["replicas"], p.canary["spec"]["replicas"]) == (1, 1, 1)
+def test_no_free_gpus_for_a_fresh_baseline_falls_back_to_stable_and_says_so():
+    w, _, _ = canary_world(fresh(**CHANGE))
+    p = w.step(T0)
+    assert p.rollout.baseline == "Stable" and p.baseline is None
+    assert "no free GPUs for a fresh baseline" in p.events[0].message
 
 
-def test_no_capacity_for_a_fresh_baseline_falls_back_to_stable_and_says_so():
-    old, new = spec(replicas=1), fresh(replicas=1, sglang={"ipcCache": {"mode": "Off"}})
-    p = rollout.plan(OWNER, new, desired(new), observed_with_stable(desired(old), 1), None, now=T0, free_gpus=1)
-    assert (p.rollout.capacity, p.rollout.baseline) == ("Surge", "Stable") and p.baseline is None
-    assert "no capacity for a fresh baseline" in p.events[0].message
+def test_a_fresh_baseline_that_cannot_be_placed_gives_way_to_the_stable_pods():
+    """Free GPUs were counted at the start, then taken by others before the pods were placed: the baseline pod
+    stays unschedulable, and after SURGE_PATIENCE_S the canary is compared with the stable pods instead."""
+    w, _old_rev, _new_rev = canary_world(fresh(**CHANGE), nodes=ROOMY)
+    first = w.step(T0, settle=False)
+    assert first.rollout.baseline == "Fresh" and first.baseline is not None
+    w.kube.nodes.update({"node-0": 3, "node-1": 0})  # taken by someone else's pods
+    w.kube.settle("svc")
+    # the canary pod (its surge pinned to a node now full: given up after SURGE_PATIENCE_S) takes a stable pod's
+    # GPU on its node; the baseline's pod, released only after it, has none
+    seen = w.until(T0 + 1, lambda w: any(p.unschedulable for p in w.kube.pods("svc")
+                                         if p.labelled_role == BASELINE_KEY), limit=30, dt=10)
+    early = w.step(seen + 30)
+    assert early.rollout.baseline == "Fresh" and early.rollout.phase == "Progressing"
+    w.until(seen + 40, lambda w: w.rollout.baseline == "Stable")
+    assert "CanaryBaselineStable" in w.reasons() and BASELINE_KEY not in w.kube.deployments("ns", "svc")
+    assert w.until(w_now := T0 + 400, lambda w: w.rollout.phase == "Analysing") >= w_now
 
 
-def test_an_unresolvable_margin_is_a_warning_event_once():
-    old, new = spec(), spec(sglang={"ipcCache": {"mode": "Off"}})
-    d = decision("Continue", reason="AwaitingEvidence", warning="pods of the baseline differ by 3.0% (sd)")
-    first = _analysing(old, new, d, T0 + 60)
-    assert [e.reason for e in first.events] == ["CanaryMarginUnresolvable"] and first.rollout.warning
-    obs = observed_with_stable(desired(old), canary=desired(new), canary_ready=1)
-    again = rollout.plan(OWNER, new, desired(new), obs, first.rollout, now=T0 + 120, free_gpus=None, decision=d)
-    assert not again.events
+def test_the_fresh_baseline_does_not_take_the_gpu_of_the_canarys_pair():
+    """node-0 runs the 3 stable pods and has 1 GPU left, node-1 has 4: the canary surges next to a stable pod on
+    node-0 and the fresh baseline belongs elsewhere; the canary should be Ready within a minute, with no stable pod
+    replaced while free GPUs are left."""
+    w, old_rev, _new_rev = canary_world(fresh(**CHANGE), nodes={"node-0": 4, "node-1": 4})
+    w.until(T0, lambda w: w.rollout.phase == "Analysing", limit=6)
+    assert len(w.pods_of(old_rev)) == 3
 
 
-def test_the_clock_the_gate_found_is_kept_and_each_step_starts_without_one():
-    two = {"steps": [{"replicas": 1}, {"replicas": 2}]}
-    old, new = spec(replicas=4), spec(replicas=4, sglang={"ipcCache": {"mode": "Off"}}, rollout=two)
-    p1, obs1 = _ready(old, new)
-    assert p1.rollout.phase == "Analysing" and p1.rollout.data_started_at is None
-    first = rollout.plan(OWNER, new, desired(new), obs1, p1.rollout, now=T0 + 60, free_gpus=None,
-                         decision=decision("Continue", reason="StepInProgress", clock_started_at=T0 + 40))
-    assert units.parse_time(first.rollout.data_started_at) == T0 + 40
-    # A later look that reports another clock (the first window fell out of the sidecar's history) moves nothing.
-    later = rollout.plan(OWNER, new, desired(new), obs1, first.rollout, now=T0 + 120, free_gpus=None,
-                         decision=decision("Continue", reason="StepInProgress", clock_started_at=T0 + 100))
-    assert later.rollout.data_started_at == first.rollout.data_started_at
-    step2 = rollout.plan(OWNER, new, desired(new), obs1, later.rollout, now=T0 + 400, free_gpus=None,
-                         decision=decision("Promote", clock_started_at=T0 + 40))
-    assert (step2.rollout.step, step2.rollout.analysis_started_at, step2.rollout.data_started_at) == (1, None, None)
+def test_fewer_replicas_of_the_stable_revision_is_a_plain_scale_down():
+    """Replicas lowered, template unchanged: the stable Deployment is scaled down (move() crashed on the surplus
+    of its own revision: no old pod to take)."""
+    w = World(spec())
+    rev = w.deploy()
+    assert w.change(spec(replicas=2)) == rev
+    p = w.step(T0)
+    assert p.deployments[rev]["spec"]["replicas"] == 2 and p.victims == () and p.rollout is None
+    assert len(w.serving()) == 2 and all(x.ready for x in w.serving())

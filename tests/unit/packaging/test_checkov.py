@@ -120,7 +120,7 @@ def write_inputs(out: Path) -> list[str]:
         owner = builders.Owner(doc["metadata"]["name"], SERVING_NAMESPACE, "00000000-0000-0000-0000-000000000001")
         spec = api.parse_spec(doc["spec"])
         d = builders.build_desired(owner, spec, settings)
-        objs = [builders.build_deployment(owner, d.template, d.revision, builders.ROLE_STABLE, spec.replicas),
+        objs = [builders.build_deployment(owner, d.template, d.revision, spec.replicas),
                 d.service, d.pdb, d.network_policy]
         (out / f"vlmservice-{path.stem}.yaml").write_text(yaml.safe_dump_all([o for o in objs if o], sort_keys=False))
     return sorted(p.stem for p in out.glob("*.yaml"))

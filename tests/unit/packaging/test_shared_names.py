@@ -74,7 +74,8 @@ def test_frontend_roles_agree():
 def test_rollout_phases_are_the_apis():
     assert get_args(api.RolloutPhase) == op.PHASES
     assert api.RolloutStatus.model_json_schema(by_alias=True)["properties"]["phase"]["enum"] == list(op.PHASES)
-    assert set(op.ACTIVE_PHASES) | set(op.ENDED_PHASES) == set(op.PHASES)
+    assert set(op.ACTIVE_PHASES) | {op.UPDATING} | set(op.ENDED_PHASES) == set(op.PHASES)
+    assert op.UPDATING not in op.ACTIVE_PHASES  # no canary: the plugin's promote/abort/pause do not apply
     assert not set(op.ACTIVE_PHASES) & set(op.ENDED_PHASES) and set(op.HELD_PHASES) < set(op.ENDED_PHASES)
     assert metrics.PHASES == op.PHASES
     assert (kubectl_vlm.ACTIVE_PHASES, kubectl_vlm.HELD_PHASES) == (op.ACTIVE_PHASES, op.HELD_PHASES)
@@ -97,7 +98,7 @@ def _sidecar_env(roles: list[str]) -> tuple[dict[str, str], dict]:
     stable pod the builders make, and the pod."""
     spec = api.parse_spec({"model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"}, "telemetry": {"frontendRoles": roles}})
     d = builders.build_desired(OWNER, spec, Settings(sidecar_image="vlmops/vlm-sidecar:test"))
-    pod = builders.build_deployment(OWNER, d.template, d.revision, builders.ROLE_STABLE, 1)["spec"]["template"]
+    pod = builders.build_deployment(OWNER, d.template, d.revision, 1)["spec"]["template"]
     pod = {**pod, "metadata": {**pod["metadata"], "name": "qwen-7f9c-x", "namespace": OWNER.namespace}}
     (c,) = [c for c in pod["spec"]["containers"] if c["name"] == "profiler"]
     env = {}
