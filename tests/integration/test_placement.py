@@ -77,6 +77,21 @@ def nodes(cluster, kube):
             core.delete_node(name)
 
 
+@contextlib.contextmanager
+def operator_running(cluster, namespace: str, tmp_path, resync_s: str):
+    """The real operator for one test, its log's tail printed when the test fails."""
+    gen = run_operator(cluster.kubeconfig, namespace, tmp_path, VLM_RESYNC_SECONDS=resync_s)
+    op = next(gen)
+    try:
+        yield op
+    except BaseException:
+        print(op.log_tail(60))
+        raise
+    finally:
+        with contextlib.suppress(StopIteration):
+            next(gen)
+
+
 class ReadyWatch:
     """Every pod event of the service, from a watch: the least Ready pods seen at any moment after `arm()`."""
 
@@ -131,9 +146,7 @@ def ready_all(kube, namespace: str, revision: str | None = None) -> bool:
 
 def test_paired_steps_rollback_on_the_same_nodes_and_warm_promotion(cluster, kube, crd, namespace, nodes, tmp_path):
     api = vlms(kube)
-    gen = run_operator(cluster.kubeconfig, namespace, tmp_path, VLM_RESYNC_SECONDS="1")
-    op = next(gen)
-    try:
+    with operator_running(cluster, namespace, tmp_path, "1"):
         api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "VLMService", "metadata": {"name": NAME}, "spec": SPEC})
         wait_for(lambda: ready_all(kube, namespace), 120, "4 Ready pods", interval=0.5)
@@ -194,12 +207,6 @@ def test_paired_steps_rollback_on_the_same_nodes_and_warm_promotion(cluster, kub
             namespace, label_selector=f"{LABEL_SERVICE}={NAME}").items} == {f"{NAME}-{second}"}, 60,
             f"only {NAME}-{second} left (had {sorted(deps)})", interval=0.5)
         watcher.stop.set()
-    except BaseException:
-        print(op.log_tail(60))
-        raise
-    finally:
-        with contextlib.suppress(StopIteration):
-            next(gen)
 
 
 def _events(kube, namespace: str, name: str) -> dict[str, str]:
@@ -215,9 +222,7 @@ def test_one_replica_surges_on_a_free_gpu_and_is_told_before_an_outage(cluster, 
     one = {k: v for k, v in SPEC.items() if k != "rollout"} | {"replicas": 1}
     # A 4 s resync: the round that announces the outage and the one that replaces the pod are 4 s apart, time for
     # the test to see the old pod still serving while the warning is up.
-    gen = run_operator(cluster.kubeconfig, namespace, tmp_path, VLM_RESYNC_SECONDS="4")
-    op = next(gen)
-    try:
+    with operator_running(cluster, namespace, tmp_path, "4"):
         api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "VLMService", "metadata": {"name": NAME}, "spec": one})
 
@@ -266,12 +271,6 @@ def test_one_replica_surges_on_a_free_gpu_and_is_told_before_an_outage(cluster, 
                  "replaced after the warning", interval=0.5)
         [(_, new)] = pods(kube, namespace).items()
         assert new.spec.node_name == old.spec.node_name  # on the node the old pod left
-    except BaseException:
-        print(op.log_tail(60))
-        raise
-    finally:
-        with contextlib.suppress(StopIteration):
-            next(gen)
 
 
 def test_a_service_made_by_the_previous_release_is_adopted_without_a_restart(cluster, kube, crd, namespace, nodes,
@@ -310,9 +309,7 @@ def test_a_service_made_by_the_previous_release_is_adopted_without_a_restart(clu
     uids = {p.metadata.uid for p in pods(kube, namespace).values()}
     generation = apps.read_namespaced_deployment(NAME, namespace).metadata.generation
 
-    gen = run_operator(cluster.kubeconfig, namespace, tmp_path, VLM_RESYNC_SECONDS="1")
-    op = next(gen)
-    try:
+    with operator_running(cluster, namespace, tmp_path, "1"):
         wait_for(lambda: status(kube, namespace).get("observedGeneration") == 1 and any(
             c["type"] == "Ready" and c["status"] == "True" for c in status(kube, namespace).get("conditions", [])),
             60, "reconciled and Ready", interval=0.5)
@@ -323,9 +320,3 @@ def test_a_service_made_by_the_previous_release_is_adopted_without_a_restart(clu
         assert apps.read_namespaced_deployment(NAME, namespace).metadata.generation == generation
         names = {d.metadata.name for d in apps.list_namespaced_deployment(namespace).items}
         assert names == {NAME}, names
-    except BaseException:
-        print(op.log_tail(60))
-        raise
-    finally:
-        with contextlib.suppress(StopIteration):
-            next(gen)
