@@ -120,8 +120,6 @@ class KubeAPI(Protocol):
 
     def clear_annotation(self, namespace: str, name: str, key: str) -> str | None: ...
 
-    def free_gpus(self, product: str, resource: str = "nvidia.com/gpu") -> int: ...
-
     def rooms(self, product: str, resource: str = "nvidia.com/gpu") -> dict[str, tuple[int, str]]: ...
 
     def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool: ...
@@ -274,7 +272,7 @@ class Kube:
 
     def rooms(self, product: str, resource: str = "nvidia.com/gpu") -> dict[str, tuple[int, str]]:
         """node -> (free GPUs, zone) for the schedulable nodes of a GPU product: allocatable less what the pods
-        bound to the node request (one read of the nodes, then one per node, as `free_gpus`)."""
+        bound to the node request (one read of the nodes, then one per node)."""
         try:
             nodes = self._call("GET", "/api/v1/nodes", query=[("labelSelector", f"nvidia.com/gpu.product={product}")])
             out = {
@@ -295,21 +293,3 @@ class Kube:
         except ApiError as e:
             raise classify(e, "read the nodes' free GPUs") from e
 
-    def free_gpus(self, product: str, resource: str = "nvidia.com/gpu") -> int:
-        """Allocatable GPUs of a product minus what non-terminated pods request on those nodes."""
-        try:
-            nodes = self._call("GET", "/api/v1/nodes", query=[("labelSelector", f"nvidia.com/gpu.product={product}")])
-            names = {n["metadata"]["name"]: int((n.get("status") or {}).get("allocatable", {}).get(resource, 0)) for n in nodes.get("items", [])}
-            free = sum(names.values())
-            for node in names:
-                pods = self._call(
-                    "GET",
-                    "/api/v1/pods",
-                    query=[("fieldSelector", f"spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed")],
-                )
-                for p in pods.get("items", []):
-                    for c in p["spec"].get("containers", []):
-                        free -= int(((c.get("resources") or {}).get("requests") or {}).get(resource, 0))
-            return free
-        except ApiError as e:
-            raise classify(e, "count free GPUs") from e

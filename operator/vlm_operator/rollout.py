@@ -140,6 +140,7 @@ def plan(
             if d is not None:
                 wanted[x] = d
         role = {stable_r: ROLE_STABLE, canary_r: ROLE_CANARY}
+        rev_of = {q.name: q.revision for q in pods}
         releases = outcome.releases if outcome else M.release_all(pods)
         was = {(x.node, x.pod, x.started_at) for x in (prev.pairs if prev else []) if x.dropped}
         for x in (r.pairs if r else []):
@@ -150,8 +151,7 @@ def plan(
             baseline=baseline, victims=outcome.victims if outcome else (),
             releases=tuple((p, n) for p, n in releases) + tuple(more),
             labels=labels_for(stable_r, canary_r) + tuple(
-                (p, role.get(next((q.revision for q in pods if q.name == p), None), "")) for p, _ in releases
-                if role.get(next((q.revision for q in pods if q.name == p), None))),
+                (p, role[rev_of[p]]) for p, _ in releases if role.get(rev_of.get(p))),
             want_ready=want,
         )
 

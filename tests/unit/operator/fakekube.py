@@ -48,7 +48,7 @@ class Write:
 
 @dataclass
 class FakeKube:
-    gpus: int = 0  # what free_gpus answers
+    gpus: int = 0  # no effect: free GPUs come from `nodes` (rooms); older tests still pass it
     objects: dict[Key, dict[str, Any]] = field(default_factory=dict)
     writes: list[Write] = field(default_factory=list)
     free_gpu_calls: int = 0
@@ -142,10 +142,6 @@ class FakeKube:
 
     def crd_exists(self, name: str) -> bool:
         return False
-
-    def free_gpus(self, product: str, resource: str = "nvidia.com/gpu") -> int:
-        self.free_gpu_calls += 1
-        return self.gpus
 
     def rooms(self, product: str, resource: str = "nvidia.com/gpu") -> dict[str, tuple[int, str]]:
         self.free_gpu_calls += 1

@@ -133,15 +133,6 @@ def test_delete_of_a_missing_object_is_false_and_get_is_none():
     assert k.get("v1", "Service", "ns", "s") is None
 
 
-def test_free_gpus_subtracts_requests_on_matching_nodes():
-    nodes = {"items": [{"metadata": {"name": "n1"}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}]}
-    pods = {"items": [{"spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "3"}}}, {}]}}]}
-    c = FakeApiClient([Resp(200, json.dumps(nodes).encode()), Resp(200, json.dumps(pods).encode())])
-    assert apply.Kube(c, "m").free_gpus("H100") == 5
-    assert "labelSelector=nvidia.com/gpu.product=H100" in c.calls[0][1]
-    assert "spec.nodeName=n1" in c.calls[1][1]
-
-
 def test_rooms_are_each_schedulable_nodes_free_gpus_and_zone():
     nodes = {"items": [
         {"metadata": {"name": "n1", "labels": {"topology.kubernetes.io/zone": "z1"}},
