@@ -92,6 +92,16 @@ def _shares(v: Any) -> dict[str, float]:
     return out
 
 
+# The separator in an `edge_shares` key, "caller;callee" (the sidecar's vlm_sidecar.model.EDGE_SEP: py-spy's
+# collapsed-stack frame separator, which no function name holds).
+EDGE_SEP = ";"
+
+
+def _edges(v: Any) -> dict[str, float]:
+    """Call-edge shares keyed "caller;callee", as `_shares`; a key without both names is dropped."""
+    return {k: x for k, x in _shares(v).items() if all(k.partition(EDGE_SEP)[::2])}
+
+
 @dataclass(frozen=True, slots=True)
 class Window:
     """One profiler window of one scheduler process (one TP rank of one pod)."""
@@ -125,6 +135,10 @@ class Window:
     unexported_self_share_max: float | None = None
     # The front end sampled in the same window (the entry's `frontend.roles`), by role; empty: not sampled.
     frontend: Mapping[str, RoleSample] = field(default_factory=dict)
+    # Inclusive shares of the call edges into the exported functions, "caller;callee" (the sidecar exports the
+    # few largest callers of each): which caller a shared helper's time came from. Empty: unknown (an older
+    # sidecar); an edge missing next to others into the same function had at most their smallest share.
+    edge_shares: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_sidecar(cls, revision: str, pod: str, d: Any) -> Window:
@@ -170,6 +184,7 @@ class Window:
             self_shares=_shares(d.get("self_shares")),
             unexported_self_share_max=_share(d.get("unexported_self_share_max")),
             frontend=_roles(d.get("frontend")),
+            edge_shares=_edges(d.get("edge_shares")),
         )
 
 

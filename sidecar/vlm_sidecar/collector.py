@@ -6,6 +6,7 @@
     vlm_scheduler_stage_share_ratio{namespace="ml",vlmservice="qwen",pod="qwen-abc",revision="7d9",tp_rank="0",stage="run_batch"} 0.71
     vlm_scheduler_function_share_ratio{...,tp_rank="0",function="hash_feature",kind="inclusive"} 0.042
     vlm_scheduler_unexported_self_share_max_ratio{...,tp_rank="0"} 0.011
+    vlm_scheduler_edge_share_ratio{...,tp_rank="0",caller="process_input_requests",callee="hash_feature"} 0.041
     vlm_profiler_windows_total{...,tp_rank="0",result="ok"} 12.0
     vlm_profiler_stale{...,tp_rank="0"} 0.0
 
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field, replace
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from vlm_sidecar.model import FRONTEND_ROLES, STAGES, WindowSummary
+from vlm_sidecar.model import EDGE_SEP, FRONTEND_ROLES, STAGES, WindowSummary
 from vlm_sidecar.roles import FrontendWindow
 
 LOOP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5,
@@ -204,6 +205,9 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
     func = GaugeMetricFamily("vlm_scheduler_function_share_ratio",
                              "Share of scheduler time in a function (inclusive or self), last window.",
                              labels=[*names, "function", "kind"])
+    edge = GaugeMetricFamily("vlm_scheduler_edge_share_ratio",
+                             "Share of scheduler time under a call from caller to callee (an exported function; "
+                             "its few largest callers), last window.", labels=[*names, "caller", "callee"])
     windows = CounterMetricFamily("vlm_profiler_windows", "Profiling windows by result.",
                                   labels=[*names, "result"])
     samples = CounterMetricFamily("vlm_profiler_samples", "py-spy samples taken.", labels=names)
@@ -271,6 +275,8 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
                 func.add_metric(lv(r, fn, "inclusive"), v)
             for fn, v in w.self_shares.items():
                 func.add_metric(lv(r, fn, "self"), v)
+            for key, v in w.edge_shares.items():
+                edge.add_metric(lv(r, *key.split(EDGE_SEP, 1)), v)
             last_ts.add_metric(lv(r), w.end)
             rate.add_metric(lv(r), rs.effective_rate_hz)
             for attr, fam in per_window.items():
@@ -287,7 +293,7 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
         windows.add_metric(lv(r, result), v)
     for (r, kind), v in sorted(snap.errors_total.items()):
         errors.add_metric(lv(r, kind), v)
-    return [hist, stage, func, windows, samples, last_ts, errors, rate, stale, agree, agree_max,
+    return [hist, stage, func, edge, windows, samples, last_ts, errors, rate, stale, agree, agree_max,
             *per_window.values(), *frontend_families(snap, labels)]
 
 

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from vlm_sidecar import ipc
-from vlm_sidecar.model import LOOP_STAGES, STAGES, LoopEstimate, ParsedTrace, Segment, WindowSummary
+from vlm_sidecar.model import EDGE_SEP, LOOP_STAGES, STAGES, LoopEstimate, ParsedTrace, Segment, WindowSummary
 from vlm_sidecar.parser import collapse_segments, function_name
 
 # SGLang's scheduler event loops, 0.5.10..0.5.23 (scheduler.py, disaggregation/, scheduler_pp_mixin.py,
@@ -143,6 +143,41 @@ def select_functions(incl: dict[str, float], self_: dict[str, float], watch: Seq
     """Watch list (always, even at 0) plus the top N by self time: what gets exported."""
     top = sorted(self_, key=lambda k: -self_[k])[:top_n]
     return list(dict.fromkeys([*watch, *top]))
+
+
+# Callers exported per exported function, the largest first: enough to say which caller of a shared helper (a
+# copy, a lock, a serializer) made it grow, few enough that /windows.json stays small.
+EDGE_CALLERS = 3
+
+
+def edge_shares(segments: Iterable[Segment]) -> dict[tuple[str, str], float]:
+    """Inclusive share of time per call edge (caller, callee): two adjacent frames of a stack, counted once per
+    stack however often it repeats there. A function calling itself is no edge (it says nothing of who called)."""
+    edges: dict[tuple[str, str], float] = {}
+    total = 0.0
+    for s in segments:
+        d = s.duration_us
+        total += d
+        names = [function_name(f) for f in s.stack]
+        for e in {(a, b) for a, b in itertools.pairwise(names) if a != b}:
+            edges[e] = edges.get(e, 0.0) + d
+    return {k: v / total for k, v in edges.items()} if total > 0 else {}
+
+
+def select_edges(edges: dict[tuple[str, str], float], chosen: Sequence[str],
+                 per_callee: int = EDGE_CALLERS) -> dict[str, float]:
+    """The edges into the exported functions, the `per_callee` largest callers of each, keyed "caller;callee".
+    An edge left out of a window had at most the smallest share exported into the same callee."""
+    kept = set(chosen)
+    into: dict[str, list[tuple[float, str]]] = {}
+    for (caller, callee), v in edges.items():
+        if callee in kept:
+            into.setdefault(callee, []).append((v, caller))
+    out = {}
+    for callee, callers in into.items():
+        for v, caller in sorted(callers, key=lambda x: (-x[0], x[1]))[:per_callee]:
+            out[f"{caller}{EDGE_SEP}{callee}"] = v
+    return out
 
 
 def unexported_max(self_: dict[str, float], chosen: Sequence[str]) -> float | None:
@@ -483,5 +518,6 @@ def summarize(trace: ParsedTrace, *, window_id: int, tp_rank: int, pid: int | No
         feature_transport_share=feature_share, ipc_handle_reopen_share=reopen_share,
         feature_transport_samples=feature_samples,
         unexported_self_share_max=unexported_max(self_, chosen),
+        edge_shares=select_edges(edge_shares(segs), chosen),
     )
     return summary, collapse_segments(segs)

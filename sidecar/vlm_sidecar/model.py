@@ -28,6 +28,10 @@ ERROR_KINDS = (
 )
 # Results counted in vlm_profiler_windows_total{result}.
 WINDOW_RESULTS = ("ok", "partial", "error", "no_target")
+# The separator in an `edge_shares` key, "caller;callee": py-spy's collapsed stacks separate frames with it, so
+# no frame's name holds it (a function name is a bare identifier or a `<lambda>`-style name, see
+# parser.function_name; `>` would not do: `<genexpr>`).
+EDGE_SEP = ";"
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,9 @@ class WindowSummary:
     # The largest self share of any function this window did not export (0.0: none was left out; None:
     # no stack seen). A consumer comparing a function exported on one side only bounds the other side by it.
     unexported_self_share_max: float | None = None
+    # Inclusive shares of the call edges into the exported functions, "caller;callee" (EDGE_SEP),
+    # the few largest callers of each (estimators.select_edges): which caller a shared helper's time came from.
+    edge_shares: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         """The /windows.json shape (keys are a contract with the canary gate)."""
@@ -151,6 +158,7 @@ class WindowSummary:
             # missing here is unknown for this window, not 0.
             "exported_functions": sorted(self.function_shares),
             "unexported_self_share_max": self.unexported_self_share_max,
+            "edge_shares": dict(self.edge_shares),
             # Only where the front end was sampled in this window: older consumers see the old keys alone.
             **({"role": "scheduler", "frontend": self.frontend, "frontend_busy_share": self.frontend_busy_share,
                 "frontend_saturated": self.frontend_saturated} if self.frontend is not None else {}),

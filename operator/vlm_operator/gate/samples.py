@@ -88,6 +88,12 @@ class Unit:
         cuts = [x.unexported_self_share_max for x in got]
         return Fns(incl, mean_present([x.self_shares for x in got]), None if None in cuts else max(cuts), incl)
 
+    @cached_property
+    def edge_seconds(self) -> Mapping[str, float]:
+        """Seconds per loop iteration under each exported call edge, "caller;callee" (edge share x loop mean)."""
+        loop = self.values["loop_latency"]
+        return {k: v * loop for k, v in mean_present([w.edge_shares for w in self.windows]).items()} if loop else {}
+
 
 @dataclass(frozen=True)
 class Fns:

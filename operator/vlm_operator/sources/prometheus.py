@@ -6,8 +6,9 @@ says how it is read). The windows are built here directly, field by field, with 
 `Window.from_sidecar` applies to a `/windows.json` entry (a value it would drop is dropped here too), and
 they carry every field the sidecar source fills: the per-window scalars, the stage shares, the inclusive and
 self function shares with the bound for the functions left out of the export
-(`vlm_scheduler_unexported_self_share_max_ratio`), the IPC transport fields, and per front-end role the busy
-share, the function shares and its bound. So the gate decides and attributes the same through both sources
+(`vlm_scheduler_unexported_self_share_max_ratio`), the call-edge shares (`vlm_scheduler_edge_share_ratio`), the
+IPC transport fields, and per front-end role the busy share, the function shares and its bound. So the gate
+decides and attributes the same through both sources
 (tests/unit/operator/test_sources_parity.py). A bad point (not a number, not finite, a malformed series) is
 dropped, never raised.
 """
@@ -22,9 +23,11 @@ from typing import Any
 
 from ..names import FRONTEND_ROLES
 from ..window import (
+    EDGE_SEP,
     RoleSample,
     Window,
     _count,
+    _edges,
     _flag,
     _nonnegative,
     _nonnegative_int,
@@ -249,6 +252,9 @@ def from_prometheus(
         kind, fn = _KINDS.get(sr["metric"].get("kind", "")), sr["metric"].get("function", "")
         if kind is not None:
             assign(sr, lambda w, v, kind=kind, fn=fn: w.share(kind, fn, v))
+    for sr in series("vlm_scheduler_edge_share_ratio", by=f"{_KEY}, caller, callee"):
+        edge = f'{sr["metric"].get("caller", "")}{EDGE_SEP}{sr["metric"].get("callee", "")}'
+        assign(sr, lambda w, v, edge=edge: w.share("edge_shares", edge, v))
     frontend = _frontend(series)
     out = []
     for (pod, revision, rank, end), w in sorted(windows.items()):
@@ -277,5 +283,6 @@ def from_prometheus(
             feature_transport_samples=w.scalars.get("feature_transport_samples"),
             unexported_self_share_max=w.scalars.get("unexported_self_share_max"),
             frontend=fe[min(near)] if near else {},
+            edge_shares=_edges(w.shares.get("edge_shares", {})),
         ))
     return out

@@ -144,6 +144,7 @@ def _entry() -> dict:
         stale=True, error=None, sglang_stage_shares={"run_batch": 0.5}, ttft_seconds=0.18, itl_seconds=0.012,
         throughput=950.0, request_rate=22.5, feature_transport_share=0.07, ipc_handle_reopen_share=0.02,
         feature_transport_samples=350, unexported_self_share_max=0.03,
+        edge_shares={"hash_feature;process_input_requests": 0.1},
     )
     store.add_window(w, None, 1000.0)
     roles = {r: RoleSummary(role=r, processes=1, sampled=1, pids=(100 + i,), busy_share=0.1 + 0.1 * i,

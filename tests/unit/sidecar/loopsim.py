@@ -335,6 +335,41 @@ def random_shape(rng: random.Random) -> Shape:
     )
 
 
+# A helper shared by two callers, one in each of two stages (a copy, a lock, a serializer): the attribution case
+# of `shared_helper`. Frames below the loop function, root first.
+_LOOP = (*ROOT, _f("Scheduler.event_loop_overlap"))
+_HASH = (_f("Scheduler.process_input_requests"), _f("Scheduler.handle_generate_request"),
+         _f("MultimodalCache.hash_feature", "mm_utils.py"))
+_DECODE = (_f("Scheduler.run_batch"), _f("TpModelWorker.decode_batch", "tp_worker.py"))
+SHARED_HELPER = _f("helper", "utils.py")
+
+
+def shared_helper(*, hash_helper_ms: float, decode_helper_ms: float, seed: int = 0, window_s: float = 2.0,
+                  rate_hz: float = 1000.0) -> Sim:
+    """A loop in which `helper` runs under hash_feature (in process_input_requests) for `hash_helper_ms` and
+    under decode_batch (in run_batch) for `decode_helper_ms` per iteration, between 1 ms stretches of the other
+    stages and hash_feature's own code and 8 ms of decode_batch's (each piece jittered 10%)."""
+    rng = random.Random(seed)
+    iteration = [((_f("Scheduler.recv_requests"), _f("Socket.recv_pyobj", "socket.py")), 1.0),
+                 (_HASH, 1.0), ((*_HASH, SHARED_HELPER), hash_helper_ms),
+                 ((_f("Scheduler.get_next_batch_to_run"),), 1.0),
+                 (_DECODE, 8.0), ((*_DECODE, SHARED_HELPER), decode_helper_ms),
+                 ((_f("Scheduler.process_batch_result"),), 1.0)]
+    window_us = window_s * 1e6
+    pieces, starts, t = [], [], -rng.uniform(0, 20e3)  # the window opens mid-iteration
+    while t < window_us:
+        starts.append(t)
+        for frames, ms in iteration:
+            d = ms * 1e3 * rng.uniform(0.9, 1.1)
+            if d > 0:
+                pieces.append((t, t + d, (*_LOOP, *frames)))
+                t += d
+    ends = [*starts[1:], t]
+    times = sample_times(rng, window_us, rate_hz)
+    durations = [(e - s) / 1e6 for s, e in zip(starts, ends, strict=True) if s >= 0 and e <= window_us]
+    return Sim(segments_from_samples(pieces, times, window_us), durations, len(times), window_s, pieces)
+
+
 def error_table(seeds: int = 20, rate_hz: float = 1000.0) -> list[tuple[str, float, float, float, float, float, float]]:
     """Per shape over seeds 0..seeds-1: (name, true mean ms, mean error min, max, true p95 ms, p95 error min, max)."""
     from vlm_sidecar.estimators import estimate_loop
