@@ -201,6 +201,7 @@ class PodMapper:
             args += ["--standin-version", version]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "VLM_"))}
         env.update({e.name: e.value for e in (sg.env or []) if e.value is not None})
+        env["STANDIN_NODE_NAME"] = pod.spec.node_name or ""  # the node's speed (STANDIN_NODE_SPEED), if set
         log = open(self.workdir / f"{pod.metadata.name}.standin.log", "ab")  # noqa: SIM115
         standin = subprocess.Popen(
             [sys.executable, str(STANDIN), *args, *self.standin_args], env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -475,6 +475,26 @@ class StandinConfig:
     tokenize_ms: float = 0.3
     mm_loop_ms: float = 0.2
     detokenize_ms: float = 0.02
+    # The node's speed: every scheduler stage costs this many times its nominal time (node_speed below).
+    speed: float = 1.0
+
+
+def node_speed(environ: dict[str, str]) -> float:
+    """The stand-in's speed factor on its node: STANDIN_NODE_SPEED ("node-a=1.08,node-b=0.97") looked up by
+    STANDIN_NODE_NAME (the pod mapper sets it from spec.nodeName, as a downward-API env would), 1.0 when either
+    is missing; a node's offset the node-paired gate must see through. A malformed entry is an error."""
+    table = environ.get("STANDIN_NODE_SPEED", "").strip()
+    node = environ.get("STANDIN_NODE_NAME", "")
+    if not table or not node:
+        return 1.0
+    out = {}
+    for part in table.split(","):
+        name, _, value = part.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise StandinConfigError(f"STANDIN_NODE_SPEED: {part!r} is not node=factor") from None
+    return out.get(node, 1.0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -596,6 +616,7 @@ def build_config(argv: list[str], environ: dict[str, str]) -> StandinConfig:
         io_workers=max(1, ns.standin_io_workers), image_cost_ms=ns.standin_image_cost_ms,
         image_convert_ms=ns.standin_image_convert_ms, io_ms=ns.standin_io_ms,
         tokenize_ms=ns.standin_tokenize_ms, mm_loop_ms=ns.standin_mm_loop_ms, detokenize_ms=ns.standin_detokenize_ms,
+        speed=node_speed(environ),
     )
 
 
@@ -792,7 +813,7 @@ class Scheduler:
         pauses or slows the process (py-spy in blocking mode, CPU contention) stretches the loop, which
         is what the overhead benchmark must see."""
         j = self.cfg.jitter
-        seconds = ms / 1e3 * (1.0 + self.jrng.uniform(-j, j))
+        seconds = ms / 1e3 * (1.0 + self.jrng.uniform(-j, j)) * self.cfg.speed
         if self.cfg.cost_model == "sleep":
             return _sleep(seconds)
         if self.spins_per_s is None:

@@ -8,18 +8,30 @@ once; what it returns is all the rest of the reconcile knows about signals.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from . import api, gate, sources
-from .names import ROLE_BASELINE, ROLE_CANARY
+from .names import ACTIVE_PHASES, ROLE_BASELINE, ROLE_CANARY
 from .observed import Observed
 from .profile_summary import profiler_status
 from .units import parse_duration, parse_time
 from .window import Window
 
 PROFILER_SPAN_WINDOWS = 4  # status.profiler summarises the windows of the last 4 telemetry intervals
+PRE_PERIOD_S = 300.0  # the stable pods' pre-period: the default step's analysis time
+
+
+@dataclass(frozen=True)
+class Before:
+    """A rollout's start, read once before any pod is replaced: the stable pods' pre-period, the loop-latency
+    margin the rollout can resolve (relative) and the margin the user asked for."""
+
+    pods: list[api.BeforeStatus]
+    resolvable: float
+    margin: float | None
 
 
 @dataclass(frozen=True)
@@ -30,6 +42,7 @@ class Gathered:
     decision: gate.Decision | None
     profiler: api.ProfilerStatus | None
     stable_windows: list[Window] | None
+    before: Before | None = None
 
 
 @dataclass(frozen=True)
@@ -87,16 +100,23 @@ def gather(
     current_profiler: api.ProfilerStatus | None,
     profiler_due: Callable[[float], bool],
     now: float,
+    calibration: gate.Calibration | None = None,
 ) -> Gathered:
     """Read the signals this round needs (a look of the gate when `due`, the profiler summary when
     `profiler_due(interval)` says so) from one source, and judge them."""
+    calibration = calibration or gate.Calibration()
     look = bool(stable_rev and policy is not None and due(spec, prev, observed, revision, now))
     interval = parse_duration(spec.telemetry.interval)
     summarise = bool(spec.telemetry.enabled and stable_rev and profiler_due(interval))
+    before = None
+    if stable_rev and policy is not None and starting(spec, prev, revision, stable_rev):
+        before = before_start(ctx, spec, policy, observed, namespace=namespace, name=name, stable_rev=stable_rev,
+                              calibration=calibration, now=now)
     if not (look or summarise):  # most reconciles: nothing to read, no source to build
-        return Gathered(None, current_profiler, None)
+        return Gathered(None, current_profiler, None, before)
     source = source_for(ctx, spec, namespace, name, observed)
-    decision = _look(source, spec, policy, observed, prev, stable_rev, now) if look else None  # type: ignore[arg-type]
+    decision = (_look(source, spec, policy, observed, prev, stable_rev, now, calibration)  # type: ignore[arg-type]
+                if look else None)
     profiler, windows = current_profiler, None
     if summarise:
         try:
@@ -107,7 +127,7 @@ def gather(
             profiler = profiler_status(
                 current_profiler, windows, tolerance=ctx.profiler_tolerance, refresh_s=ctx.profiler_refresh_s
             )
-    return Gathered(decision, profiler, windows)
+    return Gathered(decision, profiler, windows, before)
 
 
 def split(windows: Sequence[Window], observed: Observed, stable_rev: str, canary_rev: str, baseline: str
@@ -124,18 +144,79 @@ def split(windows: Sequence[Window], observed: Observed, stable_rev: str, canary
 
 def _look(
     source: sources.Source, spec: api.VLMServiceSpec, policy: gate.GatePolicy, observed: Observed,
-    prev: api.RolloutStatus, stable_rev: str, now: float,
+    prev: api.RolloutStatus, stable_rev: str, now: float, calibration: gate.Calibration,
 ) -> gate.Decision:
     started = parse_time(prev.analysis_started_at)
     data = parse_time(prev.data_started_at) if prev.data_started_at else None
+    since = min(started, parse_time(prev.evidence_since)) if prev.evidence_since else started
     steps = spec.rollout.schedule(spec.replicas)  # type: ignore[union-attr]
-    step = steps[min(prev.step, len(steps) - 1)]
-    common: Mapping[str, Any] = dict(started_at=started, now=now, step_duration_s=parse_duration(step.analysis),
-                                     data_started_at=data)
+    k = min(prev.step, len(steps) - 1)
+    common: Mapping[str, Any] = dict(
+        started_at=started, now=now, step_duration_s=parse_duration(steps[k].analysis), data_started_at=data,
+        step=k, evidence_since=since, layout=layout(observed, prev), calibration=calibration,
+        analysed_before_s=prev.analysed_seconds)
     try:
-        windows = source.read([stable_rev, prev.revision or ""], started, now)
+        windows = source.read([stable_rev, prev.revision or ""], since, now)
     except sources.SignalsUnavailable as e:
         # Still the gate's call: at maxDuration it applies onInconclusive (and never promotes without data).
         return gate.decide([], [], policy, unavailable=str(e), **common)
     base, can, ref = split(windows, observed, stable_rev, prev.revision or "", prev.baseline or "Stable")
     return gate.decide(base, can, policy, spread_reference=ref, **common)
+
+
+def layout(observed: Observed, prev: api.RolloutStatus) -> gate.Layout:
+    """Where this look's pods run (their nodes), each new pod's pair, and the pre-period, for the gate."""
+    return gate.Layout(
+        nodes={p.name: p.node for p in observed.pods if p.node},
+        replaced={x.pod: x.replaced for x in prev.pairs if x.pod and x.replaced and not x.dropped},
+        before={b.pod: gate.Before(b.pod, b.node, math.log(b.loop_seconds), b.windows)
+                for b in prev.before if b.loop_seconds > 0},
+        started={x.pod: parse_time(x.ready_at) for x in prev.pairs if x.pod and x.ready_at and not x.dropped},
+    )
+
+
+def calibration_of(status: api.CalibrationStatus | None) -> gate.Calibration:
+    if status is None:
+        return gate.Calibration()
+    restart = status.restart_spread if status.restart_spread is not None else 0.0
+    return gate.Calibration(
+        pod_ss=(status.pod_spread / 100) ** 2 * status.pod_df, pod_df=status.pod_df,
+        restart_ss=(restart / 100) ** 2 * status.restart_df, restart_df=status.restart_df)
+
+
+def calibration_status(c: gate.Calibration, rollouts: int) -> api.CalibrationStatus:
+    f = c.node_bound_share
+    return api.CalibrationStatus(
+        pod_spread=round(100 * math.sqrt(c.pod_ss / c.pod_df), 3) if c.pod_df else 0.0,
+        pod_df=round(c.pod_df, 2),
+        restart_spread=round(100 * math.sqrt(c.restart_ss / c.restart_df), 3) if c.restart_df else None,
+        restart_df=round(c.restart_df, 2),
+        node_bound_share=None if f is None else round(f, 3),
+        rollouts=rollouts,
+    )
+
+
+def starting(spec: api.VLMServiceSpec, prev: api.RolloutStatus | None, revision: str, stable_rev: str) -> bool:
+    """Does this round start a rollout of `revision` (or run one that has no pre-period yet)?"""
+    if spec.rollout is None or revision == stable_rev:
+        return False
+    return prev is None or prev.revision != revision or prev.phase not in ACTIVE_PHASES or prev.before_at is None
+
+
+def before_start(
+    ctx: Context, spec: api.VLMServiceSpec, policy: gate.GatePolicy, observed: Observed, *, namespace: str,
+    name: str, stable_rev: str, calibration: gate.Calibration, now: float,
+) -> Before:
+    """Once per rollout, before any pod is replaced: the stable pods' pre-period (read over the default step's
+    analysis time, 5 minutes; empty when the signals cannot be read) and the margin the rollout can resolve."""
+    nodes = {p.name: p.node for p in observed.pods if p.node}
+    pre: dict[str, gate.Before] = {}
+    if spec.telemetry.enabled:
+        try:
+            windows = source_for(ctx, spec, namespace, name, observed).read([stable_rev], now - PRE_PERIOD_S, now)
+        except sources.SignalsUnavailable:
+            windows = []
+        pre = gate.pre_period([w for w in windows if w.revision == stable_rev], policy, nodes, now)
+    out = [api.BeforeStatus(pod=b.pod, node=b.node, loop_seconds=math.exp(b.mean_log), windows=b.windows)
+           for b in sorted(pre.values(), key=lambda b: b.pod)]
+    return Before(out, gate.resolvable_before_start(policy, calibration, pre), policy.max_regression.get("loop_latency"))

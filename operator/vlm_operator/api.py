@@ -1129,6 +1129,27 @@ class PairStatus(KubeModel):
     dropped: str | None = Field(None, description="Why the pair no longer counts (its pod or node went away).")
 
 
+class BeforeStatus(KubeModel):
+    pod: str = Field(description="A stable pod as it ran before the rollout replaced any pod.")
+    node: str | None = None
+    loop_seconds: float = Field(description="Its scheduler loop latency (geometric mean of its windows), seconds.")
+    windows: int = Field(0, ge=0)
+
+
+class CalibrationStatus(KubeModel):
+    pod_spread: float = Field(
+        description="How much pods of one revision differ in loop latency (sd of their means, percent), from the "
+        "rollouts this service has finished.")
+    pod_df: float = Field(0.0, ge=0, description="Degrees of freedom behind podSpread.")
+    restart_spread: float | None = Field(
+        None, description="How much a pod restarted on the same node differs from the one before (sd, percent), "
+        "from the same-node pairs of finished rollouts.")
+    restart_df: float = Field(0.0, ge=0)
+    node_bound_share: float | None = Field(
+        None, description="Share of the pod spread that stays with the node (1 - restart / pod variance).")
+    rollouts: int = Field(0, ge=0, description="Rollouts whose evidence is in here.")
+
+
 class RolloutStatus(KubeModel):
     phase: RolloutPhase
     revision: str | None = Field(None, description="Canary revision this rollout is about.")
@@ -1158,6 +1179,24 @@ class RolloutStatus(KubeModel):
     regressed_function: str | None = None
     regressed_stage: str | None = None
     warning: str | None = Field(None, description="Why the gate may be unable to resolve the margin.")
+    before: list[BeforeStatus] = Field(
+        default_factory=list, max_length=512,
+        description="The stable pods' loop latency before any was replaced: the pre-period of same-node pairs.")
+    before_at: str | None = Field(None, description="When `before` was read (set even when nothing could be).")
+    comparison: list[Literal["Concurrent", "Replace", "Unpaired"]] = Field(
+        default_factory=list, description="How the last look compared the canary pods: with a stable pod on the "
+        "same node now (Concurrent), with the replaced pod's pre-period corrected by the fleet (Replace), or with "
+        "the stable pods' mean (Unpaired).")
+    analysed_seconds: float = Field(
+        0.0, ge=0, description="Seconds of analysis in the steps already passed (the gate's spending clock).")
+    evidence_since: str | None = Field(
+        None, description="When the first step's analysis began: windows from then on count at every step.")
+    warmup_shift: float | None = Field(
+        None, description="How much slower (percent) the canary pods ran in the first minute after Ready, which "
+        "the gate leaves out, than after it.")
+    resolvable_margin: dict[str, float] | None = Field(
+        None, description="Per gated signal, the smallest margin (percent) this rollout can resolve from the pods' "
+        "spread and its schedule (loopLatency); a margin below it gets the Warning CanaryMarginUnresolvable.")
 
 
 class ProfilerStatus(KubeModel):
@@ -1185,6 +1224,8 @@ class VLMServiceStatus(KubeModel):
     canary_revision: str | None = None
     rollout: RolloutStatus | None = None
     profiler: ProfilerStatus | None = None
+    calibration: CalibrationStatus | None = Field(
+        None, description="What the gate learned about this service's pods from its finished rollouts.")
     sglang: SGLangStatus | None = Field(None, description="The effective SGLang image and version.")
 
 

@@ -176,16 +176,19 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
         emit("Warning", "UnknownAction", f"{ANNOTATION_ROLLOUT_ACTION}={action}: use one of {', '.join(ROLLOUT_ACTIONS)}")
         action = None
     shown = S.parse_status({"profiler": t.status.get("profiler")}).profiler if t.status.get("profiler") else None
+    calib_status = S.parse_status({"calibration": t.status.get("calibration")}).calibration
+    calibration = analysis.calibration_of(calib_status)
     got = analysis.gather(
         rt.context(), spec, policy, observed, namespace=t.namespace, name=t.name, prev=prev,
         revision=desired.revision, stable_rev=stable_rev, current_profiler=shown,
-        profiler_due=lambda interval: rt.profiler_due(t.uid, interval, now), now=now,
+        profiler_due=lambda interval: rt.profiler_due(t.uid, interval, now), now=now, calibration=calibration,
     )
 
     # ---- decide
     def plan_with(rooms: dict[str, placement.Room] | None) -> rollout.Plan:
         return rollout.plan(owner, spec, desired, observed, prev, stable=stable_rev, now=now, rooms=rooms,
-                            decision=got.decision, action=action)
+                            decision=got.decision, action=action,
+                            before=(b.pods, b.resolvable, b.margin) if (b := got.before) else None)
 
     plan = plan_with(None)
     if plan.wants_rooms:  # a move would add pods: where is a GPU free? (read only then)
@@ -195,6 +198,7 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
             log.warning("%s/%s: cannot read the nodes' free GPUs (%s): replacing pods instead of surging", t.namespace, t.name, e)
             rooms = {}
         plan = plan_with(rooms)
+    calib_status = _calibrated(calib_status, calibration, prev, spec, got.decision)
     ipc_active, ipc_reason, ipc_message = _ipc_cache(t, desired, stable_rev, got.stable_windows)
     h = S.running_health(
         observed, want=plan.want_ready, rollout=plan.rollout,
@@ -204,7 +208,7 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
     new = S.build_status(
         t.status, h, generation=t.generation, now=now_dt, selector=builders.selector(owner),
         stable_revision=plan.stable_revision, canary_revision=plan.canary_revision, rollout=plan.rollout,
-        profiler=got.profiler, sglang=S.sglang_status(desired.image, desired.version),
+        profiler=got.profiler, sglang=S.sglang_status(desired.image, desired.version), calibration=calib_status,
     )
 
     # ---- act
@@ -241,6 +245,18 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
     act.write_status(rt.w, t.uid, t.namespace, t.name, t.status, t.resource_version, new, emit)
     act.post_events(plan, emit)
     return "ok"
+
+
+def _calibrated(current: api.CalibrationStatus | None, calibration: gate.Calibration, prev: api.RolloutStatus | None,
+                spec: api.VLMServiceSpec, decision: gate.Decision | None) -> api.CalibrationStatus | None:
+    """status.calibration with the evidence of a rollout that ended on this look (a rollback, or the last step's
+    promotion): what its stable pods and its same-node pairs showed about the service's pods."""
+    if decision is None or decision.evidence is None or prev is None or prev.phase != "Analysing" or spec.rollout is None:
+        return current
+    last = prev.step >= len(spec.rollout.schedule(spec.replicas)) - 1
+    if not (decision.verdict == "Rollback" or (decision.verdict == "Promote" and last)):
+        return current
+    return analysis.calibration_status(calibration.add(decision.evidence), (current.rollouts if current else 0) + 1)
 
 
 def _startup_budget_s(template: Mapping[str, Any]) -> float | None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from . import builders as B
 from . import placement as M
-from .api import PairStatus, RolloutStatus, SignalStatus, VLMServiceSpec
+from .api import BeforeStatus, PairStatus, RolloutStatus, SignalStatus, VLMServiceSpec
 from .gate import Decision
 from .names import ACTIVE_PHASES as ACTIVE
 from .names import HELD_PHASES, ROLE_CANARY, ROLE_STABLE, UPDATING
@@ -108,7 +108,10 @@ def plan(
     rooms: Mapping[str, M.Room] | None = None,
     decision: Decision | None = None,
     action: str | None = None,
+    before: tuple[Sequence[BeforeStatus], float, float | None] | None = None,
 ) -> Plan:
+    """`before`: read at a rollout's start (analysis.before_start): the stable pods' pre-period, the loop-latency
+    margin the rollout can resolve and the user's margin (relative), recorded once per rollout."""
     rev = desired.revision
     full = spec.replicas
     t = _iso(now)
@@ -266,6 +269,16 @@ def plan(
                             f"({len(steps)} step(s): {', '.join(str(s.replicas) for s in steps)} pod(s){detail})"))
     else:
         r = prev
+    if before is not None and r.before_at is None:
+        pre, resolvable, margin = before
+        r = _upd(r, before=list(pre), before_at=t, resolvable_margin={"loopLatency": round(100 * resolvable, 2)})
+        if margin is not None and resolvable > margin:
+            msg = (f"with {len(pre)} stable pod(s) measured, the pods' spread and this schedule the gate resolves "
+                   f"loop-latency margins of about {resolvable:.1%} or more, against maxRegression.loopLatency "
+                   f"{margin:.0%}: a regression of that size is rolled back less than half the time; add steps or "
+                   f"pods, or widen the margin")
+            events.append(Event("Warning", "CanaryMarginUnresolvable", f"canary {rev}: {msg}"))
+            r = _upd(r, warning=r.warning or msg)
 
     # ---- the decision point: the user's action, the start-up, the gate's verdict
     if action == "abort":
@@ -289,7 +302,13 @@ def plan(
         if r.phase == "Analysing" or confident:
             r = _upd(
                 r, last_analysis_at=t, analyses=r.analyses + 1, signals=_signals(decision) or r.signals,
-                verdict=decision.verdict, reason=decision.reason, message=decision.message, warning=decision.warning,
+                verdict=decision.verdict, reason=decision.reason, message=decision.message,
+                warning=r.warning or decision.warning,
+                resolvable_margin=({"loopLatency": round(100 * decision.resolvable_margin, 2)}
+                                   if decision.resolvable_margin is not None else r.resolvable_margin),
+                warmup_shift=(round(100 * decision.warmup_shift, 2) if decision.warmup_shift is not None
+                              else r.warmup_shift),
+                comparison=list(decision.pairing) or r.comparison,
                 data_started_at=r.data_started_at or (
                     _iso(decision.clock_started_at) if decision.clock_started_at is not None else None),
             )
@@ -306,8 +325,10 @@ def plan(
             events.append(Event("Warning", "CanaryPaused", f"canary {rev} paused: {decision.message}"))
         elif r.phase == "Analysing" and decision.verdict == "Promote":
             if r.step + 1 < len(steps):
+                clock = r.data_started_at or r.analysis_started_at
+                spent = max(0.0, now - parse_time(clock)) if clock else 0.0
                 r = _upd(r, step=r.step + 1, step_started_at=t, analysis_started_at=None, data_started_at=None,
-                         phase="Progressing")
+                         phase="Progressing", analysed_seconds=round(r.analysed_seconds + spent, 1))
                 events.append(Event("Normal", "CanaryStep", f"canary {rev} passed step {r.step}; moving on"))
             else:
                 r = _upd(r, phase="Promoting", step_started_at=t, analysis_started_at=t, data_started_at=None)
@@ -339,7 +360,8 @@ def plan(
                                 f"canary {rev}: {out.waiting}; it waits (kubectl vlm promote replaces without analysis)"))
         fresh_ready = sum(1 for p in observed.pods if p.labelled_role == BASELINE_KEY and p.ready and not p.terminating)
         if out.done and (r.baseline != "Fresh" or fresh_ready >= k):  # a fresh baseline starts with the canary
-            r = _upd(r, phase="Analysing", analysis_started_at=t, data_started_at=None, waiting=None)
+            r = _upd(r, phase="Analysing", analysis_started_at=t, data_started_at=None, waiting=None,
+                     evidence_since=r.evidence_since or t)
         elif not out.no_capacity and now - parse_time(r.step_started_at) >= parse_duration(ro.startup_timeout):
             msg = f"canary pods of step {r.step + 1} not Ready within startupTimeout {ro.startup_timeout}"
             r = _upd(r, phase="RolledBack", verdict="Rollback", reason="CanaryStartTimeout", message=msg)

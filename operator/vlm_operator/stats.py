@@ -97,6 +97,8 @@ def paired_many(
     extra_var_low: Sequence[float] | None = None,
     extra_var_high: Sequence[float] | None = None,
     anytime_r: float | None = None,
+    var_factor: Sequence[float] | None = None,
+    extra_df: Sequence[float] | None = None,
 ) -> list[Paired | None]:
     """Yuen's one-sample trimmed-mean t-test per row of differences (Tukey-McLaughlin standard error:
     winsorized variance, h - 1 degrees of freedom), in plain numpy.
@@ -109,6 +111,9 @@ def paired_many(
 
     `anytime_r`: bounds from a normal-mixture confidence sequence (`mixture_multiplier`) instead of
     the t quantile: valid at every look, however many, at the cost of width at any one look.
+    `var_factor` (per row, >= 1) widens the windows' squared standard error for their dependence in time
+    (`autocorrelation_factor`); `extra_df` (per row): the degrees of freedom behind the extra variance, itself
+    an estimate; the t quantile then takes the Welch-Satterthwaite degrees of freedom of the sum.
     """
     if not (0 < alpha_low < 0.5 and 0 < alpha_high < 0.5):
         raise ValueError(f"alphas must be in (0, 0.5), got {alpha_low}, {alpha_high}")
@@ -125,12 +130,17 @@ def paired_many(
         w = np.clip(d, d[g], d[n - 1 - g])
         var_w = float(w.var(ddof=1)) if n > 1 else 0.0
         se2 = (n - 1) * var_w / (h * (h - 1)) if h > 1 else math.inf
+        if var_factor is not None:
+            se2 *= max(1.0, float(var_factor[i]))
         df = max(1, h - 1)
         ex_l = max(0.0, float(extra_var_low[i])) if extra_var_low is not None else 0.0
         ex_h = max(0.0, float(extra_var_high[i])) if extra_var_high is not None else 0.0
+        df_l = df_h = float(df)
+        if extra_df is not None and math.isfinite(extra_df[i]) and extra_df[i] > 0 and math.isfinite(se2):
+            df_l, df_h = (_satterthwaite(se2, df, ex, float(extra_df[i])) for ex in (ex_l, ex_h))
         se_l, se_h = math.sqrt(se2 + ex_l), math.sqrt(se2 + ex_h)
         if anytime_r is None:
-            z_l, z_h = float(t_ppf(1 - alpha_low, df)), float(t_ppf(1 - alpha_high, df))
+            z_l, z_h = float(t_ppf(1 - alpha_low, df_l)), float(t_ppf(1 - alpha_high, df_h))
         else:
             z_l, z_h = mixture_multiplier(h, alpha_low, anytime_r), mixture_multiplier(h, alpha_high, anytime_r)
         low = tm - z_l * se_l
@@ -149,6 +159,14 @@ def paired_many(
     return out
 
 
+def _satterthwaite(a: float, df_a: float, b: float, df_b: float) -> float:
+    """Degrees of freedom of the sum of two independent variance estimates (Welch-Satterthwaite)."""
+    if b <= 0:
+        return df_a
+    den = a * a / df_a + b * b / df_b
+    return (a + b) ** 2 / den if den > 0 else df_a
+
+
 def center(values: Sequence[float | None], *, scale: Scale, trim: float = DEFAULT_TRIM) -> float | None:
     """The trimmed mean of the usable values (geometric for `log`): what a side's level is reported as."""
     x = finite(values, positive=scale == "log")
@@ -157,3 +175,39 @@ def center(values: Sequence[float | None], *, scale: Scale, trim: float = DEFAUL
     if scale == "log":
         return math.exp(float(trim_mean(np.log(x), trim)))
     return float(trim_mean(x, trim))
+
+
+def autocorrelation_factor(series: Sequence[Sequence[float]], max_lag: int | None = None) -> float:
+    """How much dependence between neighbouring windows widens the variance of a mean (>= 1).
+
+    Host noise is not independent from window to window (one cloud GPU VM: lag-1 autocorrelation 0.4 at 15 s
+    windows, still 0.3 a minute apart), so a standard error that assumes independent windows is too small. This
+    is the Newey-West (Bartlett kernel) long-run variance over the plain variance, 1 + 2 sum_l (1 - l/(L+1))
+    rho_l, with the autocorrelations pooled over `series` (one time-ordered series per pod, each centred on its
+    own mean so pod offsets are not read as dependence). Lag window L = ceil(n^(1/3)) of the longest series
+    unless given. Floored at 1 (negative correlation never narrows a bound) and capped at 1 + 2L.
+    """
+    xs = [np.asarray([v for v in s if v is not None and math.isfinite(v)], dtype=float) for s in series]
+    xs = [x - x.mean() for x in xs if x.size >= 3]
+    if not xs:
+        return 1.0
+    n_max = max(x.size for x in xs)
+    lag = max_lag if max_lag is not None else max(1, math.ceil(n_max ** (1 / 3)))
+    var = sum(float(x @ x) for x in xs)
+    if var <= 0:
+        return 1.0
+    factor = 1.0
+    for k in range(1, lag + 1):
+        cov = sum(float(x[k:] @ x[:-k]) for x in xs if x.size > k)
+        factor += 2 * (1 - k / (lag + 1)) * cov / var
+    return min(max(1.0, factor), 1.0 + 2 * lag)
+
+
+def spent(alpha: float, t: float, rho: float) -> float:
+    """The error spent by information fraction t in [0, 1]: alpha t^rho (the Kim-DeMets power family).
+
+    rho 1 spends evenly over time (Pocock-like), rho 3 keeps most of it for the end (O'Brien-Fleming-like).
+    A look at fraction t, after one at t_prev, tests at alpha(t) - alpha(t_prev): whatever the looks'
+    correlation, the levels add up to at most alpha (the union bound), however the looks fall."""
+    t = min(1.0, max(0.0, t))
+    return alpha * t**rho

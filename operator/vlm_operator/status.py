@@ -146,6 +146,7 @@ def build_status(
     rollout: api.RolloutStatus | None = None,
     profiler: api.ProfilerStatus | None = None,
     sglang: api.SGLangStatus | None = None,
+    calibration: api.CalibrationStatus | None = None,
 ) -> api.VLMServiceStatus:
     """The full status (as written through the status subresource), validated by the model."""
     merged = C.merge(current.get("conditions") or [], health_conditions(h), generation=generation, now=now)
@@ -161,6 +162,7 @@ def build_status(
         canary_revision=canary_revision,
         rollout=rollout,
         profiler=profiler,
+        calibration=calibration,
         sglang=sglang,
     )
 
@@ -170,7 +172,7 @@ def status_body(st: api.VLMServiceStatus) -> dict[str, Any]:
     return st.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
-CARRIED = ("selector", "stable_revision", "canary_revision", "rollout", "profiler", "sglang")
+CARRIED = ("selector", "stable_revision", "canary_revision", "rollout", "profiler", "calibration", "sglang")
 
 
 def parse_status(current: Mapping[str, Any]) -> api.VLMServiceStatus:

@@ -3,7 +3,10 @@
 A small public face over rooms by concern:
 - `policy`: the signals, how each is read and named, and `GatePolicy` (built from the spec once);
 - `samples`: one revision's windows made into analysis units (TP ranks merged, idle and stale left out);
-- `compare`: the statistics of one look (paired differences, between-pod variance, the budget's split);
+- `paired`: what each canary pod is compared with (a stable pod on its node now, its node's pod before, or the
+  stable mean) and the pod-level variances from the fleet (empirical Bayes over history, prior and look);
+- `compare`: the statistics of one look (time-paired differences per canary pod, their dependence in time,
+  the pod-level variance);
 - `attribution`: the stage and function that grew most;
 - `decide`: the verdict rules and their messages, the only entry point;
 - `verdict`: the records it returns.
@@ -13,7 +16,8 @@ The window record itself (`vlm_operator.window.Window`) belongs to the sources a
 from ..names import FRONTEND_ROLES, STAGES
 from ..window import RoleSample, Window
 from .attribution import regressed_function, regressed_role_function, regressed_stage
-from .decide import decide
+from .decide import decide, pre_period, resolvable_before_start, resolvable_margin
+from .paired import Before, Calibration, Evidence, Layout
 from .policy import REQUEST_SIGNALS, SIGNALS, GatePolicy, SignalVerdict, Verdict
 from .verdict import Decision, SignalResult
 
@@ -22,15 +26,22 @@ __all__ = [
     "REQUEST_SIGNALS",
     "SIGNALS",
     "STAGES",
+    "Before",
+    "Calibration",
     "Decision",
+    "Evidence",
     "GatePolicy",
+    "Layout",
     "RoleSample",
     "SignalResult",
     "SignalVerdict",
     "Verdict",
     "Window",
     "decide",
+    "pre_period",
     "regressed_function",
     "regressed_role_function",
     "regressed_stage",
+    "resolvable_before_start",
+    "resolvable_margin",
 ]

@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from vlm_operator import stats
 
 from ..names import FRONTEND_ROLES, STAGES
+from . import paired
+from .paired import PodPlan
 from .policy import NOT_A_REGRESSION_STAGE, SIGNALS, GatePolicy, SignalVerdict, bound_factor
 from .samples import SCALAR_FIELDS, Unit
 from .verdict import SignalResult
@@ -28,44 +30,81 @@ class Instance:
     reference_pods: tuple[str, ...] = ()
     baseline_ends: tuple[float, ...] = ()
     canary_ends: tuple[float, ...] = ()
+    # Each canary pod's comparison (gate.paired); empty: every canary pod against all baseline pods.
+    plans: Mapping[str, PodPlan] = field(default_factory=dict)
+    # Degrees of freedom behind the pod-level variance (the t quantile combines them with the windows').
+    df_cap: float = math.inf
 
-    def pairs(self, log: bool, pair_s: float) -> list[float]:
-        """One difference per canary unit: its value minus the mean of the baseline units that ended at
-        about the same time (within pair_s / 2, else pair_s), on the test scale. Load shared by both
-        revisions cancels; canary units without a concurrent baseline are left out."""
-
-        def f(v: float | None) -> float | None:
-            if v is None or not math.isfinite(v) or (log and v <= 0):
-                return None
-            return math.log(v) if log else v
-
-        base = [(e, x) for e, v in zip(self.baseline_ends, self.baseline, strict=True) if (x := f(v)) is not None]
-        out = []
-        for e, v in zip(self.canary_ends, self.canary, strict=True):
-            x = f(v)
+    def by_pod(self, log: bool, pair_s: float) -> dict[str, list[float]]:
+        """Per canary pod, in time order, one difference per window: its value minus the mean of its reference
+        pods' windows that ended at about the same time (within pair_s / 2, else pair_s), minus its plan's
+        offset, on the test scale. Load shared by both revisions cancels (and, with a same-node reference, the
+        node's own noise of that moment); windows without a concurrent reference are left out."""
+        base = [(p, e, x) for p, e, v in zip(self.baseline_pods, self.baseline_ends, self.baseline, strict=True)
+                if (x := _scaled(v, log)) is not None]
+        out: dict[str, list[float]] = defaultdict(list)
+        order = sorted(range(len(self.canary)), key=lambda i: self.canary_ends[i])
+        for i in order:
+            x = _scaled(self.canary[i], log)
             if x is None:
                 continue
+            pod, e = self.canary_pods[i], self.canary_ends[i]
+            plan = self.plans.get(pod)
+            refs = base if plan is None else [r for r in base if r[0] in plan.refs]
             for width in (pair_s / 2, pair_s):
-                near = [b for t, b in base if abs(t - e) <= width]
+                near = [b for _, t, b in refs if abs(t - e) <= width]
                 if near:
-                    out.append(x - sum(near) / len(near))
+                    out[pod].append(x - sum(near) / len(near) - (plan.offset if plan else 0.0))
                     break
-        return out
+        return dict(out)
+
+    def pairs(self, log: bool, pair_s: float) -> list[float]:
+        return [d for ds in self.by_pod(log, pair_s).values() for d in ds]
+
+    def spread_values(self, log: bool) -> dict[str, list[float]]:
+        """The stable pods' values by pod (the reference pods where there are at least two, else the
+        baseline's): what the between-pod variance is measured on."""
+        if len(set(self.reference_pods)) >= 2:
+            values, pods = self.reference, self.reference_pods
+        else:
+            values, pods = self.baseline, self.baseline_pods
+        out: dict[str, list[float]] = defaultdict(list)
+        for v, p in zip(values, pods, strict=True):
+            if (x := _scaled(v, log)) is not None:
+                out[p].append(x)
+        return dict(out)
 
     def tau2(self, log: bool) -> float:
-        """Between-pod variance: from the reference pods where there are enough, else the baseline's."""
-        if len(set(self.reference_pods)) >= 2:
-            return _between_pod_var(self.reference, self.reference_pods, log)
-        return _between_pod_var(self.baseline, self.baseline_pods, log)
+        """Between-pod variance measured on this look's stable pods alone (0 with fewer than two)."""
+        ss, df = paired.between_pods(self.spread_values(log))
+        return ss / df if df else 0.0
 
-    def extra_var(self, log: bool) -> float:
-        """Between-pod variance of the difference of the two sides' means: tau^2 (1/k_b + 1/k_c)."""
-        tau2 = self.tau2(log)
-        if tau2 <= 0:
+    def extra_var(self, d: Mapping[str, Sequence[float]]) -> float:
+        """Pod-level variance of the pooled mean of the differences `d` (by canary pod): each canary pod's own
+        pod effect weighted by its share of the differences, squared, plus the stable mean's variance shared by
+        the Unpaired pods."""
+        if not self.plans:
             return 0.0
-        k_b = max(1, len(set(self.baseline_pods)))
-        k_c = max(1, len(set(self.canary_pods)))
-        return tau2 * (1 / k_b + 1 / k_c)
+        n = sum(len(v) for v in d.values())
+        if n == 0:
+            return 0.0
+        own = shared_w = shared = 0.0
+        for pod, ds in d.items():
+            plan = self.plans.get(pod)
+            if plan is None:
+                continue
+            w = len(ds) / n
+            own += w * w * plan.tau2
+            if plan.shared_var:
+                shared_w += w
+                shared = max(shared, plan.shared_var)
+        return own + shared_w * shared_w * shared
+
+
+def _scaled(v: float | None, log: bool) -> float | None:
+    if v is None or not math.isfinite(v) or (log and v <= 0):
+        return None
+    return math.log(v) if log else v
 
 
 def instances(
@@ -159,42 +198,84 @@ def _per_loop(seconds: Mapping[str, float], key: str, ref: float) -> float | Non
     return seconds.get(key, 0.0) / ref
 
 
-def _between_pod_var(values: Sequence[float | None], pods: Sequence[str], log: bool) -> float:
-    """Method-of-moments estimate of the between-pod variance (random effects) of one side's values.
+def plan_instance(
+    inst: Instance, layout: paired.Layout, calibration: paired.Calibration, pair_s: float,
+    loop: paired.Variances | None = None,
+) -> tuple[Instance, paired.Variances, paired.Evidence]:
+    """This signal's comparison planned pod by pod (gate.paired), with the variances it used and what this look
+    measured about the pods. `loop`: loop latency's variances, whose restart share other signals borrow."""
+    spec = SIGNALS[inst.family]
+    log = spec.scale == "log"
+    is_loop = inst.family == "loop_latency"
+    prior = (paired.PRIOR_POD_SD_LOG if log else paired.PRIOR_POD_SD_LINEAR) ** 2
+    cur_ss, cur_df = paired.between_pods(inst.spread_values(log))
+    # The history is measured on loop latency; a pod's relative speed shows in its other latencies and its
+    # throughput alike, so the log-scale signals share it. Share signals (points) have their own scale.
+    history = (calibration.pod_ss, calibration.pod_df) if log else (0.0, 0.0)
+    pod, pod_df = paired.pooled(prior, paired.PRIOR_DF, history, (cur_ss, cur_df))
+    if is_loop or (log and loop is None):
+        # f = 0 until measured: the restart spread starts as the whole pod spread, an assumption worth the
+        # prior's weight (not the pod spread's degrees of freedom, which would drown what history measured).
+        restart, r_df = paired.pooled(pod, paired.PRIOR_DF, (calibration.restart_ss, calibration.restart_df))
+    else:
+        share = 1.0 if loop is None or loop.pod <= 0 else min(1.0, loop.restart / loop.pod)
+        restart, r_df = pod * share, pod_df if loop is None else min(pod_df, loop.restart_df)
+    v = paired.Variances(pod, restart, pod_df, r_df)
+    canary_pods = sorted(set(inst.canary_pods))
+    base_pods = sorted(set(inst.baseline_pods))
+    did = is_loop and bool(layout.before)
+    placebo = _placebo(inst, layout) if did else None
+    plans = paired.plan_pods(canary_pods, base_pods, layout, v, placebo=placebo, did=did)
+    ev = paired.Evidence(cur_ss, cur_df) if is_loop else paired.Evidence()
+    if is_loop:
+        # The same-node pairs' own spread: the revision's effect is common to them, so how much their mean
+        # differences disagree (beyond their windows' noise) is the restart variance.
+        planned = replace(inst, plans=plans)
+        d = planned.by_pod(log, pair_s)
+        same = [(p, ds) for p, ds in d.items() if plans[p].kind != "Unpaired" and len(ds) >= 2]
+        if len(same) >= 2:
+            means = [sum(ds) / len(ds) for _, ds in same]
+            grand = sum(means) / len(means)
+            s2 = sum((m - grand) ** 2 for m in means) / (len(means) - 1)
+            noise = sum(_var(ds) / len(ds) for _, ds in same) / len(same)
+            # Each pod's difference holds two restarts (Concurrent with one neighbour, Replace) and, for Replace,
+            # the drift against the fleet: dividing by 2 is the conservative reading (the larger restart share).
+            est = max(0.0, s2 - noise) / 2
+            df = len(same) - 1
+            ev = replace(ev, restart_ss=est * df, restart_df=float(df))
+            restart, r_df = paired.pooled(
+                pod, paired.PRIOR_DF, (calibration.restart_ss, calibration.restart_df), (est * df, float(df)))
+            v = paired.Variances(pod, restart, pod_df, r_df)
+            plans = paired.plan_pods(canary_pods, base_pods, layout, v, placebo=placebo, did=did)
+    # A pod paired with a reference that has no window near its own (a neighbour whose sidecar is down) is
+    # compared with the stable mean instead of dropping out.
+    d = replace(inst, plans=plans).by_pod(log, pair_s)
+    for pod, plan in list(plans.items()):
+        if plan.kind != "Unpaired" and not d.get(pod):
+            plans[pod] = paired.PodPlan("Unpaired", frozenset(base_pods), 0.0, v.pod, v.pod / max(1, len(base_pods)))
+    paired_kinds = any(p.kind != "Unpaired" for p in plans.values())
+    return replace(inst, plans=plans, df_cap=v.restart_df if paired_kinds else v.pod_df), v, ev
 
-    Windows of one pod share its offset (node CPU, its own traffic mix). With at least two pods of
-    at least two windows each: variance of the pod means minus the part the window noise explains.
-    0 when it cannot be estimated (one pod) or is swamped by the window noise.
-    """
-    by_pod: dict[str, list[float]] = defaultdict(list)
-    for v, p in zip(values, pods, strict=True):
-        if v is None or not math.isfinite(v) or (log and v <= 0):
-            continue
-        by_pod[p].append(math.log(v) if log else v)
-    groups = [g for g in by_pod.values() if len(g) >= 2]
-    if len(groups) < 2:
-        return 0.0
-    means = [sum(g) / len(g) for g in groups]
-    grand = sum(means) / len(means)
-    var_means = sum((m - grand) ** 2 for m in means) / (len(means) - 1)
-    within = [sum((x - sum(g) / len(g)) ** 2 for x in g) / (len(g) - 1) / len(g) for g in groups]
-    return max(0.0, var_means - sum(within) / len(within))
+
+def _var(xs: Sequence[float]) -> float:
+    m = sum(xs) / len(xs)
+    return sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+
+
+def _placebo(inst: Instance, layout: paired.Layout) -> float | None:
+    """How much one stable pod's loop latency drifts against the others' between the pre-period and now: the
+    variance over the untouched stable pods of (now - before), a Replace pair's comparison run on pods that did
+    not change. None with fewer than two such pods."""
+    now: dict[str, list[float]] = defaultdict(list)
+    for v, p in zip(inst.baseline, inst.baseline_pods, strict=True):
+        if p in layout.before and (x := _scaled(v, True)) is not None:
+            now[p].append(x)
+    deltas = [sum(xs) / len(xs) - layout.before[p].mean_log for p, xs in now.items() if xs]
+    return _var(deltas) if len(deltas) >= 2 else None
 
 
 def has_values(inst: Instance) -> bool:
     return any(v is not None for v in inst.baseline) and any(v is not None for v in inst.canary)
-
-
-def rollback_alpha(policy: GatePolicy, alpha: float, looks: int, final: bool, families: int, members: int) -> float:
-    """The per-look rollback level of one member: the step's budget split over the planned looks (or a
-    `final_alpha_share` of it kept for the last look, the rest over the looks before it), the families
-    and the family's members."""
-    share = policy.final_alpha_share if policy.inference == "bonferroni" and looks > 1 else 0.0
-    if share <= 0:
-        return stats.bonferroni(alpha, looks, families, members)
-    if final:
-        return stats.bonferroni(alpha * share, families, members)
-    return stats.bonferroni(alpha * (1 - share), looks, families, members)
 
 
 def evaluate(
@@ -205,14 +286,16 @@ def evaluate(
     alpha_promote: float,
     enough: bool,
     final: bool = False,
+    proof: bool = True,
 ) -> list[SignalResult]:
     """Judge every member of one signal family on its time-paired differences.
 
-    `final`: this is the step's last look (maxDuration reached). The gate then decides on the data
-    instead of waiting: a member fails when it is confidently worse at all (bound above 0, at the same
-    per-look level, so the false-rollback budget still holds) and its estimate exceeds the margin;
-    it passes when its estimate is within the margin. Only a member beyond its margin but not
-    confidently worse stays undecided, for onInconclusive.
+    Rollback, at every look the last included: confidently worse than half the margin (at this look's share
+    of the rollout's budget) and an estimate beyond the margin. `final`: the last look (maxDuration): a member
+    whose estimate is within its margin passes without the promotion bound; one beyond it but not confidently
+    worse stays undecided, for onInconclusive. `proof`: before the last look a pass needs the promotion bound
+    inside the margin (the last step); False (an earlier step) passes on the estimate, as the evidence keeps
+    growing with the pods of the next step and is judged again there.
 
     The rollback bound carries the between-pod variance (a canary on a slow node is not a regression);
     the promotion bound does not (it proves the canary pods within the margin of the baseline pods they
@@ -225,10 +308,13 @@ def evaluate(
     # The rollback bound sits on the "worse" side of the estimate, the promotion bound on the other.
     worse_low = spec.higher_is_worse
     a_low, a_high = (alpha_rollback, alpha_promote) if worse_low else (alpha_promote, alpha_rollback)
-    tau = [i.extra_var(log) for i in insts]
+    diffs = [i.by_pod(log, policy.pair_s) for i in insts]
+    tau = [i.extra_var(d) for i, d in zip(insts, diffs, strict=True)]
     zero = [0.0] * len(insts)
     cmps = stats.paired_many(
-        [i.pairs(log, policy.pair_s) for i in insts],
+        [[x for ds in d.values() for x in ds] for d in diffs],
+        var_factor=[stats.autocorrelation_factor(list(d.values())) for d in diffs],
+        extra_df=[i.df_cap for i in insts],
         scale=spec.scale,
         alpha_low=a_low,
         alpha_high=a_high,
@@ -258,11 +344,11 @@ def evaluate(
         # Rollback: confidently worse than half the allowance, and most likely worse than all of it.
         # The bound alone controls false rollbacks of canaries within half the margin; the estimate
         # condition keeps small-but-certain differences (a slower node) inside the allowance.
-        if enough and worse_lcb > (0.0 if final else margin / 2) and worse_est > margin:
+        if enough and worse_lcb > margin / 2 and worse_est > margin:
             verdict = "fail"
         # Pass: the estimate within the margin, and before the last look the promotion bound below `bound`
         # margins where the signal has one (the loop signals' proof at 1, request signals at 2).
-        elif enough and worse_est <= margin and (final or not bound or worse_ucb < bound * margin):
+        elif enough and worse_est <= margin and (final or not proof or not bound or worse_ucb < bound * margin):
             verdict = "pass"
         out.append(
             SignalResult(

@@ -27,10 +27,11 @@ from statistics import NormalDist
 from vlm_operator import stats
 
 from ..window import Window
+from . import paired
 from .attribution import regressed_function, regressed_role_function, regressed_stage
-from .compare import Instance, evaluate, has_values, instances, rollback_alpha
+from .compare import Instance, evaluate, has_values, instances, plan_instance
 from .policy import SIGNALS, GatePolicy, bound_factor, family_of
-from .samples import Side, side
+from .samples import Side, Unit, make_units, side
 from .verdict import Decision, SignalResult
 
 
@@ -45,6 +46,11 @@ def decide(
     unavailable: str | None = None,
     spread_reference: Sequence[Window] = (),
     data_started_at: float | None = None,
+    step: int | None = None,
+    evidence_since: float | None = None,
+    layout: paired.Layout | None = None,
+    calibration: paired.Calibration | None = None,
+    analysed_before_s: float | None = None,
 ) -> Decision:
     """Judge the canary step whose canary pods were all Ready at `started_at`, as of `now` (unix seconds).
 
@@ -57,31 +63,50 @@ def decide(
     time (the message says why); that is a data problem like a stale profiler, decided here too.
     `spread_reference`: windows of other pods of the baseline's revision (the stable pods, when the
     baseline is fresh), used only to estimate the between-pod variance.
+    `step`: the step's index in the schedule (None: the last); it places this look on the rollout's
+    spending clock (`GatePolicy.look_alpha`) and only the last step's promotion needs the bound.
+    `evidence_since`: windows from here on count (the rollout's first analysis: canary pods of earlier steps
+    keep adding evidence); None: the step's start. `layout`: where the pods run, the pairs and the
+    pre-period (gate.paired); `calibration`: what the service's finished rollouts measured.
+    `analysed_before_s`: seconds of analysis the rollout's earlier steps took (None: their planned times).
     """
     clock = data_started_at
     if clock is None and unavailable is None:
         clock = min((w.end for w in canary if not w.stale and w.end >= started_at), default=None)
     started_at = clock if clock is not None else started_at
     elapsed = now - started_at
+    since = min(started_at, evidence_since) if evidence_since is not None else started_at
+    warm: list[Window] = []
     if unavailable is not None:
         b = c = Side((), ("SignalsUnavailable", unavailable))
     else:
-        b = side("baseline", baseline, policy, started_at, now)
-        c = side("canary", canary, policy, started_at, now)
+        layout_ = layout or paired.Layout()
+        warm = [w for w in canary if w.end < layout_.started.get(w.pod, -math.inf) + policy.warmup_s]
+        canary = [w for w in canary if w.end >= layout_.started.get(w.pod, -math.inf) + policy.warmup_s]
+        b = side("baseline", baseline, policy, since, now)
+        c = side("canary", canary, policy, since, now)
     enough = len(b.units) >= policy.min_samples and len(c.units) >= policy.min_samples
 
-    # The false-rollback budget is per rollout: each step spends an equal part of it.
-    alpha = (1.0 - policy.confidence) / policy.steps
-    looks = stats.planned_looks(policy.max_duration_s, policy.interval_s)
+    k = policy.steps - 1 if step is None else min(step, policy.steps - 1)
+    last_step = k == policy.steps - 1
+    look_alpha = policy.look_alpha(elapsed, analysed_before_s if analysed_before_s is not None
+                                   else policy.horizon()[k])
+    alpha = (1.0 - policy.confidence)
     promote_looks = 1 + max(
         0, math.ceil((policy.max_duration_s - step_duration_s) / policy.interval_s - 1e-9)
     )
-    if policy.inference == "anytime":  # the confidence sequences hold at every look: nothing to split
-        looks = promote_looks = 1
     by_family: dict[str, list[Instance]] = defaultdict(list)
-    ref = side("reference", spread_reference, policy, started_at, now).units if spread_reference else ()
-    for inst in instances(policy, b.units, c.units, ref):
-        by_family[inst.family].append(inst)
+    ref = side("reference", spread_reference, policy, since, now).units if spread_reference else ()
+    layout = layout or paired.Layout()
+    calibration = calibration or paired.Calibration()
+    loop_v: paired.Variances | None = None
+    evidence = paired.Evidence()
+    # Loop latency first: the other signals borrow its restart share.
+    for inst in sorted(instances(policy, b.units, c.units, ref), key=lambda i: i.family != "loop_latency"):
+        planned, v, ev = plan_instance(inst, layout, calibration, policy.pair_s, loop_v)
+        if inst.family == "loop_latency":
+            loop_v, evidence = v, ev
+        by_family[inst.family].append(planned)
     # Weighted Bonferroni: each gated family that has data gets an equal part of the rollback budget
     # per look, split evenly over its members (stages, functions), so loop latency keeps its power
     # however many functions are watched, and request signals nobody scrapes cost nothing (which
@@ -89,7 +114,7 @@ def decide(
     # Promotion needs every signal to pass (an intersection-union test), so only the repeated
     # promotion looks divide its budget.
     families = max(1, sum(any(has_values(i) for i in insts) for insts in by_family.values()))
-    alpha_promote = stats.bonferroni(alpha, promote_looks)
+    alpha_promote = alpha if policy.inference == "anytime" else stats.bonferroni(alpha, promote_looks)
     final = elapsed >= policy.max_duration_s
     signals = tuple(
         result
@@ -98,10 +123,11 @@ def decide(
             family,
             insts,
             policy,
-            rollback_alpha(policy, alpha, looks, final, families, len(insts)),
+            max(stats.bonferroni(look_alpha, families, len(insts)), 1e-12),
             alpha_promote,
             enough,
             final=final,
+            proof=last_step,
         )
     )
 
@@ -114,7 +140,43 @@ def decide(
         return regressed_function(b.units, c.units), regressed_stage(b.units, c.units)
 
     decision = _judge(policy, b, c, signals, elapsed, step_duration_s, attribution)
-    return replace(decision, warning=_resolution(policy, by_family, alpha), clock_started_at=clock)
+    loop = by_family.get("loop_latency") or []
+    kinds = tuple(sorted({p.kind for i in loop for p in i.plans.values()}))
+    resolvable = resolvable_margin(policy, loop_v) if loop_v is not None else None
+    return replace(
+        decision, warning=_resolution(policy, resolvable), clock_started_at=clock, evidence=evidence,
+        resolvable_margin=resolvable, pairing=kinds, warmup_shift=_warmup_shift(warm, c.units, policy),
+    )
+
+
+def _warmup_shift(warm: Sequence[Window], units: Sequence[Unit], policy: GatePolicy) -> float | None:
+    """How much slower (relative) the canary pods ran in their warm-up than after it: per pod with both, the
+    difference of mean log loop latency, averaged over pods. None where no pod has both."""
+    early = make_units([w for w in warm if not w.stale and w.loop_mean_seconds], policy.rank_merge_s)
+    diffs = []
+    for pod in sorted({u.pod for u in early}):
+        a = [math.log(v) for u in early if u.pod == pod and (v := u.values["loop_latency"])]
+        b = [math.log(v) for u in units if u.pod == pod and (v := u.values["loop_latency"])]
+        if a and b:
+            diffs.append(sum(a) / len(a) - sum(b) / len(b))
+    return math.expm1(sum(diffs) / len(diffs)) if diffs else None
+
+
+def resolvable_margin(policy: GatePolicy, v: paired.Variances, pods: int | None = None) -> float:
+    """The smallest loop-latency margin the rollout can resolve from the pods' spread alone (relative, 0.05 =
+    5%): 2 z SE, where SE is the pod-level standard error of the difference with the last step's canary pods
+    each paired on its node (restart spread; the stable mean's spread where that is smaller) and z the
+    one-sided quantile of the last step's share of the budget, split over its planned looks. A regression the
+    size of a margin below this is rolled back less than half the time (a rollback needs the bound above half
+    the margin and the estimate above all of it). The windows' own noise comes on top."""
+    m = max(1, pods or (policy.step_pods[-1] if policy.step_pods else 1))
+    se = math.sqrt(min(2 * v.restart, v.pod) / m)
+    marks = policy.horizon()
+    alpha = 1.0 - policy.confidence
+    last = stats.spent(alpha, 1.0, policy.spending_rho) - stats.spent(alpha, marks[-2] / marks[-1], policy.spending_rho)
+    looks = stats.planned_looks(policy.max_duration_s, policy.interval_s)
+    z = NormalDist().inv_cdf(1 - max(last / looks, 1e-12))
+    return math.expm1(2 * z * se)
 
 
 def _judge(
@@ -217,31 +279,15 @@ def _at_max_duration(
     return Decision("Pause", reason, f"{prefix}; onInconclusive Pause", signals)
 
 
-def _resolution(policy: GatePolicy, by_family: Mapping[str, Sequence[Instance]], alpha: float) -> str | None:
-    """A warning when the pods' own spread alone keeps the loop-latency margin from being resolved.
-
-    With one canary pod the revision's effect and that pod's offset are one number: the smallest
-    regression the gate can confirm is about z * sqrt(between-pod variance of the difference). When
-    that exceeds half the margin, a real regression of the margin's size is rarely rolled back and
-    a harmless canary on a fast node may be held back until maxDuration.
-    """
-    insts = by_family.get("loop_latency") or []
-    if not insts:
+def _resolution(policy: GatePolicy, resolvable: float | None) -> str | None:
+    """A warning when the pods' own spread keeps the loop-latency margin from being resolved (resolvable_margin)."""
+    margin = policy.max_regression.get("loop_latency")
+    if resolvable is None or margin is None or resolvable <= margin:
         return None
-    extra = insts[0].extra_var(log=True)
-    if extra <= 0:
-        return None
-    looks = stats.planned_looks(policy.max_duration_s, policy.interval_s)
-    z = NormalDist().inv_cdf(1 - stats.bonferroni(alpha, looks))
-    resolvable = math.expm1(z * math.sqrt(extra))
-    margin = policy.max_regression["loop_latency"]
-    if resolvable <= margin / 2:
-        return None
-    spread = math.sqrt(insts[0].tau2(log=True))
     return (
-        f"pods of the baseline differ by {spread:.1%} (sd) among themselves: with these pod counts the gate "
-        f"can confirm only loop-latency regressions beyond about {resolvable:.1%} against a margin of "
-        f"{margin:.0%}; add canary pods, use baseline Fresh, or widen maxRegression.loopLatency"
+        f"with this schedule and the pods' measured spread the gate can resolve loop-latency margins of about "
+        f"{resolvable:.1%} or more, against a margin of {margin:.0%}: a regression of the margin's size is rolled "
+        f"back less than half the time; add steps or pods, or widen maxRegression.loopLatency"
     )
 
 
@@ -266,3 +312,30 @@ def _describe(s: SignalResult) -> str:
     if ":" in s.name:
         what = f"{what} of {s.name.split(':', 1)[1]}"
     return f"{what} {_fmt_delta(s)} over {s.n_canary} canary / {s.n_baseline} baseline windows"
+
+
+def pre_period(windows: Sequence[Window], policy: GatePolicy, nodes: Mapping[str, str], now: float
+               ) -> dict[str, paired.Before]:
+    """The stable pods' loop latency before the rollout replaces any (the pre-period of same-node pairs): per
+    pod, the mean log loop time over its fresh windows with traffic (TP ranks merged)."""
+    units = side("pre-period", windows, policy, -math.inf, now).units
+    by_pod: dict[str, list[float]] = defaultdict(list)
+    for u in units:
+        v = u.values["loop_latency"]
+        if v is not None and v > 0:
+            by_pod[u.pod].append(math.log(v))
+    return {p: paired.Before(p, nodes.get(p), sum(xs) / len(xs), len(xs)) for p, xs in by_pod.items() if xs}
+
+
+def resolvable_before_start(policy: GatePolicy, calibration: paired.Calibration, pre: Mapping[str, paired.Before]
+                            ) -> float:
+    """resolvable_margin before the first look: the pod spread from the history, the prior and the stable pods'
+    pre-period means (their spread includes their windows' noise: an upper reading)."""
+    means = [b.mean_log for b in pre.values()]
+    cur: tuple[float, float] = (0.0, 0.0)
+    if len(means) >= 2:
+        m = sum(means) / len(means)
+        cur = (sum((x - m) ** 2 for x in means), float(len(means) - 1))
+    pod, pod_df = paired.pooled(paired.PRIOR_POD_SD_LOG**2, paired.PRIOR_DF, (calibration.pod_ss, calibration.pod_df), cur)
+    restart, r_df = paired.pooled(pod, paired.PRIOR_DF, (calibration.restart_ss, calibration.restart_df))
+    return resolvable_margin(policy, paired.Variances(pod, restart, pod_df, r_df))

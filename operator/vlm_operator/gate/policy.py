@@ -81,9 +81,14 @@ class GatePolicy:
     inference: "bonferroni" splits the budget over the planned looks (max_duration_s / interval_s);
         "anytime" uses confidence sequences valid for any number of looks (wider at each one; measured
         in bench/gate_quality.py, not exposed in the API).
-    final_alpha_share: with "bonferroni", the share of the step's rollback budget kept for the last look (at
-        maxDuration), the looks before it splitting the rest; 0 (shipped) splits it evenly. A variant measured
-        in bench/gate_quality.py (same rates at one canary pod, fewer onInconclusive verdicts), not in the API.
+    step_durations_s: each step's planned analysis time (the schedule's); empty: every step maxDuration.
+    step_pods: canary pods in each step (for the resolvable margin); empty: one.
+    spending_rho: the rollout's rollback budget is spent over its planned analysis time as alpha t^rho
+        (`stats.spent`): 1 (shipped) spends it evenly in time, so a gross regression is stopped in the first
+        step; 3 keeps most of it for the end (O'Brien-Fleming-like). Measured in bench/paired_gate.py.
+    warmup_s: a canary pod's windows that end within this of its Ready time are left out of the comparison
+        (cold caches, first requests of each shape, allocator growth): a restart's warm-up is not the revision's
+        effect. The gate measures what it left out (`Decision.warmup_shift`).
     request_bound_factor: before the last look, a request signal (TTFT, ITL, throughput) passes only when its
         estimate is within the margin and its promotion bound excludes a regression of this many margins (2,
         shipped: a TTFT 20% worse is not promoted on an estimate that noise put inside the 10% margin; the
@@ -106,8 +111,11 @@ class GatePolicy:
     trim: float = stats.DEFAULT_TRIM
     pair_s: float = 15.0
     inference: Literal["bonferroni", "anytime"] = "bonferroni"
-    final_alpha_share: float = 0.0
     request_bound_factor: float = 2.0
+    step_durations_s: tuple[float, ...] = ()
+    step_pods: tuple[int, ...] = ()
+    spending_rho: float = 1.0
+    warmup_s: float = 60.0
 
     def __post_init__(self) -> None:
         where = "spec.rollout.analysis"
@@ -133,6 +141,37 @@ class GatePolicy:
             raise InvalidSpec("interval, maxDuration and staleness must be positive", field=where)
         if self.steps < 1:
             raise InvalidSpec("at least one rollout step", field="spec.rollout.steps")
+        if self.step_durations_s and len(self.step_durations_s) != self.steps:
+            raise InvalidSpec("one analysis time per step", field="spec.rollout.steps")
+        if not self.spending_rho > 0:
+            raise InvalidSpec("spending_rho must be positive", field=where)
+
+    def horizon(self) -> tuple[float, ...]:
+        """Where each step's analysis starts on the rollout's spending clock when every step takes its planned
+        time, and (last) the clock's end: the planned analysis times of the steps before the last, then the
+        last step's maxDuration (its look at maxDuration has budget too)."""
+        durations = self.step_durations_s or (self.max_duration_s,) * self.steps
+        starts = [0.0]
+        for d in durations[:-1]:
+            starts.append(starts[-1] + min(d, self.max_duration_s))
+        return (*starts, starts[-1] + self.max_duration_s)
+
+    def look_alpha(self, elapsed_s: float, before_s: float = 0.0) -> float:
+        """The rollback level of a look `elapsed_s` into a step's analysis, after `before_s` seconds of analysis
+        in the rollout's earlier steps: the part of the rollout's budget (1 - confidence) spent since one
+        interval earlier (`stats.spent`), on a clock of analysis time whose end is `horizon()[-1]`. A step that
+        runs past its planned time spends from the steps after it, and the clock never runs back, so the
+        levels of all looks of all steps add up to at most the budget."""
+        if self.inference == "anytime":  # confidence sequences hold at every look: nothing to split
+            return 1.0 - self.confidence
+        total = self.horizon()[-1]
+        alpha = 1.0 - self.confidence
+
+        def t(e: float) -> float:
+            return min(1.0, (before_s + max(e, 0.0)) / total)
+
+        return stats.spent(alpha, t(elapsed_s), self.spending_rho) - stats.spent(
+            alpha, t(elapsed_s - self.interval_s), self.spending_rho)
 
     @classmethod
     def from_spec(cls, spec: api.VLMServiceSpec) -> GatePolicy:
@@ -142,6 +181,7 @@ class GatePolicy:
             raise InvalidSpec("no rollout block", field="spec.rollout")
         a = spec.rollout.analysis
         m = a.max_regression
+        schedule = spec.rollout.schedule(spec.replicas)
         return cls(
             max_regression={
                 "loop_latency": m.loop_latency / 100,
@@ -154,7 +194,9 @@ class GatePolicy:
                 **({"loop_p95": m.loop_p95 / 100} if m.loop_p95 is not None else {}),
             },
             confidence=a.confidence,
-            steps=len(spec.rollout.schedule(spec.replicas)),
+            steps=len(schedule),
+            step_durations_s=tuple(parse_duration(s.analysis) for s in schedule),
+            step_pods=tuple(s.replicas for s in schedule),
             min_samples=a.min_samples,
             max_duration_s=parse_duration(a.max_duration),
             on_inconclusive=a.on_inconclusive,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .paired import Evidence, Kind
 from .policy import SignalVerdict, Verdict
 
 
@@ -43,3 +44,10 @@ class Decision:
     # Where this step's analysis clock started (unix seconds): the end of the canary's first fresh profiler
     # window after its pods were Ready; None while no such window exists (the clock then runs from Ready).
     clock_started_at: float | None = None
+    # What this look measured about the pods (for the service's calibration), the loop-latency margin the
+    # rollout can resolve (resolvable_margin), and the comparisons its canary pods got (gate.paired).
+    evidence: Evidence | None = None
+    resolvable_margin: float | None = None
+    pairing: tuple[Kind, ...] = ()
+    # How much slower the canary pods ran in the warm-up the gate left out (relative; None: not measured).
+    warmup_shift: float | None = None

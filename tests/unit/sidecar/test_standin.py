@@ -261,3 +261,14 @@ def test_sglang_metrics_helpers():
     assert sglang_metrics.stage_seconds("# nothing\nfoo 1\n") is None
     with pytest.raises(sglang_metrics.ScrapeError):
         sglang_metrics.fetch("http://127.0.0.1:1/metrics", timeout_s=0.5)
+
+
+def test_the_node_speed_factor_is_read_by_node_name():
+    from bench.standin.sglang_standin import StandinConfigError, node_speed
+
+    table = {"STANDIN_NODE_SPEED": "node-a=1.08, node-b=0.97"}
+    assert build_config([], {**table, "STANDIN_NODE_NAME": "node-a"}).speed == 1.08
+    assert node_speed({**table, "STANDIN_NODE_NAME": "node-c"}) == 1.0
+    assert node_speed({"STANDIN_NODE_NAME": "node-a"}) == 1.0
+    with pytest.raises(StandinConfigError):
+        node_speed({"STANDIN_NODE_SPEED": "node-a:1.2", "STANDIN_NODE_NAME": "node-a"})

@@ -1,0 +1,204 @@
+"""Like with like: what each canary pod is compared with, and the pod-level variance each comparison carries.
+
+A pod's speed is partly its node's (CPU model, memory channels, the GPU's clocks, thermal limits: the same for
+any pod there) and partly its own start (where its threads landed, what its caches warmed on: new at every
+restart). With a per-pod effect variance s^2 split into a node-bound share f and a restart share 1 - f:
+
+- Concurrent: a canary pod and a stable pod on the same node at the same time (the surge pair, or another
+  stable pod there). The node part and the node's host noise at that moment cancel; the two restart parts do
+  not: (1 - f) s^2 (1 + 1/k) with k stable pods on the node.
+- Replace: the canary took the stable pod's GPU, so the stable pod is gone. Its windows from before the rollout
+  (the pre-period, kept in status) stand in for it, and the change of the untouched stable pods over the same
+  time corrects for what moved the whole fleet (load, temperature): a difference in differences. Left over:
+  2 (1 - f) s^2 of restarts, plus how much one pod drifts against the fleet between the two periods, which
+  the untouched pods measure on themselves (placebo differences).
+- Unpaired: compared with the mean of all stable pods at the same time: s^2 (its own pod) plus s^2 / N (the
+  stable pods' mean), the last term shared by every unpaired canary pod.
+
+Which kind a pod gets depends only on where the pods run and on the variances (never on the differences),
+and it takes the kind with the smallest variance: with f unknown (0) a same-node pair is no better than the
+fleet mean, and the gate says so rather than pretend.
+
+The variances come from the fleet, not the step (empirical Bayes): the stable pods' spread now, the
+service's history (`Calibration`, in status) and a prior of 2% (so one pod never means "no spread"), each
+weighted by its degrees of freedom; the restart share starts at the conservative f = 0 and learns from
+finished rollouts' pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["Concurrent", "Replace", "Unpaired"]
+
+# The pod spread assumed before anything is measured: 2% (sd of per-pod loop means on the log scale), the
+# spread measured between stand-in pods on one host and within the range published for same-SKU GPU nodes.
+# It counts as PRIOR_DF degrees of freedom, as if five pods had been measured: enough that one stable pod (no
+# spread of its own) does not leave the t quantile at one degree of freedom (a bound a hundred times wider than
+# the spread), little enough that a fleet measured on a dozen pods or a few rollouts soon outweighs it.
+PRIOR_POD_SD_LOG = 0.02
+# For share signals (stage time per loop, front-end busy share): 1 point.
+PRIOR_POD_SD_LINEAR = 0.01
+PRIOR_DF = 4.0
+# History is kept to this many degrees of freedom (older evidence is scaled down), so a service whose hardware
+# changed forgets the old fleet within a few rollouts.
+HISTORY_DF_CAP = 40.0
+
+
+@dataclass(frozen=True)
+class Before:
+    """One stable pod's loop latency before the rollout replaced any pod (status.rollout.before)."""
+
+    pod: str
+    node: str | None
+    mean_log: float  # mean of log loop seconds over its windows
+    windows: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the pods of one look run: every pod's node, each canary pod's pair (the stable pod it replaced or
+    joined), the stable pods' pre-period, and when each canary pod became Ready (its warm-up is left out).
+    Empty: nothing known (every canary pod is Unpaired, none has a warm-up)."""
+
+    nodes: Mapping[str, str] = None  # type: ignore[assignment]
+    replaced: Mapping[str, str] = None  # type: ignore[assignment]
+    before: Mapping[str, Before] = None  # type: ignore[assignment]
+    started: Mapping[str, float] = None  # type: ignore[assignment]  # canary pod -> when it became Ready
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "replaced", "before", "started"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, {})
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the service's finished rollouts measured (status.calibration), as sums of squares and degrees of
+    freedom so that new evidence adds: pod spread (log loop latency, between pods of one revision) and restart
+    spread (between the pods of same-node pairs, revision effect removed)."""
+
+    pod_ss: float = 0.0
+    pod_df: float = 0.0
+    restart_ss: float = 0.0
+    restart_df: float = 0.0
+
+    def add(self, ev: Evidence) -> Calibration:
+        """This history with one more rollout's evidence, capped at HISTORY_DF_CAP degrees of freedom each."""
+
+        def cap(ss: float, df: float) -> tuple[float, float]:
+            if df <= HISTORY_DF_CAP:
+                return ss, df
+            return ss * HISTORY_DF_CAP / df, HISTORY_DF_CAP
+
+        p = cap(self.pod_ss + ev.pod_ss, self.pod_df + ev.pod_df)
+        r = cap(self.restart_ss + ev.restart_ss, self.restart_df + ev.restart_df)
+        return Calibration(p[0], p[1], r[0], r[1])
+
+    @property
+    def node_bound_share(self) -> float | None:
+        """f = 1 - restart variance / pod variance, where both were measured."""
+        if self.pod_df <= 0 or self.restart_df <= 0 or self.pod_ss <= 0:
+            return None
+        return min(1.0, max(0.0, 1 - (self.restart_ss / self.restart_df) / (self.pod_ss / self.pod_df)))
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What one look measured about the pods (loop latency, log scale): the stable pods' between-pod variance
+    and the same-node pairs' restart variance, as sums of squares with their degrees of freedom."""
+
+    pod_ss: float = 0.0
+    pod_df: float = 0.0
+    restart_ss: float = 0.0
+    restart_df: float = 0.0
+
+
+@dataclass(frozen=True)
+class Variances:
+    """The pod-level variances one signal's comparison uses (test scale), with the degrees of freedom behind
+    them (for the t quantile)."""
+
+    pod: float  # s^2
+    restart: float  # (1 - f) s^2
+    pod_df: float
+    restart_df: float
+
+    @property
+    def f(self) -> float:
+        return 0.0 if self.pod <= 0 else min(1.0, max(0.0, 1 - self.restart / self.pod))
+
+
+def pooled(prior: float, prior_df: float, *parts: tuple[float, float]) -> tuple[float, float]:
+    """(variance, df): the prior and each (sum of squares, df) part weighted by their degrees of freedom."""
+    ss, df = prior * prior_df, prior_df
+    for s, d in parts:
+        if d > 0 and math.isfinite(s) and s >= 0:
+            ss, df = ss + s, df + d
+    return ss / df, df
+
+
+def between_pods(by_pod: Mapping[str, Sequence[float]]) -> tuple[float, float]:
+    """(sum of squares, df) of the between-pod variance of pod means, the part the windows' own noise explains
+    removed (method of moments); pods with fewer than two values are left out. (0, 0) with fewer than two pods."""
+    groups = [list(g) for g in by_pod.values() if len(g) >= 2]
+    if len(groups) < 2:
+        return 0.0, 0.0
+    means = [sum(g) / len(g) for g in groups]
+    grand = sum(means) / len(means)
+    var_means = sum((m - grand) ** 2 for m in means) / (len(means) - 1)
+    within = [sum((x - m) ** 2 for x in g) / (len(g) - 1) / len(g) for g, m in zip(groups, means, strict=True)]
+    est = max(0.0, var_means - sum(within) / len(within))
+    df = len(groups) - 1
+    return est * df, float(df)
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """How one canary pod is compared: its kind, the baseline pods its windows are paired with in time, the
+    offset subtracted from each difference (the pre-period difference, Replace only), and the variance of its
+    pod effect in the difference."""
+
+    kind: Kind
+    refs: frozenset[str]
+    offset: float
+    tau2: float
+    shared_var: float = 0.0  # Unpaired: the stable mean's own variance, s^2 / N, common to every such pod
+
+    @property
+    def total(self) -> float:
+        return self.tau2 + self.shared_var
+
+
+def plan_pods(
+    canary_pods: Sequence[str],
+    baseline_pods: Sequence[str],
+    layout: Layout,
+    v: Variances,
+    *,
+    placebo: float | None,
+    did: bool,
+) -> dict[str, PodPlan]:
+    """Each canary pod's comparison (module docstring). `did`: this signal has a pre-period (loop latency);
+    `placebo`: the drift variance measured on the untouched stable pods (None: not measurable, s^2 used)."""
+    base = frozenset(baseline_pods)
+    n_base = max(1, len(base))
+    out: dict[str, PodPlan] = {}
+    for pod in canary_pods:
+        node = layout.nodes.get(pod)
+        options: list[PodPlan] = [PodPlan("Unpaired", base, 0.0, v.pod, v.pod / n_base)]
+        same = frozenset(b for b in base if node is not None and layout.nodes.get(b) == node)
+        if same:
+            options.append(PodPlan("Concurrent", same, 0.0, v.restart * (1 + 1 / len(same))))
+        old = layout.replaced.get(pod)
+        if did and old in layout.before:
+            controls = frozenset(b for b in base if b in layout.before and b != old)
+            if controls:
+                offset = layout.before[old].mean_log - sum(layout.before[b].mean_log for b in controls) / len(controls)
+                drift = v.pod if placebo is None else placebo
+                options.append(PodPlan("Replace", controls, offset, 2 * v.restart + drift * (1 + 1 / len(controls))))
+        out[pod] = min(options, key=lambda p: p.total)
+    return out
