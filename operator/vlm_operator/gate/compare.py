@@ -214,9 +214,9 @@ def plan_instance(
     history = (calibration.pod_ss, calibration.pod_df) if log else (0.0, 0.0)
     pod, pod_df = paired.pooled(prior, paired.PRIOR_DF, history, (cur_ss, cur_df))
     if is_loop or (log and loop is None):
-        # f = 0 until measured: the restart spread starts as the whole pod spread, an assumption worth the
-        # prior's weight (not the pod spread's degrees of freedom, which would drown what history measured).
-        restart, r_df = paired.pooled(pod, paired.PRIOR_DF, (calibration.restart_ss, calibration.restart_df))
+        # f = 0 until measured: the restart spread starts as the whole pod spread, an assumption worth little
+        # (RESTART_PRIOR_DF) against what history and this rollout's pairs measure.
+        restart, r_df = paired.pooled(pod, paired.RESTART_PRIOR_DF, (calibration.restart_ss, calibration.restart_df))
     else:
         share = 1.0 if loop is None or loop.pod <= 0 else min(1.0, loop.restart / loop.pod)
         restart, r_df = pod * share, pod_df if loop is None else min(pod_df, loop.restart_df)
@@ -244,7 +244,7 @@ def plan_instance(
             df = len(same) - 1
             ev = replace(ev, restart_ss=est * df, restart_df=float(df))
             restart, r_df = paired.pooled(
-                pod, paired.PRIOR_DF, (calibration.restart_ss, calibration.restart_df), (est * df, float(df)))
+                pod, paired.RESTART_PRIOR_DF, (calibration.restart_ss, calibration.restart_df), (est * df, float(df)))
             v = paired.Variances(pod, restart, pod_df, r_df)
             plans = paired.plan_pods(canary_pods, base_pods, layout, v, placebo=placebo, did=did)
     # A pod paired with a reference that has no window near its own (a neighbour whose sidecar is down) is

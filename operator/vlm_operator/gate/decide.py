@@ -337,5 +337,5 @@ def resolvable_before_start(policy: GatePolicy, calibration: paired.Calibration,
         m = sum(means) / len(means)
         cur = (sum((x - m) ** 2 for x in means), float(len(means) - 1))
     pod, pod_df = paired.pooled(paired.PRIOR_POD_SD_LOG**2, paired.PRIOR_DF, (calibration.pod_ss, calibration.pod_df), cur)
-    restart, r_df = paired.pooled(pod, paired.PRIOR_DF, (calibration.restart_ss, calibration.restart_df))
+    restart, r_df = paired.pooled(pod, paired.RESTART_PRIOR_DF, (calibration.restart_ss, calibration.restart_df))
     return resolvable_margin(policy, paired.Variances(pod, restart, pod_df, r_df))

@@ -36,13 +36,18 @@ Kind = Literal["Concurrent", "Replace", "Unpaired"]
 
 # The pod spread assumed before anything is measured: 2% (sd of per-pod loop means on the log scale), the
 # spread measured between stand-in pods on one host and within the range published for same-SKU GPU nodes.
-# It counts as PRIOR_DF degrees of freedom, as if five pods had been measured: enough that one stable pod (no
-# spread of its own) does not leave the t quantile at one degree of freedom (a bound a hundred times wider than
-# the spread), little enough that a fleet measured on a dozen pods or a few rollouts soon outweighs it.
+# It counts as PRIOR_DF degrees of freedom: it is measured information (the stand-in pods' spread, published
+# same-SKU ranges), not a guess, and with fewer the t quantile of a one-pod comparison at the gate's small
+# per-look levels runs to ten standard errors and more (a stage time grown 9 points against a 4-point margin,
+# one pod a side, was not rolled back at 4 or 10 degrees of freedom; at 20, 7 times in 10 within a minute).
+# A service's own history (HISTORY_DF_CAP) and a dozen stable pods weigh as much.
+PRIOR_DF = 20.0
 PRIOR_POD_SD_LOG = 0.02
 # For share signals (stage time per loop, front-end busy share): 1 point.
 PRIOR_POD_SD_LINEAR = 0.01
-PRIOR_DF = 4.0
+# The restart spread starts as the whole pod spread (f = 0): a conservative assumption, not a measurement, so it
+# weighs as little as two degrees of freedom against what history and this rollout's pairs measure.
+RESTART_PRIOR_DF = 2.0
 # History is kept to this many degrees of freedom (older evidence is scaled down), so a service whose hardware
 # changed forgets the old fleet within a few rollouts.
 HISTORY_DF_CAP = 40.0

@@ -1,0 +1,40 @@
+"""bench/paired_gate.py: one simulated rollout per case through the real gate, checked for what the world holds
+(a canary whose node is what differs is promoted when paired; a +10% one is stopped in its first step)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("paired_gate", ROOT / "bench" / "paired_gate.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["paired_gate"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_world_and_the_designs_run_through_the_real_gate(bench):
+    # Pods differ only by their node (f = 1): paired on the node an unchanged canary is promoted; +10% is
+    # rolled back in the first step by every design and by the competitors.
+    same = bench.simulate(bench.World(4, 1.0, 0.0, "iid"), 3, ("paired", "oracle"))
+    assert {r.verdict for r in same.values() if r} >= {"Promoted"}, same
+    assert same["paired"].verdict == "Promoted" and same["oracle"].verdict == "Promoted", same
+    slow = bench.simulate(bench.World(4, 1.0, 0.10, "iid"), 3, ("paired",))
+    assert (slow["paired"].verdict, slow["paired"].step, slow["paired"].pods) == ("RolledBack", 0, 1), slow
+    assert slow["Kayenta"].verdict == "RolledBack" and slow["Argo"].verdict == "RolledBack", slow
+
+
+def test_the_table_counts_each_design(bench):
+    w = bench.World(4, 1.0, 0.0, "iid")
+    res = {w: [{d: bench.Result("Promoted", 1, 2) for d in bench.DESIGNS}]}
+    text = bench.markdown(res, 1, 0.0)
+    assert text.count("| 4 | 1.0 | iid | +0% |") == len(bench.DESIGNS)
+    assert "| paired | 0% | 0% | 0% | 0% |" in text
