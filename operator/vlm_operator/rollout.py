@@ -67,6 +67,13 @@ def _upd(r: RolloutStatus, **changes: Any) -> RolloutStatus:
     return r.model_copy(update=changes)
 
 
+def _kept(new: list[SignalStatus], old: list[SignalStatus]) -> list[SignalStatus]:
+    """While promoting, the stable pods go one by one: a signal this look could not estimate (no stable pod
+    left beside it) keeps the estimate of the look before."""
+    before = {s.name: s for s in old}
+    return [s if s.delta is not None or s.name not in before else before[s.name] for s in new] or old
+
+
 def _signals(d: Decision) -> list[SignalStatus]:
     return [
         SignalStatus(
@@ -313,7 +320,7 @@ def plan(
                     _iso(decision.clock_started_at) if decision.clock_started_at is not None else None),
             )
         else:  # promoting: only a confident regression counts; the look is still recorded
-            r = _upd(r, last_analysis_at=t, analyses=r.analyses + 1, signals=_signals(decision) or r.signals)
+            r = _upd(r, last_analysis_at=t, analyses=r.analyses + 1, signals=_kept(_signals(decision), r.signals))
         if decision.verdict == "Rollback" and (r.phase == "Analysing" or confident):
             r = _upd(r, phase="RolledBack", regressed_function=decision.regressed_function,
                      regressed_stage=decision.regressed_stage)
