@@ -151,7 +151,9 @@ def status() -> dict:
     return json.loads(out).get("status", {}) if out else {}
 
 
-def wait(pred, what: str, timeout: float = 300) -> dict:
+def wait(pred, what: str, timeout: float = 600) -> dict:
+    # A verdict can take the step's whole maxDuration (4m here) after the canary is Ready: a single canary pod
+    # against pods whose spread the gate does not know yet is decided at its last look (docs/canary-analysis.md).
     deadline = time.time() + timeout
     while time.time() < deadline:
         st = status()
