@@ -207,11 +207,13 @@ def plan_instance(
     spec = SIGNALS[inst.family]
     log = spec.scale == "log"
     is_loop = inst.family == "loop_latency"
-    prior = (paired.PRIOR_POD_SD_LOG if log else paired.PRIOR_POD_SD_LINEAR) ** 2
     cur_ss, cur_df = paired.between_pods(inst.spread_values(log))
-    # The history is measured on loop latency; a pod's relative speed shows in its other latencies and its
-    # throughput alike, so the log-scale signals share it. Share signals (points) have their own scale.
-    history = (calibration.pod_ss, calibration.pod_df) if log else (0.0, 0.0)
+    # The prior and the history are a pod's relative speed (measured on loop latency); it shows in the pod's other
+    # latencies and its throughput alike. A share of the loop (stage time, a front-end role's busy share) moves
+    # by that relative spread times its level: a pod 2% slower has a 13% stage 0.26 points longer, not 2 points.
+    scale = 1.0 if log else _level(inst) ** 2
+    prior = max(paired.PRIOR_POD_SD_LOG**2 * scale, 0.0 if log else paired.PRIOR_POD_SD_LINEAR_MIN**2)
+    history = (calibration.pod_ss * scale, calibration.pod_df)
     pod, pod_df = paired.pooled(prior, paired.PRIOR_DF, history, (cur_ss, cur_df))
     if is_loop or (log and loop is None):
         # f = 0 until measured: the restart spread starts as the whole pod spread, an assumption worth little
@@ -255,6 +257,12 @@ def plan_instance(
             plans[pod] = paired.PodPlan("Unpaired", frozenset(base_pods), 0.0, v.pod, v.pod / max(1, len(base_pods)))
     paired_kinds = any(p.kind != "Unpaired" for p in plans.values())
     return replace(inst, plans=plans, df_cap=v.restart_df if paired_kinds else v.pod_df), v, ev
+
+
+def _level(inst: Instance) -> float:
+    """A share signal's typical level on the baseline (the mean of its values; 0 without any)."""
+    vals = [v for v in inst.baseline if v is not None and math.isfinite(v)]
+    return abs(sum(vals) / len(vals)) if vals else 0.0
 
 
 def _var(xs: Sequence[float]) -> float:

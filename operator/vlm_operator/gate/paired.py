@@ -43,8 +43,9 @@ Kind = Literal["Concurrent", "Replace", "Unpaired"]
 # A service's own history (HISTORY_DF_CAP) and a dozen stable pods weigh as much.
 PRIOR_DF = 20.0
 PRIOR_POD_SD_LOG = 0.02
-# For share signals (stage time per loop, front-end busy share): 1 point.
-PRIOR_POD_SD_LINEAR = 0.01
+# Share signals (stage time per loop, a front-end role's busy share) take it relative to their level, never
+# below a tenth of a point.
+PRIOR_POD_SD_LINEAR_MIN = 0.001
 # The restart spread starts as the whole pod spread (f = 0): a conservative assumption, not a measurement, so it
 # weighs as little as two degrees of freedom against what history and this rollout's pairs measure.
 RESTART_PRIOR_DF = 2.0
