@@ -135,7 +135,7 @@ def test_cache_off_rolled_back_and_harmless_change_promoted(kube, namespace, sta
     before = get_vlms(kube, namespace, HARMLESS)["status"]["stableRevision"]
     patch(kube, namespace, {"sglang": {"ipcCache": {"mode": "Off"}}})
     patch(kube, namespace, {"sglang": {"env": [{"name": "HARMLESS", "value": "1"}]}}, name=HARMLESS)
-    got = verdicts(kube, namespace, [NAME, HARMLESS], 240, op)
+    got = verdicts(kube, namespace, [NAME, HARMLESS], 480, op)  # one pod a side: a verdict may take maxDuration (4m)
 
     r = got[NAME]
     assert r["phase"] == "RolledBack", dump(r)
@@ -228,7 +228,7 @@ def test_prometheus_down_never_promotes_and_a_killed_operator_resumes(kube, name
     op.proc.wait(10)
     op2 = make_operator(**operator_env(mon))
     seen: dict[str, set[str]] = {}
-    got = verdicts(kube, namespace, [NAME, UNPROVEN], 240, op2, seen=seen)
+    got = verdicts(kube, namespace, [NAME, UNPROVEN], 480, op2, seen=seen)
     assert got[NAME]["phase"] == "RolledBack", dump(got[NAME])
     r = got[UNPROVEN]
     assert r["phase"] == "RolledBack" and "Promoted" not in seen.get(UNPROVEN, set()), dump(r)

@@ -183,7 +183,7 @@ def _describe(writes) -> list[str]:
     return [f"{w.method} {w.path}" for w in writes[:20]]
 
 
-@pytest.mark.timeout(900)  # about 5 minutes on a quiet machine; the API server alone restarts in 13-70 s
+@pytest.mark.timeout(1200)  # about 5-8 minutes on a quiet machine; the API server alone restarts in 13-70 s
 def test_faults_in_every_phase_end_with_the_undisturbed_verdicts(cluster, kube, namespace, crd, monitoring, podmap,
                                                                   tmp_path):
     install_peering(cluster, namespace)
@@ -236,7 +236,7 @@ def test_faults_in_every_phase_end_with_the_undisturbed_verdicts(cluster, kube, 
         _wait_phase(kube, namespace, PAUSED, {"Paused"}, 30, "after kubectl vlm pause")
         mark("paused")
         for name, h in holds.items():
-            if not h.hit.wait(180):
+            if not h.hit.wait(330):  # one pod a side: a verdict may take its maxDuration (4m)
                 states = {n: rollout(kube, namespace, n) for n in CHANGES}
                 raise AssertionError(f"{name} reached no verdict:\n{dump(states)}\n{op.log_tail()}")
             mark(f"{name}: the first removal mark held")
@@ -331,7 +331,7 @@ def test_faults_in_every_phase_end_with_the_undisturbed_verdicts(cluster, kube, 
         mark(f"API server and etcd restarted ({took:.1f}s)")
 
         try:
-            wait_for(lambda: all(_phase(kube, namespace, n) in FINAL for n in CHANGES), 360, "every verdict",
+            wait_for(lambda: all(_phase(kube, namespace, n) in FINAL for n in CHANGES), 480, "every verdict",
                      interval=1.0)
         except AssertionError as e:
             states = {n: rollout(kube, namespace, n) for n in CHANGES}

@@ -139,7 +139,7 @@ def test_front_end_saturation_ipc_cache_not_observed_faster_front_end_promoted_s
     patch(kube, namespace, {"sglang": {"args": [*FRONTEND, *BROKEN_CACHE]}}, name=FRONT)
     wait_for(lambda: rollout(kube, namespace, FRONT).get("phase"), 60, "the canary's rollout",
              interval=1.0)
-    r = verdicts(kube, namespace, [FRONT], 300, op)[FRONT]
+    r = verdicts(kube, namespace, [FRONT], 480, op)[FRONT]
     assert r["phase"] == "Promoted", dump(r)
     fe = next(s for s in r["signals"] if s["name"] == "frontend_busy:mm_processor")
     assert fe["delta"] < -0.3, dump(r)  # it really was less busy (saturated -> a quarter busy)
@@ -155,7 +155,7 @@ def test_front_end_saturation_ipc_cache_not_observed_faster_front_end_promoted_s
           name=FRONT)
     wait_for(lambda: rollout(kube, namespace, FRONT).get("revision") not in (None, promoted), 60,
              "the new canary's rollout", interval=1.0)
-    r = verdicts(kube, namespace, [FRONT], 300, op)[FRONT]
+    r = verdicts(kube, namespace, [FRONT], 480, op)[FRONT]
     assert (r["phase"], r["reason"], r.get("regressedFunction")) == (
         "RolledBack", "FrontendBusyRegressed", "convert_color"), dump(r)
     fe = next(s for s in r["signals"] if s["name"] == "frontend_busy:mm_processor")
