@@ -58,9 +58,6 @@ class Instance:
                     break
         return dict(out)
 
-    def pairs(self, log: bool, pair_s: float) -> list[float]:
-        return [d for ds in self.by_pod(log, pair_s).values() for d in ds]
-
     def spread_values(self, log: bool) -> dict[str, list[float]]:
         """The stable pods' values by pod (the reference pods where there are at least two, else the
         baseline's): what the between-pod variance is measured on."""
@@ -73,11 +70,6 @@ class Instance:
             if (x := _scaled(v, log)) is not None:
                 out[p].append(x)
         return dict(out)
-
-    def tau2(self, log: bool) -> float:
-        """Between-pod variance measured on this look's stable pods alone (0 with fewer than two)."""
-        ss, df = paired.between_pods(self.spread_values(log))
-        return ss / df if df else 0.0
 
     def extra_var(self, d: Mapping[str, Sequence[float]]) -> float:
         """Pod-level variance of the pooled mean of the differences `d` (by canary pod): each canary pod's own

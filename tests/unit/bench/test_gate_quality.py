@@ -3,26 +3,18 @@ the Kayenta judge's classification and the competitors' counting rules. No timin
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.unit.bench import load_bench
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("gate_quality", ROOT / "bench" / "gate_quality.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("gate_quality", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gq = _load()
+gq = load_bench("gate_quality")
 
 
 def _window(loop: float, pi: float, end: float, i: int) -> dict:

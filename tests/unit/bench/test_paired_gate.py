@@ -3,22 +3,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.unit.bench import load_bench
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("paired_gate", ROOT / "bench" / "paired_gate.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["paired_gate"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("paired_gate")
 
 
 def test_the_world_and_the_designs_run_through_the_real_gate(bench):

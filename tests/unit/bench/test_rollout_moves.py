@@ -4,24 +4,16 @@ numbers follow its code (a fresh-baseline step, the canary pod dropped at promot
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.unit.bench import load_bench
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("rollout_moves", ROOT / "bench" / "rollout_moves.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("rollout_moves", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-rm = _load()
+rm = load_bench("rollout_moves")
 
 
 @pytest.mark.parametrize(("n", "gpus"), [(2, 1), (4, 1), (4, 2)])
