@@ -22,6 +22,7 @@ difference from a pod remains: the pods share one loopback, so the sidecar reads
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -286,3 +287,125 @@ class PodMapper:
                 return
             time.sleep(0.5)
         raise AssertionError(f"only {len(self.mapped)} of {n} pods mapped to stand-ins")
+
+
+@dataclass
+class JobPods:
+    """Run the operator's Job pods (kwok pods: no containers) as local processes, and report their end.
+
+    For every Running pod labelled `app.kubernetes.io/component=<component>` (the load hook's: `load`) this starts
+    its one container's command and args (`python` is this interpreter, whose environment has the operator
+    installed) with the container's env values; stdout and stderr go to `<workdir>/<pod>.log`. When the process
+    ends, the pod's status becomes Succeeded or Failed with the container's exit code (kwok's stages leave a pod
+    that is no longer Pending alone), so the real Job controller counts it; when the pod goes (the Job was
+    deleted) the process gets SIGTERM, as from a kubelet.
+
+    `claims` maps a PersistentVolumeClaim's name to a directory here: a container's mount of that claim is that
+    directory, so every env value and argument that starts with the mount path is rewritten to it (the process
+    runs on this machine's filesystem, not in the pod's)."""
+
+    api: client.ApiClient
+    namespace: str
+    workdir: Path
+    component: str = "load"
+    claims: dict[str, Path] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    ended: dict[str, int] = field(default_factory=dict)  # pod -> exit code, for those that ended by themselves
+    started: list[str] = field(default_factory=list)  # every pod started, in order
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self, period: float = 1.0) -> JobPods:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._loop, args=(period,), daemon=True, name="jobpods")
+        self._thread.start()
+        return self
+
+    def _loop(self, period: float) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except Exception as e:  # the next round retries
+                print(f"[jobpods] sync failed: {e}", file=sys.stderr)
+            self._stop.wait(period)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(10)
+        for name in list(self.procs):
+            self._end(self.procs.pop(name))
+
+    def kill(self, name: str) -> bool:
+        """SIGKILL the process of pod `name` (a node lost, an eviction); the next sync reports the pod Failed."""
+        p = self.procs.get(name)
+        if p is None or p.poll() is not None:
+            return False
+        os.killpg(p.pid, signal.SIGKILL)
+        return True
+
+    @staticmethod
+    def _end(p: subprocess.Popen) -> None:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
+
+    def sync(self) -> None:
+        core = client.CoreV1Api(self.api)
+        pods = core.list_namespaced_pod(self.namespace,
+                                        label_selector=f"app.kubernetes.io/component={self.component}").items
+        live = {p.metadata.name: p for p in pods if not p.metadata.deletion_timestamp}
+        for name in list(self.procs):
+            p = self.procs[name]
+            if name not in live:
+                self._end(self.procs.pop(name))
+            elif p.poll() is not None:
+                self.procs.pop(name)
+                # killed by signal N: exit code 128 + N, as a container runtime reports it
+                self.ended[name] = 128 - p.returncode if p.returncode < 0 else p.returncode
+                self._report(core, live[name], self.ended[name])
+        for name, pod in live.items():
+            if name in self.procs or name in self.ended or pod.status.phase != "Running":
+                continue
+            c = pod.spec.containers[0]
+            mounts = self._mounts(pod, c)
+            cmd = [sys.executable if x in ("python", "python3") else x for x in (c.command or [])]
+            cmd += [self._local(a, mounts) for a in (c.args or [])]
+            env = {**os.environ, **{e.name: self._local(e.value, mounts) for e in (c.env or []) if e.value is not None}}
+            log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+            self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                start_new_session=True)
+            self.started.append(name)
+
+    def _mounts(self, pod: Any, c: Any) -> list[tuple[str, Path]]:
+        """(mount path, local directory) of the container's mounts of `claims`, longest path first."""
+        by_volume = {v.name: self.claims[v.persistent_volume_claim.claim_name] for v in (pod.spec.volumes or [])
+                     if v.persistent_volume_claim and v.persistent_volume_claim.claim_name in self.claims}
+        out = [(m.mount_path.rstrip("/"), by_volume[m.name]) for m in (c.volume_mounts or []) if m.name in by_volume]
+        return sorted(out, key=lambda x: -len(x[0]))
+
+    @staticmethod
+    def _local(value: str, mounts: list[tuple[str, Path]]) -> str:
+        for path, local in mounts:
+            if value == path or value.startswith(path + "/"):
+                return str(local) + value[len(path):]
+        return value
+
+    @staticmethod
+    def _report(core: client.CoreV1Api, pod: Any, code: int) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        c = pod.spec.containers[0]
+        phase = "Succeeded" if code == 0 else "Failed"
+        status = {"phase": phase, "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted",
+                                                  "lastTransitionTime": now}],
+                  "containerStatuses": [{"name": c.name, "image": c.image, "imageID": "", "ready": False,
+                                         "restartCount": 0, "started": False,
+                                         "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0
+                                                                  else "Error", "finishedAt": now,
+                                                                  "startedAt": now}}}]}
+        core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": status})

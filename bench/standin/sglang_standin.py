@@ -742,8 +742,13 @@ class Scheduler:
     Truth: each stage's time is read at its call sites (outside any decorator), per iteration, and kept in a
     shared ring (end time, duration, seconds per stage, batch kind, flags) plus running totals."""
 
-    def __init__(self, cfg: StandinConfig, rank: int, acct, stats, ring=None, inbox=None, detok=None) -> None:
+    def __init__(self, cfg: StandinConfig, rank: int, acct, stats, ring=None, inbox=None, detok=None,
+                 external=None) -> None:
         self.cfg = cfg
+        # Requests POSTed to the server's HTTP port (/v1/chat/completions, /generate: a load generator's): shared
+        # totals [requests, images] the server adds to; every rank takes what it has not seen yet.
+        self.external = external
+        self.ext_seen = [0, 0]
         # With the front end: its requests arrive on `inbox` (frontend.REQ records), and rank 0 tells the
         # detokenizer about each batch result on `detok` (dropped when its pipe is full: never blocks the loop).
         self.inbox_fd = inbox.fileno() if inbox is not None else None
@@ -831,6 +836,14 @@ class Scheduler:
                             self.cfg.output_tokens, imgs))
             self.next_rid += 1
             self.next_arrival += self._gap()
+        if self.external is not None:
+            total, images = int(self.external[0]), int(self.external[1])
+            n, imgs = total - self.ext_seen[0], images - self.ext_seen[1]
+            for i in range(n):  # the images spread over the new requests, in order
+                k = imgs // n + (1 if i < imgs % n else 0)
+                reqs.append(Req(self.next_rid, now, k * self.cfg.features_per_image, self.cfg.output_tokens, k))
+                self.next_rid += 1
+            self.ext_seen = [total, images]
         return reqs
 
     def _frontend_arrivals(self) -> list[Req]:
@@ -1129,14 +1142,15 @@ class Scheduler:
             t = now
 
 
-def run_scheduler_process(cfg: StandinConfig, rank: int, acct, stats, ring=None, inbox=None, detok=None) -> None:
+def run_scheduler_process(cfg: StandinConfig, rank: int, acct, stats, ring=None, inbox=None, detok=None,
+                          external=None) -> None:
     """Entry point of one scheduler process (spawned, like SGLang's)."""
     title = cfg.scheduler_title or "sglang::scheduler"
     set_title(title if cfg.tp == 1 else f"{title}_TP{rank}")
     if cfg.frontend:  # its pipes keep the front end's forked pool alive: never outlive a killed stand-in
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    sched = Scheduler(cfg, rank, acct, stats, ring, inbox, detok)
+    sched = Scheduler(cfg, rank, acct, stats, ring, inbox, detok, external)
 
     def stop(_signum, _frame):
         sched.running = False
@@ -1329,11 +1343,13 @@ class StandinServer:
         self.helpers: list = []  # the detokenizer and load generator processes
         self.inboxes = [self.ctx.Pipe(duplex=False) for _ in range(cfg.tp)] if cfg.frontend else []
         self.detok_pipe = self.ctx.Pipe(duplex=False) if cfg.frontend else None
+        self.external = self.ctx.Array("d", 2)  # POSTed [requests, images] (Scheduler.external)
 
     def spawn(self, rank: int) -> None:
         extra = (self.inboxes[rank][0], self.detok_pipe[1]) if self.cfg.frontend else ()
         p = self.ctx.Process(target=run_scheduler_process,
                              args=(self.cfg, rank, self.acct, self.stats, self.ring, *extra),
+                             kwargs={"external": None if self.cfg.frontend else self.external},
                              name=f"scheduler-{rank}", daemon=True)
         p.start()
         self.procs[rank] = p
@@ -1398,6 +1414,28 @@ class StandinServer:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def do_POST(self) -> None:
+                # OpenAI chat completions (a load generator's): answered at once, the request handed to the
+                # schedulers as an arrival with as many images as its content carries. Not SGLang's output.
+                url = urlparse(self.path)
+                n = int(self.headers.get("Content-Length") or 0)
+                try:
+                    body = json.loads(self.rfile.read(n) or b"{}")
+                except ValueError:
+                    self._send(400, json.dumps({"error": "body is not JSON"}))
+                    return
+                if url.path not in ("/v1/chat/completions", "/generate") or server.cfg.frontend:
+                    self._send(404, json.dumps({"error": "not found"}))
+                    return
+                images = sum(1 for m in body.get("messages") or [] if isinstance(m.get("content"), list)
+                             for c in m["content"] if isinstance(c, dict) and c.get("type") == "image_url")
+                with server.external.get_lock():
+                    server.external[0] += 1
+                    server.external[1] += images
+                self._send(200, json.dumps({"object": "chat.completion", "model": body.get("model", ""),
+                                            "choices": [{"index": 0, "finish_reason": "length",
+                                                         "message": {"role": "assistant", "content": ""}}]}))
 
             def do_GET(self) -> None:
                 url = urlparse(self.path)

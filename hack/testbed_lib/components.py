@@ -26,9 +26,10 @@ def names(layout: Layout) -> list[str]:
 
 KWOK_STAGES = ["node-initialize", "node-heartbeat-with-lease", "pod-ready", "pod-complete", "pod-delete"]
 # The project's own stages (hack/kwok-stages), loaded instead of kwok's of the same name or next to them:
-# pod-ready leaves pods with a container fault to pod-container-fault (docs/testbed.md).
+# pod-ready leaves pods with a container fault to pod-container-fault, pod-complete leaves the operator's Job pods
+# to the local runner (docs/testbed.md).
 OWN_STAGES_DIR = Path(__file__).resolve().parents[1] / "kwok-stages"
-OWN_STAGES = ["pod-ready", "pod-container-fault"]
+OWN_STAGES = ["pod-ready", "pod-complete", "pod-container-fault"]
 FAKE_NODE_SELECTOR = "kwok.x-k8s.io/node=fake"
 
 

@@ -28,13 +28,16 @@ Emit = Callable[[str, str, str], None]  # (type, reason, message)
 def apply_plan(w: Writer, uid: str, status: Mapping[str, Any], generation: int | None, spec: api.VLMServiceSpec,
                desired: builders.Desired, plan: rollout.Plan, observed: Observed, owner: builders.Owner, *,
                busy: bool, monitoring: bool, monitoring_labels: Mapping[str, str],
-               alert_overrides: Any) -> None:
+               alert_overrides: Any, load_job: Mapping[str, Any] | None = None,
+               weights_job: Mapping[str, Any] | None = None) -> None:
     """Write what the plan wants: the budget and the policy once per spec generation, before the Deployments (a
     pod never runs without its NetworkPolicy), the Deployments and the Service always (each only where it
     differs), then the monitoring objects. In a burst of new services (`busy`) a missing Service waits
     for the service's next resync, like the monitoring objects: a Service costs the API server more than
     itself (the endpoints controller makes an Endpoints object and an EndpointSlice for it), and nothing
     routes to a pod for many seconds after its Deployment anyway; the Deployments go first."""
+    if weights_job is not None:  # even while hands off: the weights come before anything else can
+        _apply_job(w, uid, owner, weights_job, observed)
     if plan.hands_off:
         return
     changed = status.get("observedGeneration") != generation
@@ -65,9 +68,34 @@ def apply_plan(w: Writer, uid: str, status: Mapping[str, Any], generation: int |
             w.delete(uid, "apps/v1", "Deployment", owner.namespace, _name(body))
     if observed.service is not None or not busy:
         w.apply(uid, desired.service, observed.service)
+    apply_load(w, uid, owner, load_job, observed)
     if monitoring:
         _apply_monitoring(w, uid, changed, spec, observed, owner, busy=busy, extra=monitoring_labels,
                           overrides=alert_overrides)
+
+
+def apply_load(w: Writer, uid: str, owner: builders.Owner, want: Mapping[str, Any] | None, observed: Observed) -> None:
+    """The load hook's Job: created when the index does not show it; every other load Job of the service deleted
+    (its pods go with it: the delete propagates in the background). A finished one is left to its TTL."""
+    name = _name(want) if want is not None else None
+    for n, job in sorted(observed.jobs.items()):
+        if job.component != builders.LOAD_COMPONENT:
+            continue
+        if n == name:
+            w.confirmed(uid, ("batch/v1", "Job", owner.namespace, n))
+        else:
+            w.delete(uid, "batch/v1", "Job", owner.namespace, n)
+    if want is not None and name not in observed.jobs:
+        w.apply(uid, want, None)
+
+
+def _apply_job(w: Writer, uid: str, owner: builders.Owner, want: Mapping[str, Any], observed: Observed) -> None:
+    """A Job created when the index does not show it (its template is immutable: a changed one has a new name)."""
+    name = _name(want)
+    if name in observed.jobs:
+        w.confirmed(uid, ("batch/v1", "Job", owner.namespace, name))
+    else:
+        w.apply(uid, want, None)
 
 
 def _name(body: Mapping[str, Any]) -> str:

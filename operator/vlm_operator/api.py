@@ -83,12 +83,37 @@ class KubeModel(BaseModel):
 # ---------------------------------------------------------------- spec
 
 
+class ModelDownload(KubeModel):
+    """How the weights get into the cache: once per model and revision, by a Job, before any pod starts."""
+
+    mode: Literal["Auto", "Never"] = Field(
+        "Auto",
+        description="Auto: when model.path is a hub id (not a path starting with /), a Job of the operator's image "
+        "downloads it into the claim once (huggingface_hub, resumable), condition ModelReady follows it, serving "
+        "pods wait for it and run with HF_HOME on the claim and HF_HUB_OFFLINE=1. Never: the claim is filled by "
+        "someone else; SGLang loads model.path as it is.",
+    )
+    token_secret_ref: KeySelector | None = Field(
+        None, alias="tokenSecretRef",
+        description="Secret key with a hub token (gated or private models), given to the download Job only as HF_TOKEN.",
+    )
+    endpoint: str | None = Field(
+        None, description="Hub endpoint (HF_ENDPOINT): a mirror or a proxy instead of huggingface.co.",
+        pattern=r"^https?://\S+$", max_length=512,
+    )
+
+
 class ModelCache(KubeModel):
     """A PersistentVolumeClaim that holds the weights, mounted read-only."""
 
     claim_name: str = Field(description="Name of a PVC in the service's namespace.", pattern=DNS_LABEL_PATTERN, max_length=253)
     mount_path: str = Field("/models", description="Where the PVC is mounted in the SGLang container.", pattern=r"^/.*")
     read_only: bool = Field(True, description="Mount the PVC read-only.")
+    download: ModelDownload = Field(
+        default_factory=ModelDownload,
+        description="Fill the claim with model.path's weights once (a Job per model and revision) before pods start. "
+        "The claim must be writable by the Job's pod (ReadWriteMany, or ReadWriteOnce on one node).",
+    )
 
 
 class ModelSpec(KubeModel):
@@ -947,6 +972,24 @@ class AnalysisSpec(KubeModel):
         return self
 
 
+class LoadHook(KubeModel):
+    """Requests the operator sends while a step is analysed, for a service without production traffic."""
+
+    requests_per_second: float = Field(
+        1.0, description="Requests per second sent to each compared pod (every canary and stable/baseline pod gets "
+        "the same rate, fixed intervals).", ge=0.01, le=100,
+    )
+    image_fraction: float = Field(
+        0.5, description="Share of requests that carry images (the rest are text only), 0 to 1.", ge=0, le=1
+    )
+    images_per_request: int = Field(1, description="Images in a request that carries images.", ge=1, le=8)
+    image_size: int = Field(448, description="Side of each generated image in pixels (a fresh PNG per request).",
+                            ge=16, le=2048)
+    max_tokens: int = Field(16, description="max_tokens of each request.", ge=1, le=4096)
+    prompt: str = Field("Describe this image in one sentence.", description="The user message's text.",
+                        min_length=1, max_length=2048)
+
+
 class RolloutSpec(KubeModel):
     cel = (
         (
@@ -991,6 +1034,13 @@ class RolloutSpec(KubeModel):
         "30m",
         description="How long a step's canary pods may take to become Ready; then the canary is rolled back "
         "(CanaryStartTimeout). Start-up never counts against analysis.maxDuration.",
+    )
+    load: LoadHook | None = Field(
+        None,
+        description="Drive load while a step is analysed: a Job of the operator's image sends chat completions "
+        "(text and image) at the same rate to every compared pod, so a service without production traffic reaches "
+        "a verdict. Not set: a step without traffic waits (NoTraffic) and, at maxDuration, pauses; it is never "
+        "rolled back for want of traffic.",
     )
 
     def schedule(self, replicas: int) -> list[RolloutStep]:

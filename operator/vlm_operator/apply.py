@@ -29,6 +29,7 @@ _PLURALS = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "NetworkPolicy": "networkpolicies",
     "Pod": "pods",
+    "Job": "jobs",
     "VLMService": PLURAL,
 }
 

@@ -176,7 +176,23 @@ def _env(spec: VLMServiceSpec, plan: sglang.IPCPlan, liveness: sglang.LivenessPl
     env.update({k: {"name": k, "value": v} for k, v in liveness.env.items()})
     for e in spec.sglang.env:
         env.setdefault(e.name, _env_entry(e))  # the plan wins; CEL already refuses conflicts when mode != Auto
+    if wants_download(spec):
+        # The weights Job filled the claim's hub cache: read it, never download (a spec's own value wins).
+        for k, v in weights_env(spec).items():
+            env.setdefault(k, {"name": k, "value": v})
     return list(env.values())
+
+
+def wants_download(spec: VLMServiceSpec) -> bool:
+    """model.cache with download Auto and model.path a hub id (a local path starts with /)."""
+    c = spec.model.cache
+    return c is not None and c.download.mode == "Auto" and not spec.model.path.startswith("/")
+
+
+def weights_env(spec: VLMServiceSpec) -> dict[str, str]:
+    """What SGLang's container gets when the operator fills the cache: the hub cache on the claim, offline."""
+    assert spec.model.cache is not None
+    return {"HF_HOME": f"{spec.model.cache.mount_path.rstrip('/')}/{WEIGHTS_DIR}", "HF_HUB_OFFLINE": "1"}
 
 
 def liveness_plan(spec: VLMServiceSpec, version: str | None) -> sglang.LivenessPlan:
@@ -674,3 +690,132 @@ def build_desired(owner: Owner, spec: VLMServiceSpec, settings: Settings) -> Des
         network_policy=build_network_policy(owner, settings.network_policy_peers)
         if wants_network_policy(spec, settings) else None,
     )
+
+
+# ---- the operator's Jobs: the load hook (spec.rollout.load) and the weights download (model.cache.download) ----
+LOAD_COMPONENT = "load"
+WEIGHTS_COMPONENT = "weights"
+WEIGHTS_DIR = "hf"  # HF_HOME under the cache's mountPath (the hub cache is <mountPath>/hf/hub)
+WEIGHTS_RESOURCES = {"cpu": "1", "memory": "1Gi"}
+WEIGHTS_BACKOFF_LIMIT = 6  # pods a download may take (each resumes the files the last one left half done)
+JOB_UID = 65532  # the operator image's user
+LABEL_JOB_OF = f"{PREFIX}/job-of"  # on the pods of the operator's Jobs (not the managed labels: no serving pod)
+LOAD_RESOURCES = {"cpu": "500m", "memory": "256Mi"}
+
+
+def load_job_name(owner: Owner, targets: list[str], load: Any, model: str) -> str:
+    """`<name>-load-<hash>`: a new Job when the compared pods or the load change (a Job's template is immutable)."""
+    blob = json.dumps([sorted(targets), _dump(load), model], sort_keys=True).encode()
+    return f"{owner.name[:46].rstrip('-.')}-load-{hashlib.sha256(blob).hexdigest()[:10]}"
+
+
+def build_load_job(owner: Owner, spec: VLMServiceSpec, settings: Settings, targets: list[str],
+                   deadline_s: float) -> dict[str, Any]:
+    """The Job that sends `spec.rollout.load` to every compared pod (`targets`: pod IPs) while a step is analysed;
+    it runs `python -m vlm_operator.loadgen` from the operator's image and stops by itself after `deadline_s`."""
+    load = spec.rollout.load if spec.rollout else None
+    if load is None:
+        raise ValueError("build_load_job: spec.rollout.load is not set")
+    model = spec.model.served_name or spec.model.path
+    addrs = [f"[{ip}]:{SGLANG_PORT}" if ":" in ip else f"{ip}:{SGLANG_PORT}" for ip in sorted(targets)]
+    args = ["-m", "vlm_operator.loadgen"]
+    for a in addrs:
+        args += ["--target", a]
+    args += ["--rate", f"{load.requests_per_second:g}", "--image-fraction", f"{load.image_fraction:g}",
+             "--images-per-request", str(load.images_per_request), "--image-size", str(load.image_size),
+             "--max-tokens", str(load.max_tokens), "--prompt", load.prompt, "--model", model]
+    name = load_job_name(owner, addrs, load, model)
+    labels = {**common_labels(owner), LABEL_APP_COMPONENT: LOAD_COMPONENT}
+    container = {
+        "name": "load",
+        "image": settings.operator_image,
+        "command": ["python"],
+        "args": args,
+        "resources": {"requests": dict(LOAD_RESOURCES), "limits": dict(LOAD_RESOURCES)},
+        "securityContext": {
+            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": owner.namespace, "labels": labels,
+                     "ownerReferences": [owner.reference()]},
+        "spec": {
+            "backoffLimit": 3,
+            "activeDeadlineSeconds": max(60, math.ceil(deadline_s)),
+            "ttlSecondsAfterFinished": 600,
+            "template": {
+                "metadata": {"labels": {LABEL_JOB_OF: owner.name, LABEL_APP_COMPONENT: LOAD_COMPONENT}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": JOB_UID,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [container],
+                },
+            },
+        },
+    }
+
+
+def weights_job_name(owner: Owner, spec: VLMServiceSpec) -> str:
+    """`<name>-weights-<hash>` of model.path and model.revision: one Job per model and revision."""
+    blob = f"{spec.model.path}@{spec.model.revision or ''}".encode()
+    return f"{owner.name[:44].rstrip('-.')}-weights-{hashlib.sha256(blob).hexdigest()[:10]}"
+
+
+def build_weights_job(owner: Owner, spec: VLMServiceSpec, settings: Settings) -> dict[str, Any]:
+    """The Job that fills model.cache's claim with model.path (`python -m vlm_operator.weights` from the operator's
+    image): the claim mounted read-write, HF_HOME on it, the token by reference, retried with resumption."""
+    cache = spec.model.cache
+    if cache is None or not wants_download(spec):
+        raise ValueError("build_weights_job: the spec wants no download")
+    d = cache.download
+    args = ["-m", "vlm_operator.weights", "--repo", spec.model.path]
+    if spec.model.revision:
+        args += ["--revision", spec.model.revision]
+    env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": weights_env(spec)["HF_HOME"]},
+                                 {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}]
+    if d.endpoint:
+        env.append({"name": "HF_ENDPOINT", "value": d.endpoint})
+    if d.token_secret_ref is not None:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": _dump(d.token_secret_ref)}})
+    labels = {**common_labels(owner), LABEL_APP_COMPONENT: WEIGHTS_COMPONENT}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": weights_job_name(owner, spec), "namespace": owner.namespace, "labels": labels,
+                     "annotations": {f"{PREFIX}/model": f"{spec.model.path}@{spec.model.revision or 'main'}"},
+                     "ownerReferences": [owner.reference()]},
+        "spec": {
+            "backoffLimit": WEIGHTS_BACKOFF_LIMIT,
+            "template": {
+                "metadata": {"labels": {LABEL_JOB_OF: owner.name, LABEL_APP_COMPONENT: WEIGHTS_COMPONENT}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": JOB_UID, "fsGroup": JOB_UID,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "download",
+                        "image": settings.operator_image,
+                        "command": ["python"],
+                        "args": args,
+                        "env": env,
+                        "volumeMounts": [{"name": "model-cache", "mountPath": cache.mount_path},
+                                         {"name": "tmp", "mountPath": "/tmp"}],
+                        "resources": {"requests": dict(WEIGHTS_RESOURCES), "limits": dict(WEIGHTS_RESOURCES)},
+                        "terminationMessagePolicy": "FallbackToLogsOnError",
+                        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+                    }],
+                    "volumes": [{"name": "model-cache", "persistentVolumeClaim": {"claimName": cache.claim_name}},
+                                {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}],
+                },
+            },
+        },
+    }

@@ -39,7 +39,7 @@ from .names import (
     ROLE_BASELINE,
     VERSION,
 )
-from .observed import Observed, PodInfo
+from .observed import JobInfo, Observed, PodInfo
 from .reconcile import Runtime, Target, reconcile
 from .settings import Settings
 
@@ -168,6 +168,12 @@ async def vlm_pods(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> d
     return {(namespace, labels.get(LABEL_SERVICE)): PodInfo.from_body(body)}
 
 
+@kopf.index("batch", "v1", "jobs", labels=MANAGED)
+async def vlm_jobs(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
+    # the load hook's Jobs (spec.rollout.load): small summaries, not bodies
+    return {(namespace, labels.get(LABEL_SERVICE)): JobInfo.from_body(body)}
+
+
 @kopf.index("", "v1", "services", labels=MANAGED)
 async def vlm_services(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
     return {(namespace, name): indexed(body)}
@@ -187,9 +193,10 @@ async def vlm_prometheusrules(namespace: str, labels: dict, **_: Any) -> dict:
 
 
 def _observed(key: tuple[str, str], deployments: kopf.Index, pods: kopf.Index, services: kopf.Index,
-              *monitoring: kopf.Index) -> Observed:
+              *monitoring: kopf.Index, jobs: kopf.Index | None = None) -> Observed:
     service = next(iter(services.get(key, [])), None)
     return Observed(
+        jobs={j.name: j for j in (jobs.get(key, []) if jobs is not None else [])},
         deployments={rev: packed.unpack() for rev, packed in deployments.get(key, [])},
         pods=tuple(pods.get(key, [])),
         service=service.unpack() if service is not None else None,
@@ -204,7 +211,7 @@ def _observed(key: tuple[str, str], deployments: kopf.Index, pods: kopf.Index, s
 def reconcile_vlmservice(
     name: str, namespace: str, uid: str, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status, body: kopf.Body,
     memo: kopf.Memo, vlm_deployments: kopf.Index, vlm_pods: kopf.Index, vlm_services: kopf.Index,
-    vlm_podmonitors: kopf.Index, vlm_prometheusrules: kopf.Index, **_: Any,
+    vlm_podmonitors: kopf.Index, vlm_prometheusrules: kopf.Index, vlm_jobs: kopf.Index, **_: Any,
 ) -> None:
     """Create, update and periodic resync share one idempotent reconcile."""
     target = Target(name, namespace, uid, meta.get("generation"), dict(spec), dict(status), dict(meta.annotations),
@@ -212,7 +219,7 @@ def reconcile_vlmservice(
     with _locks.setdefault(uid, threading.Lock()):
         # Inside the lock: a handler that waited for another one sees the objects that one made.
         observed = _observed((namespace, name), vlm_deployments, vlm_pods, vlm_services,
-                             vlm_podmonitors, vlm_prometheusrules)
+                             vlm_podmonitors, vlm_prometheusrules, jobs=vlm_jobs)
         try:
             reconcile(memo.rt, target, observed, lambda t, r, m: kopf.event(body, type=t, reason=r, message=m))
         except TemporaryError as e:

@@ -157,6 +157,34 @@ def deployment_revision(body: Mapping[str, Any]) -> str | None:
 
 
 @dataclass(frozen=True)
+class JobInfo:
+    """What the reconcile needs of one of the service's Jobs."""
+
+    name: str
+    component: str
+    active: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    finished: str = ""  # "Complete" or "Failed" once the Job is done
+    message: str = ""  # the Failed condition's reason and message
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> JobInfo:
+        meta = body.get("metadata", {}) or {}
+        st = body.get("status", {}) or {}
+        done = next((c for c in st.get("conditions") or [] if c.get("type") in ("Complete", "Failed")
+                     and c.get("status") == "True"), None)
+        return cls(
+            name=meta.get("name", ""),
+            component=(meta.get("labels") or {}).get("app.kubernetes.io/component", ""),
+            active=int(st.get("active") or 0), succeeded=int(st.get("succeeded") or 0),
+            failed=int(st.get("failed") or 0),
+            finished=str(done.get("type")) if done else "",
+            message=f"{done.get('reason', '')}: {done.get('message', '')}".strip(": ") if done else "",
+        )
+
+
+@dataclass(frozen=True)
 class Observed:
     # revision -> its Deployment's body (`{name}-{revision}`, or `{name}` adopted from a release before revision
     # Deployments); BASELINE_KEY -> the fresh baseline's
@@ -164,6 +192,7 @@ class Observed:
     pods: Sequence[PodInfo] = ()
     service: Mapping[str, Any] | None = None
     monitoring: frozenset[str] = frozenset()  # kinds of the service's monitoring objects that exist (PodMonitor, ...)
+    jobs: Mapping[str, JobInfo] = field(default_factory=dict)  # the service's Jobs (the load hook's), by name
 
     def revisions(self) -> list[str]:
         """The revisions that have a Deployment, by name."""

@@ -185,8 +185,14 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
     )
 
     # ---- decide
+    model = rollout.weights(owner, spec, rt.settings, observed)
+    # A running service whose new spec needs weights not yet in the cache changes nothing until they are (as if
+    # paused): no canary pod would start, and a replaced stable pod would be lost meanwhile.
+    plan_spec = spec if model.ready is not False or stable_rev in (None, desired.revision) else spec.model_copy(
+        update={"paused": True})
+
     def plan_with(rooms: dict[str, placement.Room] | None) -> rollout.Plan:
-        return rollout.plan(owner, spec, desired, observed, prev, stable=stable_rev, now=now, rooms=rooms,
+        return rollout.plan(owner, plan_spec, desired, observed, prev, stable=stable_rev, now=now, rooms=rooms,
                             decision=got.decision, action=action,
                             before=(b.pods, b.resolvable, b.margin) if (b := got.before) else None)
 
@@ -198,12 +204,16 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
             log.warning("%s/%s: cannot read the nodes' free GPUs (%s): replacing pods instead of surging", t.namespace, t.name, e)
             rooms = {}
         plan = plan_with(rooms)
+    if model.ready is False:
+        plan = rollout.held(plan, desired.revision, observed)
+    load_job = rollout.load_job(owner, spec, rt.settings, plan, observed)
     calib_status = _calibrated(calib_status, calibration, prev, spec, got.decision)
     ipc_active, ipc_reason, ipc_message = _ipc_cache(t, desired, stable_rev, got.stable_windows)
     h = S.running_health(
         observed, want=plan.want_ready, rollout=plan.rollout,
         ipc_active=ipc_active, ipc_reason=ipc_reason, ipc_message=ipc_message,
         startup_budget_s=_startup_budget_s(desired.template),
+        model=(model.ready, model.reason, model.message) if model.ready is not None else None,
     )
     new = S.build_status(
         t.status, h, generation=t.generation, now=now_dt, selector=builders.selector(owner),
@@ -216,7 +226,7 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
         act.apply_plan(
             rt.w, t.uid, t.status, t.generation, spec, desired, plan, observed, owner, busy=rt.busy(),
             monitoring=rt.monitoring, monitoring_labels=rt.settings.monitoring_labels,
-            alert_overrides=rt.settings.alert_overrides,
+            alert_overrides=rt.settings.alert_overrides, load_job=load_job, weights_job=model.job,
         )
     except PermanentError as e:
         if e.reason not in ("Http400", "Http422"):
@@ -238,7 +248,8 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
         if rv:  # our own write: the status below is conditional on the copy after it
             t = replace(t, resource_version=rv)
     _record_metrics(t, plan, desired, got.decision, ipc_active if ipc_reason in P.IPC_VERIFIED_REASONS else None)
-    metrics.set_failure(t.namespace, t.name, h.failure[0] if h.failure and h.ready < h.want else None)
+    failing = "DownloadFailed" if model.reason == "DownloadFailed" else h.failure[0] if h.failure else None
+    metrics.set_failure(t.namespace, t.name, failing if h.ready < h.want else None)
     if t.status.get("observedGeneration") != t.generation:
         for w in desired.plan.warnings:
             emit("Warning", "IPCCacheWarning", w)

@@ -23,7 +23,7 @@ The gate decides every verdict; this module only maps it to an action and never 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import builders as B
@@ -31,8 +31,9 @@ from . import placement as M
 from .api import BeforeStatus, PairStatus, RolloutStatus, SignalStatus, VLMServiceSpec
 from .gate import Decision
 from .names import ACTIVE_PHASES as ACTIVE
-from .names import HELD_PHASES, ROLE_CANARY, ROLE_STABLE, UPDATING
+from .names import HELD_PHASES, ROLE_BASELINE, ROLE_CANARY, ROLE_STABLE, UPDATING
 from .observed import BASELINE_KEY, Observed
+from .settings import Settings
 from .units import format_time as _iso
 from .units import parse_duration, parse_time
 
@@ -410,3 +411,65 @@ def _rooms(stable: str | None, r: RolloutStatus | None, canary: str | None = Non
 
 
 __all__ = ["Event", "Plan", "plan", "stable_revision"]
+
+
+# The phases in which the canary is analysed: the load hook runs then.
+_ANALYSED = ("Analysing", "Promoting")
+# The load Job outlives a step's maxDuration by this much at most (activeDeadlineSeconds).
+LOAD_DEADLINE_MARGIN_S = 300.0
+
+
+def load_job(owner: B.Owner, spec: VLMServiceSpec, settings: Settings, plan: Plan,
+              observed: Observed) -> dict[str, Any] | None:
+    """spec.rollout.load's Job while the canary is analysed: the same rate to every Ready canary, stable and
+    fresh-baseline pod with an IP that this plan keeps (not a pod it marks for removal, not a baseline it drops),
+    a new Job when that set changes; None otherwise (any load Job is then deleted)."""
+    if spec.rollout is None or spec.rollout.load is None or plan.rollout is None or plan.rollout.phase not in _ANALYSED:
+        return None
+    roles = (ROLE_CANARY, ROLE_STABLE, ROLE_BASELINE) if plan.baseline is not None else (ROLE_CANARY, ROLE_STABLE)
+    leaving = set(plan.victims)
+    targets = sorted({p.ip for p in observed.pods if p.ip and p.ready and not p.terminating and not p.victim
+                      and p.name not in leaving and p.role in roles})
+    if not any(p.role == ROLE_CANARY and p.ready and p.ip for p in observed.pods):
+        return None
+    deadline = parse_duration(spec.rollout.analysis.max_duration) + LOAD_DEADLINE_MARGIN_S
+    return B.build_load_job(owner, spec, settings, targets, deadline)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """model.cache.download: the Job that fills the cache, and whether the weights are there (ModelReady)."""
+
+    job: dict[str, Any] | None = None  # the Job to have; None: the operator downloads nothing for this spec
+    ready: bool | None = None  # None: not the operator's to say (no download wanted)
+    reason: str = ""
+    message: str = ""
+
+
+def weights(owner: B.Owner, spec: VLMServiceSpec, settings: Settings, observed: Observed) -> Weights:
+    """The weights Job of the spec's model and revision, and its state as the Jobs index shows it. A failed Job
+    stays (with its pods' logs) until someone deletes it; then the next reconcile makes a new one, which resumes."""
+    if not B.wants_download(spec):
+        return Weights()
+    job = B.build_weights_job(owner, spec, settings)
+    name = job["metadata"]["name"]
+    model = f"{spec.model.path}@{spec.model.revision or 'main'}"
+    claim = spec.model.cache.claim_name if spec.model.cache else ""
+    info = observed.jobs.get(name)
+    if info is not None and info.finished == "Complete":
+        return Weights(job, True, "Downloaded", f"{model} is in claim {claim} (Job {name})")
+    if info is not None and info.finished == "Failed":
+        return Weights(job, False, "DownloadFailed",
+                       f"Job {name} could not download {model} into claim {claim}: {info.message}; see kubectl logs "
+                       f"job/{name}; delete the Job to try again (it resumes)")
+    tried = f"; attempt {info.failed + 1} of {B.WEIGHTS_BACKOFF_LIMIT + 1}" if info is not None and info.failed else ""
+    return Weights(job, False, "Downloading", f"Job {name} is downloading {model} into claim {claim}{tried}; "
+                   f"pods start when it is done (kubectl logs job/{name} shows the bytes so far)")
+
+
+def held(plan: Plan, revision: str, observed: Observed) -> Plan:
+    """The plan with the pods of `revision` kept behind the scheduling gate (its weights are not there yet): they
+    hold no GPU meanwhile, and start once the weights Job is done."""
+    of_rev = {p.name for p in observed.pods if p.revision == revision}
+    releases = tuple(r for r in plan.releases if r[0] not in of_rev)
+    return plan if releases == plan.releases else replace(plan, releases=releases)

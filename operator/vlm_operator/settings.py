@@ -5,6 +5,7 @@
 | VLM_NAMESPACES              | "" (all)                         | comma-separated namespaces to watch       |
 | VLM_SGLANG_IMAGE            | api.DEFAULT_SGLANG_IMAGE         | image when spec.sglang.image is unset     |
 | VLM_SIDECAR_IMAGE           | vlmops/vlm-sidecar:<version>     | profiler sidecar image                    |
+| VLM_OPERATOR_IMAGE          | vlmops/vlm-operator:<version>    | the operator's image (load hook Jobs)     |
 | VLM_PROMETHEUS_URL          | ""                               | Prometheus for canary analysis (Auto)     |
 | VLM_PROMETHEUS_BEARER_TOKEN_FILE | ""                          | file with a bearer token for Prometheus   |
 | VLM_PROMETHEUS_BASIC_AUTH_USERNAME | ""                        | basic auth user for Prometheus            |
@@ -160,6 +161,8 @@ class Settings(BaseSettings):
     namespaces: Annotated[tuple[str, ...], NoDecode] = Field((), description="namespaces to watch (comma-separated)")
     sglang_image: str = Field(DEFAULT_SGLANG_IMAGE, min_length=1, description="image when spec.sglang.image is unset")
     sidecar_image: str = Field(f"vlmops/vlm-sidecar:{__version__}", min_length=1, description="profiler sidecar image")
+    operator_image: str = Field(f"vlmops/vlm-operator:{__version__}", min_length=1,
+                                description="the operator's own image: the load hook's Job runs it")
     prometheus_url: str = Field("", description="Prometheus for canary analysis (source Auto)")
     # Credentials for VLM_PROMETHEUS_URL (Mimir, Thanos, a managed Prometheus): files, re-read at every query so a
     # rotated Secret takes effect; sent to that URL's scheme, host and port only (sources/base.PrometheusAuth).

@@ -46,6 +46,8 @@ class Health:
     ipc_active: bool | None = None
     ipc_reason: str = "Unknown"
     ipc_message: str = ""
+    # model.cache.download: (weights there, reason, message); None when the operator downloads nothing
+    model: tuple[bool, str, str] | None = None
 
 
 def health_conditions(h: Health) -> list[C.Cond]:
@@ -57,6 +59,9 @@ def health_conditions(h: Health) -> list[C.Cond]:
         return conds
     if h.refused and h.ready < h.want:
         conds.append(C.Cond(C.READY, False, "ApplyRefused", h.refused))
+    elif h.model is not None and not h.model[0] and h.ready < h.want:
+        conds.append(C.Cond(C.READY, False, "WaitingForModel" if h.model[1] == "Downloading" else h.model[1],
+                            h.model[2]))
     elif h.failure and h.ready < h.want:
         conds.append(C.Cond(C.READY, False, *h.failure))
     elif h.unschedulable and h.ready < h.want:
@@ -76,6 +81,8 @@ def health_conditions(h: Health) -> list[C.Cond]:
         conds.append(C.Cond(C.PROGRESSING, False, "Complete", "no rollout in progress"))
     if h.refused:
         conds.append(C.Cond(C.DEGRADED, True, "ApplyRefused", h.refused))
+    elif h.model is not None and h.model[1] == "DownloadFailed":
+        conds.append(C.Cond(C.DEGRADED, True, "DownloadFailed", h.model[2]))
     elif h.failure:
         conds.append(C.Cond(C.DEGRADED, True, *h.failure))
     elif h.unschedulable:
@@ -84,6 +91,8 @@ def health_conditions(h: Health) -> list[C.Cond]:
         conds.append(C.Cond(C.DEGRADED, True, "CanaryRolledBack", h.rollout_message or ""))
     else:
         conds.append(C.Cond(C.DEGRADED, False, "AsExpected", ""))
+    if h.model is not None:
+        conds.append(C.Cond(C.MODEL_READY, *h.model))
     if h.ipc_active is not None:
         conds.append(C.Cond(C.IPC_CACHE_ACTIVE, h.ipc_active, h.ipc_reason, h.ipc_message))
     if h.rollout_phase is not None:
@@ -212,7 +221,7 @@ def invalid_spec_message(e: ValidationError) -> str:
 
 
 FAILURE_REASONS = ("FailedCreate", "ImagePullFailed", "ContainerConfigError", "CrashLoopBackOff", "OOMKilled",
-                   "StartupBudgetExhausted")
+                   "StartupBudgetExhausted", "DownloadFailed")  # the last: the weights Job (rollout.weights)
 # A container killed (SIGKILL/SIGTERM) after running at least this share of its startup budget was most likely
 # killed by its startup probe: the model did not load in time.
 _STARTUP_KILL_SHARE = 0.9
@@ -245,6 +254,7 @@ def running_health(
     ipc_reason: str = "Unknown",
     ipc_message: str = "",
     startup_budget_s: float | None = None,
+    model: tuple[bool, str, str] | None = None,
 ) -> Health:
     """The health of a service with a valid spec: ready pods of every role against what the plan wants."""
     unsched = observed.unschedulable()
@@ -262,6 +272,7 @@ def running_health(
         ipc_active=ipc_active,
         ipc_reason=ipc_reason,
         ipc_message=ipc_message,
+        model=model,
     )
 
 

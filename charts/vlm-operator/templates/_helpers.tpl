@@ -96,6 +96,11 @@ vlm_operator/apply.py (server-side apply: create+patch; canary teardown: delete)
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, watch, create, patch]
+# The load hook's Jobs (spec.rollout.load): made while a canary is analysed, deleted after; list+watch: the operator
+# follows which exist.
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, list, watch, create, patch, delete]
 # patch: the operator places its pods (removes its scheduling gate, pins a replacement to its partner's node),
 # marks the pod it replaces (pod-deletion-cost) and labels each pod's role. Never create or delete.
 - apiGroups: [""]

@@ -269,6 +269,11 @@ def _at_max_duration(
     reason = "MaxDurationReached"
     action = policy.on_inconclusive
     prefix = f"no verdict within maxDuration {policy.max_duration_s:.0f}s ({why})"
+    if why.startswith("NoTraffic:"):
+        # Nothing was measured because nothing was served: a rollback would throw the change away for want of
+        # traffic, not for a regression. The rollout pauses for a person (or the load hook) instead.
+        return Decision("Pause", "NoTraffic", f"{prefix}; pausing: a step without traffic is never rolled back",
+                        signals)
     if action == "Rollback":
         fn, stage = attribution()
         return Decision("Rollback", reason, f"{prefix}; onInconclusive Rollback", signals, fn, stage)

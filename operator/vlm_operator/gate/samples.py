@@ -11,6 +11,11 @@ from functools import cached_property
 from ..window import Window
 from .policy import GatePolicy
 
+# What a service without traffic can do (the NoTraffic reason's message carries it): at maxDuration such a step
+# pauses, it is never rolled back for want of traffic (decide._at_max_duration).
+NO_TRAFFIC_ADVICE = ("send traffic to the service, or set spec.rollout.load to have the operator send it while a "
+                     "step is analysed; at maxDuration the rollout pauses (kubectl vlm promote or abort)")
+
 
 class Unit:
     """The analysis unit: one pod over one window, its TP ranks averaged (computed on first use,
@@ -205,7 +210,8 @@ def side(name: str, windows: Sequence[Window], policy: GatePolicy, started_at: f
         return Side(units, ("TooFewSamples", f"no {name} profiler window yet"))
     if not busy:
         return Side(
-            units, ("NoTraffic", f"{name} schedulers saw no traffic in {len(fresh)} fresh window(s)")
+            units, ("NoTraffic", f"{name} schedulers saw no traffic in {len(fresh)} fresh window(s); "
+                    f"{NO_TRAFFIC_ADVICE}")
         )
     if len(units) < policy.min_samples:
         return Side(units, ("TooFewSamples", f"{name} has {len(units)} of {policy.min_samples} windows"))

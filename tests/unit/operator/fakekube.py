@@ -18,7 +18,7 @@ from typing import Any
 from vlm_operator import api, builders
 from vlm_operator.apply import is_subset, status_patch
 from vlm_operator.errors import PermanentError, TemporaryError
-from vlm_operator.observed import Observed, PodInfo
+from vlm_operator.observed import JobInfo, Observed, PodInfo
 from vlm_operator.reconcile import Target
 
 Key = tuple[str, str, str, str]  # (apiVersion, kind, namespace, name)
@@ -314,6 +314,9 @@ class FakeKube:
             service=copy.deepcopy(svc) if svc is not None else None,
             monitoring=frozenset(k for k in builders.MONITORING_KINDS
                                  if (builders.MONITORING_API_VERSION, k, namespace, name) in self.objects),
+            jobs={k[3]: JobInfo.from_body(o) for k, o in self.objects.items()
+                  if k[:3] == ("batch/v1", "Job", namespace)
+                  and (o["metadata"].get("labels") or {}).get(builders.LABEL_SERVICE) == name},
         )
 
     def written(self, verb: str | None = None, kind: str | None = None) -> list[Write]:

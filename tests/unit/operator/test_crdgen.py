@@ -109,3 +109,12 @@ def test_day_two_rules_are_in_the_crd():
     for field in ("runtimeClassName", "schedulerName", "terminationGracePeriodSeconds",
                   "automountServiceAccountToken", "volumes", "topologySpreadConstraints"):
         assert field in pod, field
+
+
+def test_exclusive_bounds_are_booleans():
+    """apiextensions/v1 takes exclusiveMinimum/exclusiveMaximum as booleans (OpenAPI v3.0); a number (JSON Schema
+    2020, pydantic's gt/lt) makes the API server refuse the whole CRD."""
+    doc = yaml.safe_load(crdgen.render())
+    bad = [p for p, n in _walk(doc) if isinstance(n, dict)
+           for k in ("exclusiveMinimum", "exclusiveMaximum") if k in n and not isinstance(n[k], bool)]
+    assert not bad, bad
