@@ -7,8 +7,11 @@ field at fault), builds the gate's policy from the VLMService API's own models (
 windows the server read, and builds the answer (`response`, `flagger_status`). No I/O and no clock: the server
 (`vlm_operator.judge_server`) lists the pods, reads the windows and passes `now`.
 
-Stateless: every call judges the windows from the request's `startedAt` to `now` afresh, as a VLMService's look
-does from its status; the analysis clock starts at the canary's first profiler window after `startedAt`.
+Stateless: every call judges the windows from the analysis' start to `now` afresh, as a VLMService's look does from
+its status. The start is the request's `startedAt`, else read from the cluster as a VLMService step's is: the
+canary pods' Ready times (the step's clock from when the newest of them became Ready, its evidence from the oldest),
+so neither the caller nor the judge keeps anything between calls, and an operator restart changes no verdict. The
+analysis clock then starts at the canary's first profiler window after that (`gate.decide`).
 """
 
 from __future__ import annotations
@@ -96,7 +99,9 @@ class JudgeRequest(api.KubeModel):
     namespace: str = Field(pattern=api.DNS_LABEL_PATTERN, max_length=63)
     baseline: str | dict[str, str] = Field(description="Label selector of the baseline (stable) pods.")
     canary: str | dict[str, str] = Field(description="Label selector of the canary pods.")
-    started_at: str | float = Field(description="When the canary's analysis began: RFC 3339 or unix seconds.")
+    started_at: str | float | None = Field(
+        None, description="When the canary's analysis began: RFC 3339 or unix seconds; default: from the canary "
+                          "pods' Ready times.")
     analysis: api.AnalysisSpec = Field(default_factory=api.AnalysisSpec)
     steps: list[api.RolloutStep] | None = Field(None, min_length=1, max_length=10)
     step: int | None = Field(None, ge=0, le=9, description="Index of this step in `steps` (default: the last).")
@@ -112,7 +117,9 @@ class JudgeRequest(api.KubeModel):
 
     @field_validator("started_at", mode="before")
     @classmethod
-    def _time(cls, v: Any) -> float:
+    def _time(cls, v: Any) -> float | None:
+        if v is None:
+            return None
         if isinstance(v, bool) or not isinstance(v, str | int | float):
             raise ValueError("startedAt: not a time")
         if isinstance(v, str):
@@ -154,9 +161,13 @@ class JudgeRequest(api.KubeModel):
     def policy(self) -> gate.GatePolicy:
         return gate.GatePolicy.from_rollout(self.rollout(), self.schedule(), self.telemetry_interval)
 
-    @property
-    def started(self) -> float:
-        return float(self.started_at)
+    def window(self, pods: Sequence[PodRef], now: float) -> tuple[float, float]:
+        """(the step's start, evidence since): `startedAt` for both, else the newest and the oldest Ready time of
+        the Ready canary pods (now when none is known: no evidence yet)."""
+        if self.started_at is not None:
+            return float(self.started_at), float(self.started_at)
+        times = [p.ready_at for p in pods if p.side == CANARY and p.ready and p.ready_at is not None]
+        return (max(times), min(times)) if times else (now, now)
 
 
 _HEAD = re.compile(r"([a-z][A-Za-z0-9]*(?:\[\d+\])?(?:\.[A-Za-z0-9]+(?:\[\d+\])?)*)[ :]")
@@ -202,11 +213,11 @@ class FlaggerCall:
 FLAGGER_PHASES = ("Progressing", "Waiting", "WaitingPromotion")
 
 
-def parse_flagger(body: Any, started: float | None) -> FlaggerCall:
+def parse_flagger(body: Any) -> FlaggerCall:
     """Flagger's payload: `metadata` holds the request's fields as strings (`baseline`, `canary` label selectors;
     `analysis` a JSON object of the VLMService's `rollout.analysis`; optional `startedAt`, `steps` JSON, `step`,
-    `telemetryInterval`). `started`: when the judge first saw this canary revision (namespace, name, checksum),
-    used when the metadata names no `startedAt`."""
+    `telemetryInterval`). Without `startedAt` the analysis starts with the canary pods (`JudgeRequest.window`):
+    Flagger scales the canary Deployment up for each new revision."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object", "body")
     for key in ("name", "namespace", "phase"):
@@ -232,8 +243,9 @@ def parse_flagger(body: Any, started: float | None) -> FlaggerCall:
         if not meta["step"].isdigit():
             raise BadRequest("step: an integer", "metadata.step")
         req["step"] = int(meta["step"])
-    req["startedAt"] = meta.get("startedAt") or started
-    for key in ("baseline", "canary", "startedAt"):
+    if meta.get("startedAt"):
+        req["startedAt"] = meta["startedAt"]
+    for key in ("baseline", "canary"):
         if not req.get(key):
             raise BadRequest(f"{key}: required in the webhook's metadata", f"metadata.{key}")
     unknown = sorted(set(meta) - {"baseline", "canary", "analysis", "steps", "step", "startedAt",
@@ -281,13 +293,14 @@ def decide(req: JudgeRequest, windows: Sequence[Window], pods: Sequence[PodRef],
     policy = req.policy()
     steps = req.schedule()
     k = len(steps) - 1 if req.step is None else req.step
+    started, since = req.window(pods, now)
     layout = gate.Layout(
         nodes={p.name: p.node for p in pods if p.node},
         started={p.name: p.ready_at for p in pods if p.side == CANARY and p.ready_at is not None},
     )
     common: dict[str, Any] = dict(
-        started_at=req.started, now=now, step_duration_s=parse_duration(steps[k].analysis), step=k,
-        evidence_since=req.started, layout=layout,
+        started_at=started, now=now, step_duration_s=parse_duration(steps[k].analysis), step=k,
+        evidence_since=since, layout=layout,
         analysed_before_s=parse_duration(req.analysed_before) if req.analysed_before else None)
     if unavailable is not None:
         return gate.decide([], [], policy, unavailable=unavailable, **common)
@@ -330,7 +343,8 @@ def response(req: JudgeRequest, d: gate.Decision, windows: Sequence[Window], pod
     fn = d.regressed_function
     caller, _, callee = fn.partition(CALLER_ARROW) if fn else ("", "", "")
     canary = [w for w in windows if w.revision == CANARY]
-    clock = d.clock_started_at if d.clock_started_at is not None else req.started
+    started, since = req.window(pods, now)
+    clock = d.clock_started_at if d.clock_started_at is not None else started
     return {
         "id": req.id,
         "verdict": d.verdict,
@@ -350,7 +364,8 @@ def response(req: JudgeRequest, d: gate.Decision, windows: Sequence[Window], pod
         "flamegraphDiff": flamegraph(req.namespace, canary, pods) if d.verdict == "Rollback" else None,
         "analysis": {
             "source": source,
-            "startedAt": req.started,
+            "startedAt": started,
+            "evidenceSince": since,
             "clockStartedAt": d.clock_started_at,
             "elapsedSeconds": round(max(0.0, now - clock), 3),
             "now": now,

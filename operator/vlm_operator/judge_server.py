@@ -8,9 +8,8 @@ through the API server, their windows read from the sidecars (the operator's sha
 or Prometheus exactly as a VLMService's look reads them, and `gate.decide` judges them. Every failure to read is
 the gate's to decide (an Inconclusive look, onInconclusive at maxDuration), never a crash of the server.
 
-State: none about a caller's analysis, except for Flagger, whose webhook carries no start time: the first call
-of a canary revision (namespace, name, checksum) sets it, kept in memory (`FlaggerClock`), unless the webhook's
-metadata names `startedAt`. The sidecar reader's per-pod cache keeps the windows since each `startedAt` asked
+State: none about a caller's analysis (the start is the request's `startedAt` or the canary pods' Ready times,
+`judge.JudgeRequest.window`). The sidecar reader's per-pod cache keeps the windows since each `startedAt` asked
 for in the last 5 minutes, so an analysis longer than a sidecar's own history still sees all its windows.
 """
 
@@ -40,7 +39,6 @@ log = logging.getLogger("vlm_operator.judge")
 MAX_BODY = 64 * 1024
 TOKEN_CACHE_S = 30.0  # a token's review (either outcome) is reused this long: two API calls saved per call
 TOKEN_CACHE_SIZE = 1024
-FLAGGER_CLOCKS = 4096  # canary revisions whose first-seen time Flagger calls are remembered for
 # The permission a caller needs in the request's namespace (a SubjectAccessReview): a resource of the operator's
 # group that no object backs, so an admin grants exactly "may ask the judge" (the chart's ClusterRole
 # vlm-operator-judge-caller).
@@ -127,25 +125,6 @@ class KubeAuth:
         return st.get("allowed") is True
 
 
-class FlaggerClock:
-    """When the judge first saw each canary revision Flagger asked about: the analysis' start (bounded, in memory;
-    an operator restart starts the evidence window again, which delays a verdict but never promotes early)."""
-
-    def __init__(self, size: int = FLAGGER_CLOCKS):
-        self.size = size
-        self._lock = threading.Lock()
-        self._seen: OrderedDict[tuple[str, str, str], float] = OrderedDict()
-
-    def started(self, namespace: str, name: str, checksum: str, now: float) -> float:
-        key = (namespace, name, checksum)
-        with self._lock:
-            t = self._seen.setdefault(key, now)
-            self._seen.move_to_end(key)
-            while len(self._seen) > self.size:
-                self._seen.popitem(last=False)
-            return t
-
-
 @dataclass(frozen=True)
 class Read:
     pods: list[judge.PodRef]
@@ -164,7 +143,6 @@ class Judge:
         self.auth = auth
         self.prometheus_url = prometheus_url or None
         self.clock = clock
-        self.flagger = FlaggerClock()
 
     def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
         route = path.split("?", 1)[0].rstrip("/")
@@ -210,10 +188,7 @@ class Judge:
         return None
 
     def _flagger(self, data: Any, caller: Caller, now: float) -> tuple[int, dict[str, Any]]:
-        started = None
-        if isinstance(data, dict) and isinstance(data.get("namespace"), str) and isinstance(data.get("name"), str):
-            started = self.flagger.started(data["namespace"], data["name"], str(data.get("checksum") or ""), now)
-        call = judge.parse_flagger(data, started)
+        call = judge.parse_flagger(data)
         denied = self._authorize(caller, call.namespace)
         if denied is not None:
             return denied
@@ -240,15 +215,16 @@ class Judge:
             for side, sel in ((judge.BASELINE, req.baseline), (judge.CANARY, req.canary)):
                 if not any(p.side == side for p in ready):
                     raise sources.SignalsUnavailable(f"no Ready pod matches the {side} selector {sel}")
+            since = req.window(pods, now)[1]
             url = req.analysis.prometheus_url or self.prometheus_url
             interval = parse_duration(req.telemetry_interval)
             if req.analysis.source == "Prometheus" or (req.analysis.source == "Auto" and url):
                 source = "Prometheus"
                 windows = sources.from_prometheus(
-                    url or "", req.namespace, "", [], since=req.started, now=now, step=max(1.0, interval / 3),
+                    url or "", req.namespace, "", [], since=since, now=now, step=max(1.0, interval / 3),
                     pods={p.name: p.side for p in ready})
             else:
-                windows = self.reader.read([(p.name, p.side, p.ip) for p in ready], req.started,
+                windows = self.reader.read([(p.name, p.side, p.ip) for p in ready], since,
                                            interval=interval, now=now)
         except sources.SignalsUnavailable as e:
             return Read(pods, [], source, str(e))

@@ -136,7 +136,7 @@ def call(j: judge_server.Judge, payload: Any, token: str | None = GOOD, path: st
 def test_parse_takes_the_vlmservice_analysis_model_and_both_selector_forms():
     r = judge.parse(body(analysis={"maxRegression": {"loopLatency": 5, "loopP95": 20}, "confidence": 0.9},
                          steps=[{"replicas": 1, "analysis": "2m"}, {"replicas": 2}], step=1, startedAt=T0))
-    assert (r.baseline, r.canary, r.started) == ("app=svc,rev=stable", "app=svc,rev=canary", T0)
+    assert (r.baseline, r.canary, r.window([], 0)) == ("app=svc,rev=stable", "app=svc,rev=canary", (T0, T0))
     p = r.policy()
     assert p.max_regression["loop_latency"] == 0.05 and p.max_regression["loop_p95"] == 0.2
     assert (p.confidence, p.steps, p.step_durations_s, p.pair_s) == (0.9, 2, (120.0, 300.0), 15.0)
@@ -161,7 +161,6 @@ def test_parse_takes_the_vlmservice_analysis_model_and_both_selector_forms():
     ({"canary": {"app": "bad value!"}}, "canary"),
     ({"canary": "app=svc,rev=stable"}, "canary"),
     ({"startedAt": "yesterday"}, "startedAt"),
-    ({"startedAt": None}, "startedAt"),
     ({"startedAt": -5}, "startedAt"),
     ({"startedAt": True}, "startedAt"),
     ({"analysis": {"confidence": 2}}, "analysis.confidence"),
@@ -341,18 +340,20 @@ def test_flagger_contract_statuses():
     assert judge.flagger_status("Pause") == 409
 
 
-def test_flagger_without_started_at_starts_the_clock_at_its_first_call_per_checksum():
+def test_without_started_at_the_analysis_starts_with_the_canary_pods():
+    """Stateless: no startedAt (Flagger's webhook, or an Argo template without it) means the canary pods' Ready
+    times: the step's clock from the newest, the evidence from the oldest, as a VLMService step's."""
     fleet = Fleet(n=60)
-    now = [T0 + 2 * 60]
-    j = judge_server.Judge(FakeConn(fleet), sources.SidecarReader(fetch=fleet.fetch), auth=FakeAuth(),
-                           clock=lambda: now[0])
-    call(j, flagger(), path="/v1/flagger")
-    now[0] = T0 + 2 * 60 + 5 * 60 + 30
+    for i, p in enumerate(p for p in fleet.pods if p["metadata"]["labels"]["rev"] == "canary"):
+        p["status"]["conditions"][0]["lastTransitionTime"] = format_time(T0 + 60 * i)
+    j = make_judge(fleet, T0 + 60 * EVERY)
     a = call(j, flagger(), path="/v1/flagger")[1]
-    assert a["analysis"]["startedAt"] == T0 + 120
-    # A new revision (checksum) starts again.
-    a = call(j, flagger(checksum="other"), path="/v1/flagger")[1]
-    assert a["analysis"]["startedAt"] == now[0]
+    assert (a["analysis"]["startedAt"], a["analysis"]["evidenceSince"]) == (T0 + 120, T0)
+    a = call(j, body(startedAt=None))[1]
+    assert (a["analysis"]["startedAt"], a["analysis"]["evidenceSince"]) == (T0 + 120, T0)
+    # No Ready canary pod: nothing to judge yet.
+    a = call(j, body(startedAt=None, canary="app=svc,rev=none"))[1]
+    assert a["verdict"] == "Inconclusive" and a["analysis"]["startedAt"] == T0 + 60 * EVERY
 
 
 def test_flagger_phases_and_bad_metadata():
@@ -367,6 +368,11 @@ def test_flagger_phases_and_bad_metadata():
                        ({**flagger(), "name": ""}, "name")):
         status, a = call(j, bad, path="/v1/flagger")
         assert (status, a["field"]) == (400, field), a
+    b = flagger()
+    del b["metadata"]["canary"]
+    assert call(j, b, path="/v1/flagger")[1]["field"] == "metadata.canary"
+    b = flagger(startedAt="later")
+    assert call(j, b, path="/v1/flagger")[1]["field"] == "metadata.startedAt"
     b = flagger()
     del b["metadata"]["canary"]
     assert call(j, b, path="/v1/flagger")[1]["field"] == "metadata.canary"
