@@ -552,3 +552,15 @@ def test_the_prometheus_source_reads_the_selected_pods_by_name(monkeypatch):
     monkeypatch.setattr(prom, "_query_range", lambda base, q, *a, **k: queries.append(q) or [])
     prom.from_prometheus("http://p", "ns", "", [], since=T0, now=T0 + 60, step=5, pods={"a.b-0": "canary"})
     assert 'pod=~"a\\\\.b-0"' in queries[-1]
+
+
+def test_every_verdict_of_the_gate_has_a_pass_value_and_a_flagger_status():
+    """A verdict the gate gains later must be mapped here, not answered 500."""
+    from typing import get_args
+
+    from vlm_operator import gate
+
+    assert set(judge.PASS) == set(judge.FLAGGER_STATUS) == set(get_args(gate.Verdict))
+    assert all(200 <= s < 300 for v, s in judge.FLAGGER_STATUS.items() if judge.PASS[v] >= 0 and v in
+               ("Promote", "Continue"))
+    assert all(s >= 400 for v, s in judge.FLAGGER_STATUS.items() if v not in ("Promote", "Continue"))
