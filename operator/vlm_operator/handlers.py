@@ -23,7 +23,7 @@ from typing import Any
 import kopf
 
 from . import builders as B
-from . import kubeconn, metrics
+from . import judge_server, kubeconn, metrics
 from .apply import Kube
 from .errors import PermanentError, TemporaryError
 from .names import (
@@ -130,6 +130,8 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     keepalive_every_third_of(settings.peering.lifetime)
     kube = Kube(kubeconn.Connection(pool_size=HANDLER_THREADS), SETTINGS.field_manager)
     memo.rt = Runtime(kube=kube, settings=SETTINGS, monitoring=kube.crd_exists("podmonitors.monitoring.coreos.com"))
+    if SETTINGS.judge_port:
+        memo.judge = judge_server.start(kube.conn, memo.rt.sidecars, SETTINGS)
     log.info("vlm-operator started (monitoring CRDs: %s)", memo.rt.monitoring)
 
 

@@ -14,6 +14,8 @@
 | VLM_PROMETHEUS_HEADERS      | {} (JSON object)                 | extra request headers (X-Scope-OrgID)     |
 | VLM_LOG_FORMAT              | text                             | text or json                              |
 | VLM_METRICS_PORT            | 8080                             | the operator's own /metrics               |
+| VLM_JUDGE_PORT              | 0 (off)                          | the judge endpoint (docs/judge.md)        |
+| VLM_JUDGE_TLS_CERT_FILE, VLM_JUDGE_TLS_KEY_FILE | "" (HTTP)    | its HTTPS certificate and key             |
 | VLM_RESYNC_SECONDS          | 15                               | status refresh and drift-repair timer     |
 | VLM_FIELD_MANAGER           | vlm-operator                     | server-side apply field manager           |
 | VLM_NETWORK_POLICY          | true                             | telemetry.networkPolicy Auto: create one  |
@@ -180,6 +182,11 @@ class Settings(BaseSettings):
                     '"team-a"} for a Mimir/Cortex tenant')
     log_format: Literal["text", "json"] = Field("text", description="text or json")
     metrics_port: int = Field(8080, ge=0, le=65535, description="the operator's own /metrics port")
+    judge_port: int = Field(0, ge=0, le=65535, description="the judge endpoint's port (Argo Rollouts, Flagger; "
+                            "docs/judge.md); 0: not served")
+    judge_tls_cert_file: str = Field("", description="PEM certificate (chain) the judge endpoint serves HTTPS with; "
+                                     "empty: plain HTTP")
+    judge_tls_key_file: str = Field("", validate_default=True, description="the certificate's PEM private key")
     resync_seconds: float = Field(15.0, gt=0, description="status refresh, drift repair and analysis timer")
     field_manager: str = Field(OPERATOR, min_length=1, description="server-side apply field manager")
     network_policy: bool = Field(True, description="telemetry.networkPolicy Auto creates a NetworkPolicy")
@@ -276,6 +283,13 @@ class Settings(BaseSettings):
                              "needed with VLM_PROMETHEUS_BASIC_AUTH_USERNAME (basic auth takes both)")
         if v and info.field_name == "prometheus_basic_auth_username" and info.data.get("prometheus_bearer_token_file"):
             raise ValueError("either basic auth or VLM_PROMETHEUS_BEARER_TOKEN_FILE, not both")
+        return v
+
+    @field_validator("judge_tls_key_file", mode="after")
+    @classmethod
+    def _judge_tls(cls, v: str, info: ValidationInfo) -> str:
+        if bool(v) != bool(info.data.get("judge_tls_cert_file")):
+            raise ValueError("goes with VLM_JUDGE_TLS_CERT_FILE: both or neither")
         return v
 
     @field_validator("profiler_peers", mode="before")

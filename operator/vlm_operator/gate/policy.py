@@ -179,9 +179,15 @@ class GatePolicy:
         a spec the API server accepted never fails here (tests/unit/operator/test_gate.py fuzzes that)."""
         if spec.rollout is None:
             raise InvalidSpec("no rollout block", field="spec.rollout")
-        a = spec.rollout.analysis
+        return cls.from_rollout(spec.rollout, spec.rollout.schedule(spec.replicas), spec.telemetry.interval)
+
+    @classmethod
+    def from_rollout(cls, rollout: api.RolloutSpec, schedule: list[api.RolloutStep], telemetry_interval: str
+                     ) -> GatePolicy:
+        """The policy of a validated rollout block with its step schedule and the sidecars' telemetry interval:
+        `from_spec`'s mapping, shared with the judge endpoint (vlm_operator.judge), so the two cannot drift."""
+        a = rollout.analysis
         m = a.max_regression
-        schedule = spec.rollout.schedule(spec.replicas)
         return cls(
             max_regression={
                 "loop_latency": m.loop_latency / 100,
@@ -201,8 +207,8 @@ class GatePolicy:
             max_duration_s=parse_duration(a.max_duration),
             on_inconclusive=a.on_inconclusive,
             interval_s=parse_duration(a.interval),
-            stale_after_s=max(3 * parse_duration(spec.telemetry.interval), 60.0),
-            pair_s=parse_duration(spec.telemetry.interval),
+            stale_after_s=max(3 * parse_duration(telemetry_interval), 60.0),
+            pair_s=parse_duration(telemetry_interval),
         )
 
 

@@ -16,6 +16,7 @@ dropped, never raised.
 from __future__ import annotations
 
 import math
+import re
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -116,6 +117,7 @@ _FIELD_VALUE: dict[str, Callable[[float], Any]] = {
     "unexported_self_share_max": _share,
 }
 _KEY = "pod, revision, tp_rank"
+_POD_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _KINDS = {"inclusive": "function_shares", "self": "self_shares"}
 
 # A front-end window ends just after the scheduler windows it ran beside (the sidecar summarizes it last).
@@ -194,7 +196,7 @@ def _frontend(series: Series) -> dict[tuple[str, str], dict[float, dict[str, Rol
 
 def from_prometheus(
     base: str, namespace: str, service: str, revisions: Sequence[str], *, since: float, now: float, step: float,
-    auth: PrometheusAuth | None = None,
+    auth: PrometheusAuth | None = None, pods: Mapping[str, str] | None = None,
 ) -> list[Window]:
     """One Window per sidecar window, for the given revisions, from the sidecar's per-window gauges.
 
@@ -209,10 +211,20 @@ def from_prometheus(
     windows of 1 sample (enough for the gate, which only asks for some); older than the self-share and
     bound series, windows without them (attribution then compares only what both sides exported).
 
+    `pods` (pod name -> side): read these pods of `namespace` by name instead of the service's revisions, and
+    give each window its pod's side as its revision (the judge endpoint, whose pods a label selector picked).
+
     Every query carries `auth` (default: the operator's, `base.prometheus_auth()`, from VLM_PROMETHEUS_*): its
     credentials, headers and CA where `base` is on VLM_PROMETHEUS_URL's scheme, host and port, nothing elsewhere.
     """
-    sel = f'namespace="{namespace}",vlmservice="{service}",revision=~"{"|".join(revisions)}"'
+    if pods is not None:
+        if not pods:
+            return []
+        # Pod names are DNS subdomains: only "." means something in a regex (escaped for PromQL's string too).
+        names = "|".join(p.replace(".", "\\\\.") for p in sorted(pods) if _POD_NAME.match(p))
+        sel = f'namespace="{namespace}",pod=~"{names}"'
+    else:
+        sel = f'namespace="{namespace}",vlmservice="{service}",revision=~"{"|".join(revisions)}"'
     start = max(since, now - 6 * 3600)
     if now <= start:
         return []
@@ -261,7 +273,7 @@ def from_prometheus(
         fe = frontend.get((pod, revision), {})
         near = [e for e in fe if end - 1.0 <= e <= end + _FRONTEND_ATTACH_S]
         out.append(Window(
-            revision=revision,
+            revision=revision if pods is None else pods.get(pod, revision),
             pod=pod,
             id=f"{pod}/{rank}@{end:.3f}",
             end=end,

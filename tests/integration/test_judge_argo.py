@@ -1,0 +1,268 @@
+"""The judge's Argo Rollouts examples against Argo Rollouts' own CRDs (v1.8.3, from the Go module proxy:
+hack/build-argo-rollouts.sh --stage crds) on the real API server: a server-side dry run of the AnalysisTemplate,
+the Rollout and the caller's objects, and every field we wrote survives the CRDs' structural schemas (a field
+Argo does not know would be pruned without an error, and the metric would run without it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+ARGO = REPO / "examples" / "argo-rollouts"
+SCRIPT = REPO / "hack" / "build-argo-rollouts.sh"
+
+
+@pytest.fixture(scope="module")
+def argo_crds(cluster) -> Path:
+    """Argo Rollouts' CRDs installed (server-side apply; left in place, as other tests' CRDs are)."""
+    built = subprocess.run([str(SCRIPT), "--stage", "crds"], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    crds = Path(subprocess.run([str(SCRIPT), "--print-crds"], capture_output=True, text=True).stdout.strip())
+    for f in sorted(crds.glob("*-crd.yaml")):
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f), timeout=120)
+    for name in ("rollouts", "analysistemplates", "analysisruns"):
+        # The whole object is read: a jsonpath filter fails on a CRD the API server has given no condition yet.
+        wait_for(lambda n=name: _established(json.loads(cluster.kubectl("get", f"crd/{n}.argoproj.io", "-o", "json"))),
+                 120, f"CRD {name}.argoproj.io Established")
+    return crds
+
+
+def _established(crd: dict) -> bool:
+    return any(c.get("type") == "Established" and c.get("status") == "True"
+               for c in (crd.get("status") or {}).get("conditions") or [])
+
+
+def _in(namespace: str, path: Path) -> list[dict]:
+    out = []
+    for d in yaml.safe_load_all(path.read_text()):
+        if d:
+            d["metadata"]["namespace"] = namespace
+            for s in (d.get("subjects") or []):
+                s["namespace"] = namespace
+            out.append(d)
+    return out
+
+
+def _dry_run(cluster, obj: dict) -> dict:
+    got = cluster.kubectl("apply", "--server-side", "--dry-run=server", "--field-manager=vlm-test", "-o", "json",
+                          "-f", "-", stdin=json.dumps(obj))
+    return json.loads(got)
+
+
+def _kept(sent: Any, got: Any, where: str = "") -> list[str]:
+    """Paths of `sent` missing or changed in `got` (what the schema pruned or rewrote)."""
+    if isinstance(sent, dict):
+        if not isinstance(got, dict):
+            return [where]
+        return [p for k, v in sent.items() for p in (_kept(v, got[k], f"{where}.{k}") if k in got else [f"{where}.{k}"])]
+    if isinstance(sent, list):
+        if not isinstance(got, list) or len(got) != len(sent):
+            return [where]
+        return [p for i, (a, b) in enumerate(zip(sent, got, strict=True)) for p in _kept(a, b, f"{where}[{i}]")]
+    return [] if sent == got or str(sent) == str(got) else [where]
+
+
+def test_the_argo_examples_pass_argos_own_schemas(cluster, argo_crds, namespace):
+    for path in (ARGO / "analysis-template.yaml", ARGO / "rollout.yaml", ARGO / "judge-caller.yaml"):
+        for obj in _in(namespace, path):
+            if obj["kind"] == "RoleBinding":  # its ClusterRole is in examples/judge/operator.yaml
+                continue
+            got = _dry_run(cluster, obj)
+            lost = _kept(obj.get("spec", {}), got.get("spec", {}), f"{obj['kind']}.spec")
+            assert not lost, f"{path.name}: the API server dropped or changed {lost}"
+            if obj["kind"] == "AnalysisTemplate":
+                web = got["spec"]["metrics"][0]["provider"]["web"]
+                assert web["method"] == "POST" and "{{args.canary-hash}}" in web["body"]
+                assert got["spec"]["metrics"][0]["consecutiveSuccessLimit"] == 1
+
+
+# ---------------------------------------------------------------- a real Argo Rollouts controller
+
+class StandIns:
+    """A profiler sidecar stand-in per pod, started as the pod appears: windows every 5 s over the last 5 minutes,
+    made up at each read (deterministic per pod and window), the canary's loop 20% slower. The endpoints file
+    points the operator's reader at them (VLM_SIDECAR_ENDPOINTS; re-read when it changes)."""
+
+    def __init__(self, path: Path, slower: float = 0.20):
+        self.path = path
+        self.slower = slower
+        self.servers: dict[str, Any] = {}
+        self.canary_hash = ""
+        path.write_text("{}")
+
+    def add(self, pod: str, canary: bool) -> None:
+        import math
+        import random
+        import threading
+        import time
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from tests.unit.operator.test_gate import shares
+
+        level = 0.02 * (1 + (self.slower if canary else 0.0)) * (1 + 0.004 * (len(self.servers) % 3))
+        stages, functions = shares(self.slower if canary else 0.0)
+
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                now = time.time()
+                last = math.floor(now / 5) * 5
+                out = []
+                for end in range(int(last) - 300, int(last) + 1, 5):
+                    rng = random.Random(f"{pod}/{end}")
+                    loop = level * math.exp(rng.gauss(0, 0.01))
+                    out.append({"id": end // 5, "tp_rank": 0, "start": end - 4.0, "end": float(end), "samples": 4000,
+                                "loop_mean_seconds": loop, "loop_p95_seconds": loop * 1.6, "iterations": 200,
+                                "stage_shares": stages, "function_shares": functions, "stale": False, "error": None})
+                data = json.dumps(out).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        s = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+        self.servers[pod] = s
+        self.path.write_text(json.dumps({p: f"127.0.0.1:{x.server_address[1]}" for p, x in self.servers.items()}))
+
+    def close(self) -> None:
+        for s in self.servers.values():
+            s.shutdown()
+
+
+def test_argo_rollouts_aborts_a_slower_canary_on_the_judges_verdict(cluster, crd, argo_crds, namespace, kube,
+                                                                    tmp_path):
+    """Argo Rollouts v1.8.3's own controller runs the example AnalysisTemplate (its web metric against the judge
+    the operator serves, with a ServiceAccount token from a Secret) at the example Rollout's first canary step:
+    the canary's loop is 20% slower, the judge answers Rollback naming the stage and function, the AnalysisRun
+    fails and Argo aborts the Rollout. Pods run on kwok; their sidecars are local stand-ins."""
+    import threading
+    import time
+
+    from kubernetes import client
+
+    from tests.integration.test_judge import _token
+    from tests.operator_proc import OperatorProcess, free_port
+
+    built = subprocess.run([str(SCRIPT), "--stage", "controller"], capture_output=True, text=True, timeout=1800)
+    assert built.returncode == 0, built.stderr[-3000:]
+    controller = cluster.bin_dir / "rollouts-controller"
+    if not controller.exists():
+        controller = Path.home() / ".cache" / "vlm-operator" / "bin" / "rollouts-controller"
+
+    core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
+    # The caller: a ServiceAccount allowed to ask the judge here, its token in the Secret the template reads.
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "vlm-judge-caller"}})
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "vlm-judge-caller"}, "rules": [
+        {"apiGroups": ["serving.vlmops.dev"], "resources": ["judgements"], "verbs": ["create"]}]})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "vlm-judge-caller"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "vlm-judge-caller"},
+        "subjects": [{"kind": "ServiceAccount", "name": "vlm-judge-caller", "namespace": namespace}]})
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "vlm-judge-caller-token"},
+                                              "stringData": {"token": _token(kube, namespace, "vlm-judge-caller")}})
+
+    judge_port = free_port()
+    (template,) = _in(namespace, ARGO / "analysis-template.yaml")
+    metric = template["spec"]["metrics"][0]
+    metric["interval"] = "15s"
+    body = metric["provider"]["web"]["body"]
+    body = body.replace('"interval": "1m", "maxDuration": "30m"', '"interval": "15s", "maxDuration": "10m"')
+    metric["provider"]["web"]["body"] = body.replace('"id":', '"telemetryInterval": "5s", "id":')
+    for a in template["spec"]["args"]:
+        if a["name"] == "judge-url":
+            a["value"] = f"http://127.0.0.1:{judge_port}/v1/judge"
+    (rollout,) = _in(namespace, ARGO / "rollout.yaml")
+    rollout["spec"]["replicas"] = 2
+    steps = rollout["spec"]["strategy"]["canary"]["steps"]
+    rollout["spec"]["strategy"]["canary"]["steps"] = [{"setWeight": 50}, steps[1]]
+    for c in rollout["spec"]["template"]["spec"]["containers"]:
+        c.pop("resources", None)  # kwok's GPUs are shared with other tests: none taken here
+    for obj in (template, rollout):
+        cluster.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps(obj))
+
+    sidecars = StandIns(tmp_path / "endpoints.json")
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                for p in core.list_namespaced_pod(namespace, label_selector="app=qwen-vl").items:
+                    h = (p.metadata.labels or {}).get("rollouts-pod-template-hash", "")
+                    if p.metadata.name not in sidecars.servers and sidecars.canary_hash != "?":
+                        sidecars.add(p.metadata.name, canary=bool(sidecars.canary_hash) and h == sidecars.canary_hash)
+            except Exception:
+                pass
+            stop.wait(0.5)
+
+    threading.Thread(target=watch, daemon=True).start()
+    op = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log",
+                         {"VLM_JUDGE_PORT": str(judge_port), "VLM_SIDECAR_ENDPOINTS": str(sidecars.path)}).start()
+    log = open(tmp_path / "rollouts-controller.log", "wb")  # noqa: SIM115 - closed below
+    argo = subprocess.Popen([str(controller), "--kubeconfig", str(cluster.kubeconfig), "--namespaced", "--namespace",
+                             namespace, "--leader-elect=false", "--metricsport", str(free_port()),
+                             "--healthzPort", str(free_port())], stdout=log, stderr=subprocess.STDOUT)
+    custom = client.CustomObjectsApi(kube)
+
+    def ro() -> dict:
+        return custom.get_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "rollouts", "qwen-vl")
+
+    def tail() -> str:
+        return (tmp_path / "rollouts-controller.log").read_text(errors="replace")[-3000:] + "\n--- operator\n" + \
+            op.log_tail(30)
+
+    try:
+        try:
+            wait_for(lambda: (ro().get("status") or {}).get("phase") == "Healthy", 180, "the first revision Healthy")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{json.dumps(ro().get('status'), indent=1)[:2000]}\n{tail()}") from None
+        stable = ro()["status"]["stableRS"]
+        # A new revision: the canary's pods get the slower stand-ins.
+        sidecars.canary_hash = "?"
+        custom.patch_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "rollouts", "qwen-vl", {
+            "spec": {"template": {"metadata": {"annotations": {"revision": "2"}}}}})
+        canary = wait_for(lambda: (h := ro()["status"].get("currentPodHash")) != stable and h, 60, "the canary hash")
+        sidecars.canary_hash = canary
+        t0 = time.time()
+
+        def failed_run() -> dict | None:
+            runs = custom.list_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "analysisruns")["items"]
+            return next((r for r in runs if (r.get("status") or {}).get("phase") == "Failed"), None)
+
+        try:
+            run = wait_for(failed_run, 420, "a Failed AnalysisRun", interval=2)
+        except AssertionError as e:
+            runs = custom.list_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "analysisruns")["items"]
+            raise AssertionError(f"{e}\n{json.dumps([r.get('status') for r in runs], indent=1)[:4000]}\n{tail()}"
+                                 ) from None
+        elapsed = time.time() - t0
+        (result,) = run["status"]["metricResults"]
+        last = json.loads(result["measurements"][-1]["value"])
+        assert (last["verdict"], last["reason"]) == ("Rollback", "LoopLatencyRegressed"), last
+        assert last["regressedStage"] == "process_input_requests"
+        assert last["analysis"]["canaryPods"] and all(canary in p for p in last["analysis"]["canaryPods"])
+        assert last["flamegraphDiff"]["kubectl"].startswith("kubectl vlm profile")
+        wait_for(lambda: ro()["status"].get("abort") is True, 60, "the Rollout aborted")
+        print(f"canary step to Failed AnalysisRun: {elapsed:.0f} s, {result.get('count')} measurements, "
+              f"{result.get('inconclusive', 0)} inconclusive")
+    finally:
+        stop.set()
+        argo.terminate()
+        try:
+            argo.wait(20)
+        except subprocess.TimeoutExpired:
+            argo.kill()
+        log.close()
+        op.stop()
+        sidecars.close()
