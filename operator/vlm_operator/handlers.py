@@ -23,7 +23,7 @@ from typing import Any
 import kopf
 
 from . import builders as B
-from . import kubeconn, metrics
+from . import kubeconn, metrics, webhook
 from .apply import Kube
 from .errors import PermanentError, TemporaryError
 from .names import (
@@ -131,6 +131,8 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     kube = Kube(kubeconn.Connection(pool_size=HANDLER_THREADS), SETTINGS.field_manager)
     memo.rt = Runtime(kube=kube, settings=SETTINGS, monitoring=kube.crd_exists("podmonitors.monitoring.coreos.com"))
     log.info("vlm-operator started (monitoring CRDs: %s)", memo.rt.monitoring)
+    # Its own connection: reviews must not wait behind reconciles for a pooled one.
+    memo.webhook = webhook.start(SETTINGS, kubeconn.Connection(pool_size=2)) if SETTINGS.injection else None
 
 
 class Packed(bytes):
