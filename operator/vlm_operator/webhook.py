@@ -171,9 +171,11 @@ class CertKeeper:
                                       headers={"Content-Type": "application/json"})
                     log.info("Created Secret %s/%s (%s)", self.s.webhook_namespace, self.s.webhook_secret, why)
                 else:
-                    body["metadata"]["resourceVersion"] = secret["metadata"]["resourceVersion"]
-                    self.conn.request("PUT", self.secret_path, body=json.dumps(body).encode(),
-                                      headers={"Content-Type": "application/json"})
+                    # A merge patch carrying the resourceVersion read: 409 when another replica wrote first.
+                    patch = {"metadata": {"resourceVersion": secret["metadata"]["resourceVersion"]},
+                             "data": {**dict.fromkeys(secret.get("data") or {}), **body["data"]}}
+                    self.conn.request("PATCH", self.secret_path, body=json.dumps(patch).encode(),
+                                      headers={"Content-Type": "application/merge-patch+json"})
                     log.info("Updated Secret %s/%s (%s)", self.s.webhook_namespace, self.s.webhook_secret, why)
             except ApiError as e:
                 if e.status in (409, 422):  # someone else wrote it first (422: a create racing a create)
