@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import logging
 import os
+import socket
 import ssl
 import tempfile
 import threading
@@ -59,6 +60,10 @@ def server_context(bundle: certs.Bundle) -> ssl.SSLContext:
 class _Handler(BaseHTTPRequestHandler):
     server: Server
     protocol_version = "HTTP/1.1"  # the API server keeps connections open between reviews
+    # Headers and body leave in one write (flushed after each request): written apart, the second small TLS
+    # record waited for the API server's delayed ACK (Nagle), and every review took 40 ms more on the wire
+    # than in here (bench/webhook_admission.py).
+    wbufsize = -1
 
     def do_POST(self) -> None:
         start = time.perf_counter()
@@ -92,6 +97,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
+        self.wfile.flush()  # within the handling time the review is measured by
 
     def log_message(self, format: str, *args: Any) -> None:  # one line per review would flood the log
         pass
@@ -118,6 +124,7 @@ class Server(ThreadingHTTPServer):
     def finish_request(self, request: Any, client_address: Any) -> None:
         try:
             request.settimeout(10)
+            request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             request.do_handshake()
         except (ssl.SSLError, OSError) as e:
             log.debug("TLS handshake with %s failed: %s", client_address, e)
