@@ -9,45 +9,43 @@ The testbed is shared: the configuration selects this test's workload namespace 
 from __future__ import annotations
 
 import base64
+import json
+import os
+import subprocess
 import time
 import uuid
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from tests.cluster import wait_for
-from tests.operator_proc import free_port, run_operator
+from tests.operator_proc import REPO, free_port, run_operator
 
 LABEL = "serving.vlmops.dev/profile"
 IMAGE = "vlmops/vlm-sidecar:inject-test"
 
 
-def webhook_configuration(name: str, port: int, workload_ns: str) -> dict:
-    """What the chart renders (templates/mutatingwebhook.yaml), with a URL instead of the Service and the
-    namespace selector narrowed to one namespace."""
-    def hook(hook_name: str, object_selector: dict) -> dict:
-        return {
-            "name": hook_name,
-            "admissionReviewVersions": ["v1"],
-            "clientConfig": {"url": f"https://127.0.0.1:{port}/mutate"},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                       "resources": ["pods"], "scope": "Namespaced"}],
-            "failurePolicy": "Ignore",
-            "sideEffects": "None",
-            "timeoutSeconds": 5,
-            "reinvocationPolicy": "IfNeeded",
-            "matchPolicy": "Equivalent",
-            "namespaceSelector": {"matchExpressions": [
-                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [workload_ns]}]},
-            "objectSelector": object_selector,
-        }
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": name},
-        "webhooks": [hook("pods.profile.serving.vlmops.dev", {"matchLabels": {LABEL: "true"}})],
-    }
+def webhook_configuration(cluster, name: str, port: int, operator_ns: str, namespaces: list[str]) -> dict:
+    """The chart's MutatingWebhookConfiguration (helm template, injection.enabled), renamed, calling
+    127.0.0.1:port instead of the Service, its namespaces narrowed to this test's (an extra matchExpression,
+    ANDed with the chart's own selectors)."""
+    selector = json.dumps([{"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}])
+    out = subprocess.run(
+        [str(cluster.bin_dir / "helm"), "template", "vlm", str(REPO / "charts" / "vlm-operator"), "--namespace",
+         operator_ns, "--kube-version", "1.34.4", "--show-only", "templates/webhook.yaml",
+         "--set", "injection.enabled=true",
+         "--set-json", f"injection.namespaceSelector.matchExpressions={selector}"],
+        capture_output=True, text=True, check=True, timeout=60,
+        env={**os.environ, "HELM_CACHE_HOME": "/tmp/vlm-helm-cache", "HELM_CONFIG_HOME": "/tmp/vlm-helm-config",
+             "HELM_DATA_HOME": "/tmp/vlm-helm-data"}).stdout
+    (mwc,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "MutatingWebhookConfiguration"]
+    mwc["metadata"] = {"name": name}
+    for hook in mwc["webhooks"]:
+        assert hook["failurePolicy"] == "Ignore"
+        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}/mutate"}
+    return mwc
 
 
 def deployment(name: str, labels: dict) -> dict:
@@ -67,26 +65,46 @@ def deployment(name: str, labels: dict) -> dict:
 
 
 @pytest.fixture
-def workload_ns(kube):
-    core = client.CoreV1Api(kube)
-    ns = core.create_namespace({"metadata": {"generateName": "t-inject-work-",
-                                             "labels": {"vlm-testbed/test": "true"}}}).metadata.name
-    wait_for(lambda: core.read_namespaced_service_account("default", ns), 30, "default ServiceAccount",
-             ignore=(ApiException,))
-    yield ns
-    core.delete_namespace(ns, propagation_policy="Background")
+def make_ns(kube):
+    """Namespaces of this test (labelled as the testbed's), deleted after it."""
+    core, made = client.CoreV1Api(kube), []
+
+    def make(prefix: str, labels: dict | None = None) -> str:
+        ns = core.create_namespace({"metadata": {"generateName": f"t-inject-{prefix}-",
+                                                 "labels": {"vlm-testbed/test": "true", **(labels or {})}}})
+        made.append(ns.metadata.name)
+        wait_for(lambda: core.read_namespaced_service_account("default", ns.metadata.name), 30,
+                 "default ServiceAccount", ignore=(ApiException,))
+        return ns.metadata.name
+
+    yield make
+    for ns in made:
+        core.delete_namespace(ns, propagation_policy="Background")
 
 
 def _pods(core: client.CoreV1Api, ns: str, app: str) -> list:
     return core.list_namespaced_pod(ns, label_selector=f"app={app}").items
 
 
-def test_webhook_injects_over_tls_and_never_blocks(cluster, kube, crd, namespace, workload_ns, tmp_path):
+def _bare_pod(name: str, labels: dict) -> dict:
+    return {"metadata": {"name": name, "labels": labels},
+            "spec": {"containers": [{"name": "server", "image": "lmsysorg/sglang:v0.5.2"}]}}
+
+
+def _names(pod) -> list[str]:
+    return [c.name for c in pod.spec.containers]
+
+
+def test_webhook_injects_over_tls_and_never_blocks(cluster, kube, crd, namespace, make_ns, tmp_path):
     core, apps = client.CoreV1Api(kube), client.AppsV1Api(kube)
     adm = client.AdmissionregistrationV1Api(kube)
     port = free_port()
     mwc_name = f"vlm-inject-test-{uuid.uuid4().hex[:8]}"
-    adm.create_mutating_webhook_configuration(webhook_configuration(mwc_name, port, workload_ns))
+    workload_ns = make_ns("work")
+    profiled_ns = make_ns("nsopt", {LABEL: "true"})  # every pod, unless it says false
+    baseline_ns = make_ns("baseline", {LABEL: "true", "pod-security.kubernetes.io/enforce": "baseline"})
+    adm.create_mutating_webhook_configuration(webhook_configuration(
+        cluster, mwc_name, port, namespace, [workload_ns, profiled_ns, baseline_ns, namespace]))
     gen = run_operator(cluster.kubeconfig, namespace, tmp_path, VLM_INJECTION="true", VLM_WEBHOOK_NAMESPACE=namespace,
                        VLM_WEBHOOK_ADDR="127.0.0.1", VLM_WEBHOOK_PORT=str(port), VLM_WEBHOOK_CERT_HOSTS="127.0.0.1",
                        VLM_WEBHOOK_CONFIGURATION=mwc_name, VLM_SIDECAR_IMAGE=IMAGE,
@@ -132,15 +150,33 @@ def test_webhook_injects_over_tls_and_never_blocks(cluster, kube, crd, namespace
         plain = wait_for(lambda: _pods(core, workload_ns, "plain"), 60, "the plain Deployment's pod")[0]
         assert [c.name for c in plain.spec.containers] == ["server"] and not plain.spec.share_process_namespace
         assert LABEL not in (plain.metadata.labels or {})
+
+        # A namespace labelled for it: an unlabelled pod is injected (the second webhook), one saying false not.
+        opted = core.create_namespaced_pod(profiled_ns, _bare_pod("any", {}))
+        assert _names(opted) == ["server", "profiler"] and opted.metadata.labels[LABEL] == "true"
+        assert _names(core.create_namespaced_pod(profiled_ns, _bare_pod("no", {LABEL: "false"}))) == ["server"]
+        # Pod Security baseline would refuse SYS_PTRACE: the namespace is not selected, the pod is created as is.
+        assert _names(core.create_namespaced_pod(baseline_ns, _bare_pod("psa", {LABEL: "true"}))) == ["server"]
+        as_injected = kube.sanitize_for_serialization(side)
+        as_injected["volumeMounts"] = [m for m in as_injected["volumeMounts"] if m["name"] == "profiler-tmp"]
+        with pytest.raises(ApiException) as refused:  # what injecting there would have done
+            core.create_namespaced_pod(baseline_ns, {"metadata": {"name": "as-injected"}, "spec": {
+                "shareProcessNamespace": True, "volumes": [{"name": "profiler-tmp", "emptyDir": {}}],
+                "containers": [{"name": "server", "image": "lmsysorg/sglang:v0.5.2"},
+                               as_injected]}})
+        assert refused.value.status == 403 and "SYS_PTRACE" in refused.value.body, refused.value.body
+        # The operator's own namespace: the chart's selector leaves it out.
+        own = core.create_namespaced_pod(namespace, _bare_pod("own", {LABEL: "true"}))
+        assert _names(own) == ["server"]
+        # The API server called the webhook for the two pods it injected, and for none of the others.
+        assert op.metric_sum("vlm_operator_webhook_review_seconds_count") == 2
     finally:
         op.stop()
         next(gen, None)
     try:
         # The operator gone: failurePolicy Ignore lets the pod through, unchanged, without waiting long.
         start = time.monotonic()
-        bare = core.create_namespaced_pod(workload_ns, {
-            "metadata": {"name": "after", "labels": {LABEL: "true"}},
-            "spec": {"containers": [{"name": "server", "image": "lmsysorg/sglang:v0.5.2"}]}})
+        bare = core.create_namespaced_pod(workload_ns, _bare_pod("after", {LABEL: "true"}))
         took = time.monotonic() - start
         assert [c.name for c in bare.spec.containers] == ["server"]
         assert took < 5, f"pod creation took {took:.1f} s with the webhook down"
