@@ -18,21 +18,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import names
 from .api import TelemetrySpec
 from .builders import SIDECAR_NAME, SIDECAR_TMP_VOLUME, sidecar_container, sidecar_tmp_volume
-from .names import OPERATOR, PREFIX, SGLANG_PORT
+from .names import OPERATOR, SGLANG_PORT
 
-# "true" on a pod: inject (the webhook's objectSelector). "false": never, even in a namespace that asks for it.
-# The webhook sets it to "true" on every pod it injects into: the chart's PodMonitor selects that.
-LABEL_PROFILE = f"{PREFIX}/profile"
-# A namespace with LABEL_PROFILE=true has every pod injected (the webhook's namespaceSelector).
-# The container SGLang runs in, when it is not the first one whose command or args mention sglang.
-ANNOTATION_SGLANG_CONTAINER = f"{PREFIX}/sglang-container"
-# Explicit identity, when the labels say nothing useful (read through the downward API, as the labels are).
-ANNOTATION_SERVICE = f"{PREFIX}/profile-service"
-ANNOTATION_REVISION = f"{PREFIX}/profile-revision"
-# Set on an injected pod: the sidecar image it got.
-ANNOTATION_INJECTED = f"{PREFIX}/profiler-injected"
+# The injection names, defined in vlm_operator.names (the chart and docs/injection.md use them too).
+LABEL_PROFILE = names.LABEL_PROFILE
+ANNOTATION_SGLANG_CONTAINER = names.ANNOTATION_SGLANG_CONTAINER
+ANNOTATION_SERVICE = names.ANNOTATION_PROFILE_SERVICE
+ANNOTATION_REVISION = names.ANNOTATION_PROFILE_REVISION
+ANNOTATION_INJECTED = names.ANNOTATION_PROFILER_INJECTED
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
 # Where the metrics' `vlmservice` label comes from, first match wins: an explicit annotation, then the serving
 # stacks' own names (KServe InferenceService, LeaderWorkerSet), then the common app labels. Without any of them:

@@ -143,7 +143,8 @@ def test_webhook_injects_over_tls_and_never_blocks(cluster, kube, crd, namespace
         assert "profiler-tmp" in {v.name for v in pod.spec.volumes}
         assert {"regcred"} <= {s.name for s in pod.spec.image_pull_secrets}
         assert pod.metadata.annotations["serving.vlmops.dev/profiler-injected"] == IMAGE
-        assert op.metric_sum('vlm_operator_webhook_review_seconds_count{outcome="injected"}') >= 1
+        wait_for(lambda: op.metric_sum('vlm_operator_webhook_review_seconds_count{outcome="injected"}') >= 1, 10,
+                 "the review counted")  # (recorded just after the answer is sent)
 
         # Without the label: the API server does not even call the webhook; the pod is as written.
         apps.create_namespaced_deployment(workload_ns, deployment("plain", {}))
@@ -169,6 +170,7 @@ def test_webhook_injects_over_tls_and_never_blocks(cluster, kube, crd, namespace
         own = core.create_namespaced_pod(namespace, _bare_pod("own", {LABEL: "true"}))
         assert _names(own) == ["server"]
         # The API server called the webhook for the two pods it injected, and for none of the others.
+        wait_for(lambda: op.metric_sum("vlm_operator_webhook_review_seconds_count") >= 2, 10, "two reviews")
         assert op.metric_sum("vlm_operator_webhook_review_seconds_count") == 2
     finally:
         op.stop()
