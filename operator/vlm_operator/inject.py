@@ -53,6 +53,7 @@ REVISION_SOURCES = (
 )
 UNKNOWN_REVISION = "unknown"
 ADMISSION_API = "admission.k8s.io/v1"
+WARNING_MAX = 120
 _PORT_FLAG = re.compile(r"^--port(?:=(\d+))?$")
 
 
@@ -184,10 +185,13 @@ def decide(pod: Mapping[str, Any], namespace: str, config: InjectionConfig) -> D
         return _skip()
     if labels.get(LABEL_PROFILE) == "false":
         return _skip()
+    if labels.get("app.kubernetes.io/managed-by") == OPERATOR:
+        # A VLMService's pod: its spec.telemetry decides (a namespace-wide opt-in must not add a second opinion).
+        return _skip()
     containers = spec.get("containers") or []
     if any(c.get("name") == SIDECAR_NAME for c in containers):
         # Re-admission (reinvocation, a second matching webhook) or a VLMService's pod: already there.
-        return _skip(None if ANNOTATION_INJECTED in annotations or labels.get("app.kubernetes.io/managed-by") == OPERATOR
+        return _skip(None if ANNOTATION_INJECTED in annotations
                      else f"profiler sidecar not injected: a container is already named {SIDECAR_NAME!r}")
     if not containers:
         return _skip("profiler sidecar not injected: the pod has no containers")
@@ -245,5 +249,6 @@ def review(body: bytes, config: InjectionConfig) -> tuple[dict[str, Any], Decisi
         else:
             decision = decide(request["object"], str(request.get("namespace") or ""), config)
     except Exception as e:  # the webhook refuses nothing: any failure is an allowed pod and a warning
-        decision = Decision([], "error", (f"profiler sidecar not injected: {type(e).__name__}: {e}"[:200],))
+        # The API server cuts a warning at 120 characters.
+        decision = Decision([], "error", (f"profiler sidecar not injected: {type(e).__name__}: {e}"[:WARNING_MAX],))
     return _response(uid, decision), decision

@@ -171,10 +171,13 @@ def test_idempotent_on_readmission():
     once = injected(p)
     again = inject.decide(once, "team-a", CONFIG)
     assert again.patch == [] and again.warnings == ()
-    # A VLMService's pod (the operator's own sidecar) is left as it is, silently.
+    # A VLMService's pod (the operator's own sidecar) is left as it is, silently; so is one whose telemetry is
+    # off, in a namespace that asks for the sidecar: its spec decides.
     managed = pod({"app.kubernetes.io/managed-by": "vlm-operator"}, name="m",
                   containers=[{"name": "sglang", "image": "x"}, {"name": "profiler", "image": IMAGE}])
-    assert inject.decide(managed, "team-a", CONFIG).patch == []
+    assert inject.decide(managed, "team-a", CONFIG) == inject.Decision([], "skipped")
+    off = pod({"app.kubernetes.io/managed-by": "vlm-operator"}, name="m")
+    assert inject.decide(off, "team-a", CONFIG) == inject.Decision([], "skipped")
 
 
 def test_existing_labels_annotations_volumes_and_secrets_are_kept():
@@ -238,6 +241,7 @@ def test_garbage_reviews_are_allowed_with_a_warning(body):
     assert decision.outcome in ("error", "skipped")
     if decision.outcome == "error":
         assert r["warnings"] and r["warnings"][0].startswith("profiler sidecar not injected")
+        assert all(len(w) <= inject.WARNING_MAX for w in r["warnings"])
 
 
 @settings(max_examples=300, deadline=None)
