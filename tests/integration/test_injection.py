@@ -184,3 +184,50 @@ def test_webhook_injects_over_tls_and_never_blocks(cluster, kube, crd, namespace
         assert took < 5, f"pod creation took {took:.1f} s with the webhook down"
     finally:
         adm.delete_mutating_webhook_configuration(mwc_name)
+
+
+def test_self_signed_certificate_renewed_and_ca_bundle_repaired_on_the_api_server(
+        cluster, kube, namespace, monkeypatch, tmp_path):
+    """The certificate keeper's writes as the API server takes them: the Secret created, then renewed by a merge
+    patch carrying its resourceVersion (a key no longer wanted removed), and a caBundle that a `helm upgrade`
+    emptied written again."""
+    import datetime as dt
+
+    from vlm_operator import certs, kubeconn, webhook
+    from vlm_operator.settings import Settings
+
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    core, adm = client.CoreV1Api(kube), client.AdmissionregistrationV1Api(kube)
+    mwc_name = f"vlm-inject-keeper-{uuid.uuid4().hex[:8]}"
+    # Selects no namespace (a name that cannot exist): only its caBundle matters here.
+    adm.create_mutating_webhook_configuration(
+        webhook_configuration(cluster, mwc_name, free_port(), namespace, ["no-such-namespace-" + uuid.uuid4().hex[:6]]))
+    try:
+        settings = Settings(injection=True, webhook_namespace=namespace, webhook_configuration=mwc_name)
+        now = dt.datetime.now(dt.UTC)
+        conn = kubeconn.Connection()
+        first = webhook.CertKeeper(conn, settings, now=lambda: now).ensure()
+        secret = core.read_namespaced_secret(settings.webhook_secret, namespace)
+        assert certs.Bundle.from_secret_data(secret.data) == first
+
+        def bundles() -> list[bytes]:
+            return [base64.b64decode(h.client_config.ca_bundle or "")
+                    for h in adm.read_mutating_webhook_configuration(mwc_name).webhooks]
+
+        assert bundles() == [first.ca_bundle, first.ca_bundle]
+        core.patch_namespaced_secret(settings.webhook_secret, namespace,
+                                     {"data": {certs.PREVIOUS_CA: base64.b64encode(b"stale").decode()}})
+        later = now + dt.timedelta(days=300)
+        renewed = webhook.CertKeeper(conn, settings, now=lambda: later).ensure()
+        secret = core.read_namespaced_secret(settings.webhook_secret, namespace)
+        assert renewed.ca_crt == first.ca_crt and renewed.tls_crt != first.tls_crt
+        assert certs.Bundle.from_secret_data(secret.data) == renewed and certs.PREVIOUS_CA not in secret.data
+        assert int(secret.metadata.resource_version) > 0
+        # A `helm upgrade` rendered the configuration without a caBundle: the next check writes it again.
+        adm.patch_mutating_webhook_configuration(mwc_name, [
+            {"op": "remove", "path": f"/webhooks/{i}/clientConfig/caBundle"} for i in range(2)])
+        assert bundles() == [b"", b""]
+        webhook.CertKeeper(conn, settings, now=lambda: later).ensure()
+        assert bundles() == [renewed.ca_bundle, renewed.ca_bundle]
+    finally:
+        adm.delete_mutating_webhook_configuration(mwc_name)
