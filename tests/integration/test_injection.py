@@ -27,20 +27,25 @@ LABEL = "serving.vlmops.dev/profile"
 IMAGE = "vlmops/vlm-sidecar:inject-test"
 
 
-def webhook_configuration(cluster, name: str, port: int, operator_ns: str, namespaces: list[str]) -> dict:
-    """The chart's MutatingWebhookConfiguration (helm template, injection.enabled), renamed, calling
-    127.0.0.1:port instead of the Service, its namespaces narrowed to this test's (an extra matchExpression,
-    ANDed with the chart's own selectors)."""
+def render_webhook(cluster, release: str, operator_ns: str, namespaces: list[str]) -> list[dict]:
+    """The chart's templates/webhook.yaml (helm template, injection.enabled), its namespaces narrowed to the
+    given ones (an extra matchExpression, ANDed with the chart's own selectors)."""
     selector = json.dumps([{"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}])
     out = subprocess.run(
-        [str(cluster.bin_dir / "helm"), "template", "vlm", str(REPO / "charts" / "vlm-operator"), "--namespace",
+        [str(cluster.bin_dir / "helm"), "template", release, str(REPO / "charts" / "vlm-operator"), "--namespace",
          operator_ns, "--kube-version", "1.34.4", "--show-only", "templates/webhook.yaml",
          "--set", "injection.enabled=true",
          "--set-json", f"injection.namespaceSelector.matchExpressions={selector}"],
         capture_output=True, text=True, check=True, timeout=60,
         env={**os.environ, "HELM_CACHE_HOME": "/tmp/vlm-helm-cache", "HELM_CONFIG_HOME": "/tmp/vlm-helm-config",
              "HELM_DATA_HOME": "/tmp/vlm-helm-data"}).stdout
-    (mwc,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "MutatingWebhookConfiguration"]
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def webhook_configuration(cluster, name: str, port: int, operator_ns: str, namespaces: list[str]) -> dict:
+    """The chart's MutatingWebhookConfiguration, renamed, calling 127.0.0.1:port instead of the Service."""
+    (mwc,) = [d for d in render_webhook(cluster, "vlm", operator_ns, namespaces)
+              if d["kind"] == "MutatingWebhookConfiguration"]
     mwc["metadata"] = {"name": name}
     for hook in mwc["webhooks"]:
         assert hook["failurePolicy"] == "Ignore"
@@ -231,3 +236,60 @@ def test_self_signed_certificate_renewed_and_ca_bundle_repaired_on_the_api_serve
         assert bundles() == [renewed.ca_bundle, renewed.ca_bundle]
     finally:
         adm.delete_mutating_webhook_configuration(mwc_name)
+
+
+class _As:
+    """kopf's login for this process, as a ServiceAccount (impersonated by the testbed's admin)."""
+
+    def __init__(self, info, user: str):
+        self._info, self._user = info, user
+
+    def __getattr__(self, name):
+        return getattr(self._info, name)
+
+    def as_http_headers(self) -> dict:
+        return {**self._info.as_http_headers(), "Impersonate-User": self._user,
+                "Impersonate-Group": "system:serviceaccounts"}
+
+
+def test_the_charts_rbac_is_what_the_certificate_keeper_needs(cluster, kube, namespace, monkeypatch):
+    """The keeper runs as the chart's ServiceAccount with the chart's webhook Role and ClusterRole only: it
+    creates and renews its Secret and writes its configuration's caBundle, and reads no other Secret."""
+    import datetime as dt
+
+    from vlm_operator import kubeconn, webhook
+    from vlm_operator.settings import Settings
+
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    release = f"rb{uuid.uuid4().hex[:6]}"
+    objs = render_webhook(cluster, release, namespace, ["no-such-namespace-" + uuid.uuid4().hex[:6]])
+    (mwc,) = [d for d in objs if d["kind"] == "MutatingWebhookConfiguration"]
+    for hook in mwc["webhooks"]:
+        hook["clientConfig"] = {"url": f"https://127.0.0.1:{free_port()}/mutate"}
+    rbac = [d for d in objs if d["kind"] in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")]
+    assert sorted(d["kind"] for d in rbac) == ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+    sa = rbac[0]["metadata"]["name"].removesuffix("-webhook")  # the chart's ServiceAccount: <fullname>
+    core = client.CoreV1Api(kube)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": sa}})
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "other"}, "data": {"k": "dg=="}})
+    docs = [*rbac, mwc]
+    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
+    try:
+        settings = Settings(injection=True, webhook_namespace=namespace, webhook_configuration=mwc["metadata"]["name"],
+                            webhook_secret=f"{release}-vlm-operator-webhook-tls",
+                            webhook_service=f"{release}-vlm-operator-webhook")
+        user = f"system:serviceaccount:{namespace}:{sa}"
+        conn = kubeconn.Connection(lambda: _As(kubeconn.login(), user))
+        now = dt.datetime.now(dt.UTC)
+        # RBAC objects can take a moment to reach the authorizer's cache.
+        first = wait_for(lambda: webhook.CertKeeper(conn, settings, now=lambda: now).ensure(), 30,
+                         "the keeper's first write as the ServiceAccount", ignore=(kubeconn.ApiError,))
+        renewed = webhook.CertKeeper(conn, settings, now=lambda: now + dt.timedelta(days=300)).ensure()
+        assert renewed.tls_crt != first.tls_crt
+        hooks = client.AdmissionregistrationV1Api(kube).read_mutating_webhook_configuration(mwc["metadata"]["name"])
+        assert {h.client_config.ca_bundle for h in hooks.webhooks} == {base64.b64encode(first.ca_bundle).decode()}
+        with pytest.raises(kubeconn.ApiError) as denied:
+            conn.request("GET", f"/api/v1/namespaces/{namespace}/secrets/other")
+        assert denied.value.status == 403
+    finally:
+        cluster.kubectl("delete", "--ignore-not-found", "-f", "-", stdin=yaml.safe_dump_all(docs))
