@@ -257,6 +257,8 @@ class Webhook:
                 self._refresh()
             except (ApiError, OSError, ValueError) as e:
                 log.warning("Injection webhook certificate check failed (retried in %.0f s): %s", CHECK_SECONDS, e)
+            except Exception:  # logged with its traceback: this thread must outlive a bug, or renewals stop unseen
+                log.exception("Injection webhook certificate check failed (retried in %.0f s)", CHECK_SECONDS)
             self.stopped.wait(CHECK_SECONDS if self.server is not None else 5.0)
 
     def start(self) -> Webhook:
