@@ -13,11 +13,11 @@ from kubernetes import client
 
 from bench.standin.podmap import PodMapper
 from tests.cluster import wait_for
-from tests.integration.test_injection import LABEL, webhook_configuration
+from tests.integration.test_injection import LABEL, _delete_later, webhook_configuration
 from tests.operator_proc import free_port, run_operator
 
 
-def test_injected_pod_is_profiled(cluster, kube, crd, namespace, pod_network, tmp_path):
+def test_injected_pod_is_profiled(cluster, kube, crd, namespace, pod_network, tmp_path, request):
     core, apps = client.CoreV1Api(kube), client.AppsV1Api(kube)
     adm = client.AdmissionregistrationV1Api(kube)
     work = core.create_namespace({"metadata": {"generateName": "t-inject-e2e-",
@@ -25,6 +25,7 @@ def test_injected_pod_is_profiled(cluster, kube, crd, namespace, pod_network, tm
     port = free_port()
     mwc_name = f"vlm-inject-e2e-{uuid.uuid4().hex[:8]}"
     adm.create_mutating_webhook_configuration(webhook_configuration(cluster, mwc_name, port, namespace, [work]))
+    _delete_later(request, adm, mwc_name)
     gen = run_operator(cluster.kubeconfig, namespace, tmp_path, VLM_INJECTION="true", VLM_WEBHOOK_NAMESPACE=namespace,
                        VLM_WEBHOOK_ADDR="127.0.0.1", VLM_WEBHOOK_PORT=str(port), VLM_WEBHOOK_CERT_HOSTS="127.0.0.1",
                        VLM_WEBHOOK_CONFIGURATION=mwc_name)
@@ -66,5 +67,4 @@ def test_injected_pod_is_profiled(cluster, kube, crd, namespace, pod_network, tm
         mapper.stop()
         op.stop()
         next(gen, None)
-        adm.delete_mutating_webhook_configuration(mwc_name)
         core.delete_namespace(work, propagation_policy="Background")

@@ -100,7 +100,18 @@ def _names(pod) -> list[str]:
     return [c.name for c in pod.spec.containers]
 
 
-def test_webhook_injects_over_tls_and_never_blocks(cluster, kube, crd, namespace, make_ns, tmp_path):
+def _delete_later(request, adm, name: str) -> None:
+    """Delete the (cluster-scoped) configuration after the test, whatever happens in it."""
+    def delete() -> None:
+        try:
+            adm.delete_mutating_webhook_configuration(name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+    request.addfinalizer(delete)
+
+
+def test_webhook_injects_over_tls_and_never_blocks(cluster, kube, crd, namespace, make_ns, tmp_path, request):
     core, apps = client.CoreV1Api(kube), client.AppsV1Api(kube)
     adm = client.AdmissionregistrationV1Api(kube)
     port = free_port()
@@ -110,6 +121,7 @@ def test_webhook_injects_over_tls_and_never_blocks(cluster, kube, crd, namespace
     baseline_ns = make_ns("baseline", {LABEL: "true", "pod-security.kubernetes.io/enforce": "baseline"})
     adm.create_mutating_webhook_configuration(webhook_configuration(
         cluster, mwc_name, port, namespace, [workload_ns, profiled_ns, baseline_ns, namespace]))
+    _delete_later(request, adm, mwc_name)
     gen = run_operator(cluster.kubeconfig, namespace, tmp_path, VLM_INJECTION="true", VLM_WEBHOOK_NAMESPACE=namespace,
                        VLM_WEBHOOK_ADDR="127.0.0.1", VLM_WEBHOOK_PORT=str(port), VLM_WEBHOOK_CERT_HOSTS="127.0.0.1",
                        VLM_WEBHOOK_CONFIGURATION=mwc_name, VLM_SIDECAR_IMAGE=IMAGE,
@@ -180,15 +192,12 @@ def test_webhook_injects_over_tls_and_never_blocks(cluster, kube, crd, namespace
     finally:
         op.stop()
         next(gen, None)
-    try:
-        # The operator gone: failurePolicy Ignore lets the pod through, unchanged, without waiting long.
-        start = time.monotonic()
-        bare = core.create_namespaced_pod(workload_ns, _bare_pod("after", {LABEL: "true"}))
-        took = time.monotonic() - start
-        assert [c.name for c in bare.spec.containers] == ["server"]
-        assert took < 5, f"pod creation took {took:.1f} s with the webhook down"
-    finally:
-        adm.delete_mutating_webhook_configuration(mwc_name)
+    # The operator gone: failurePolicy Ignore lets the pod through, unchanged, without waiting long.
+    start = time.monotonic()
+    bare = core.create_namespaced_pod(workload_ns, _bare_pod("after", {LABEL: "true"}))
+    took = time.monotonic() - start
+    assert [c.name for c in bare.spec.containers] == ["server"]
+    assert took < 5, f"pod creation took {took:.1f} s with the webhook down"
 
 
 def test_self_signed_certificate_renewed_and_ca_bundle_repaired_on_the_api_server(
