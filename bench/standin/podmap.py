@@ -45,6 +45,7 @@ STANDIN = HERE / "sglang_standin.py"
 LABEL_SERVICE = "serving.vlmops.dev/vlmservice"
 LABEL_REVISION = "serving.vlmops.dev/revision"
 LABEL_ROLE = "serving.vlmops.dev/role"
+LABEL_PROFILE = "serving.vlmops.dev/profile"  # on pods the injection webhook gave a sidecar
 
 
 DEFAULT_SGLANG_PORT = 30000
@@ -85,6 +86,20 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in raw.decode(errors="surrogateescape").split("\0") if "=" in kv)
 
 
+def _identity(pod: Any, prof: Any) -> dict[str, str]:
+    """The sidecar's VLM_SERVICE_NAME and VLM_REVISION as the kubelet would resolve them: a fixed value, or a
+    downward-API reference to one of the pod's labels or annotations."""
+    out = {}
+    meta = {"labels": pod.metadata.labels or {}, "annotations": pod.metadata.annotations or {}}
+    for e in (prof.env if prof else None) or []:
+        if e.name not in ("VLM_SERVICE_NAME", "VLM_REVISION"):
+            continue
+        ref = e.value_from.field_ref.field_path if e.value_from and e.value_from.field_ref else ""
+        m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", ref)
+        out[e.name] = meta[m.group(1)].get(m.group(2), "") if m else (e.value or "")
+    return out
+
+
 @dataclass
 class Mapped:
     pod: str
@@ -109,6 +124,10 @@ class PodMapper:
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _refused: set[str] = field(default_factory=set)  # pods whose IP is not an address here (said once)
+    # Also map pods the injection webhook gave a sidecar (labelled serving.vlmops.dev/profile=true, not a
+    # VLMService's): their SGLang container is the first that is not the sidecar, their identity the sidecar's
+    # downward-API references (docs/injection.md).
+    injected: bool = False
 
     @property
     def pods_file(self) -> Path:
@@ -166,6 +185,10 @@ class PodMapper:
         pods = client.CoreV1Api(self.api).list_namespaced_pod(
             self.namespace, label_selector="app.kubernetes.io/managed-by=vlm-operator"
         ).items
+        if self.injected:
+            pods += [p for p in client.CoreV1Api(self.api).list_namespaced_pod(
+                self.namespace, label_selector=f"{LABEL_PROFILE}=true").items
+                if self._container(p, "profiler") is not None and p.metadata.name not in {q.metadata.name for q in pods}]
         running = {p.metadata.name: p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp}
         with self._lock:
             for name in list(self.mapped):
@@ -189,8 +212,9 @@ class PodMapper:
 
     def _launch(self, pod: Any) -> Mapped:
         labels = pod.metadata.labels or {}
-        sg = self._container(pod, "sglang")
+        sg = self._container(pod, "sglang") or next(c for c in pod.spec.containers if c.name != "profiler")
         prof = self._container(pod, "profiler")
+        ident = _identity(pod, prof)
         ip = pod.status.pod_ip
         penv = {e.name: e.value for e in ((prof.env if prof else None) or []) if e.value is not None}
         sp = int(_flag(list(sg.args or []), "--port") or DEFAULT_SGLANG_PORT)
@@ -218,8 +242,8 @@ class PodMapper:
                 "VLM_DISCOVERY_ROOT_PID": str(standin.pid),
                 "POD_NAME": pod.metadata.name,
                 "POD_NAMESPACE": pod.metadata.namespace,
-                "VLM_SERVICE_NAME": labels.get(LABEL_SERVICE, ""),
-                "VLM_REVISION": labels.get(LABEL_REVISION, ""),
+                "VLM_SERVICE_NAME": labels.get(LABEL_SERVICE) or ident.get("VLM_SERVICE_NAME", ""),
+                "VLM_REVISION": labels.get(LABEL_REVISION) or ident.get("VLM_REVISION", ""),
             }
         )
         sidecar_bin = shutil.which("vlm-sidecar")
@@ -239,9 +263,9 @@ class PodMapper:
             sidecar_port=cp,
             labels={
                 "namespace": pod.metadata.namespace,
-                "vlmservice": labels.get(LABEL_SERVICE, ""),
+                "vlmservice": labels.get(LABEL_SERVICE) or ident.get("VLM_SERVICE_NAME", ""),
                 "pod": pod.metadata.name,
-                "revision": labels.get(LABEL_REVISION, ""),
+                "revision": labels.get(LABEL_REVISION) or ident.get("VLM_REVISION", ""),
                 "role": labels.get(LABEL_ROLE, ""),
                 # What the PodMonitor's podTargetLabels make of the pod labels (the dashboard's SGLang
                 # panels select by them; SGLang's own series carry no service labels).

@@ -17,14 +17,22 @@ import copy
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
 from . import sglang
-from .api import DEFAULT_GRACE_SECONDS, SHM_PATH, SHUTDOWN_MARGIN_SECONDS, EnvVar, PodSpec, VLMServiceSpec
+from .api import (
+    DEFAULT_GRACE_SECONDS,
+    SHM_PATH,
+    SHUTDOWN_MARGIN_SECONDS,
+    EnvVar,
+    PodSpec,
+    TelemetrySpec,
+    VLMServiceSpec,
+)
 from .errors import InvalidSpec
 
 # The shared names (vlm_operator.names), re-exported: other modules use builders.LABEL_ROLE and the like.
@@ -278,10 +286,36 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+# The sidecar's identity env (what its metrics are labelled with) on a VLMService's pods: the operator's labels.
+OPERATOR_IDENTITY = (
+    _field_env("VLM_SERVICE_NAME", f"metadata.labels['{LABEL_SERVICE}']"),
+    _field_env("VLM_REVISION", f"metadata.labels['{LABEL_REVISION}']"),
+)
+SIDECAR_NAME = "profiler"
+SIDECAR_TMP_VOLUME = "profiler-tmp"
+
+
+def sidecar_tmp_volume() -> dict[str, Any]:
+    return {"name": SIDECAR_TMP_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}}
+
+
 def _sidecar_container(spec: VLMServiceSpec, image: str) -> dict[str, Any]:
-    t = spec.telemetry
+    return sidecar_container(spec.telemetry, image)
+
+
+def sidecar_container(
+    t: TelemetrySpec,
+    image: str,
+    identity: Sequence[Mapping[str, Any]] = OPERATOR_IDENTITY,
+    sglang_port: int = SGLANG_PORT,
+    run_as_user: int | None = None,
+) -> dict[str, Any]:
+    """The profiler sidecar, on the operator's pods and on the pods the admission webhook injects it into
+    (vlm_operator.inject): one builder, so both stay the same container. `identity`: the VLM_SERVICE_NAME and
+    VLM_REVISION env entries; `run_as_user` overrides t.run_as_user (the injected pod's SGLang UID)."""
+    uid = t.run_as_user if run_as_user is None else run_as_user
     return {
-        "name": "profiler",
+        "name": SIDECAR_NAME,
         "image": image,
         "command": ["vlm-sidecar"],
         "env": [
@@ -292,11 +326,10 @@ def _sidecar_container(spec: VLMServiceSpec, image: str) -> dict[str, Any]:
             {"name": "VLM_WATCH_FUNCTIONS", "value": ",".join(t.watch_functions)},
             # Only when set: the default pod template (and so every existing revision) stays as it was.
             *([{"name": "VLM_FRONTEND_ROLES", "value": ",".join(t.frontend_roles)}] if t.frontend_roles else []),
-            {"name": "VLM_SGLANG_METRICS_URL", "value": f"http://127.0.0.1:{SGLANG_PORT}/metrics"},
+            {"name": "VLM_SGLANG_METRICS_URL", "value": f"http://127.0.0.1:{sglang_port}/metrics"},
             _field_env("POD_NAME", "metadata.name"),
             _field_env("POD_NAMESPACE", "metadata.namespace"),
-            _field_env("VLM_SERVICE_NAME", f"metadata.labels['{LABEL_SERVICE}']"),
-            _field_env("VLM_REVISION", f"metadata.labels['{LABEL_REVISION}']"),
+            *(copy.deepcopy(dict(e)) for e in identity),
         ],
         "ports": [{"name": "profiler", "containerPort": SIDECAR_PORT, "protocol": "TCP"}],
         "resources": {"requests": dict(SIDECAR_RESOURCES), "limits": dict(SIDECAR_RESOURCES)},
@@ -308,8 +341,8 @@ def _sidecar_container(spec: VLMServiceSpec, image: str) -> dict[str, Any]:
             "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]},
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
-            "runAsUser": t.run_as_user,
-            **({"runAsNonRoot": True} if t.run_as_user else {}),
+            "runAsUser": uid,
+            **({"runAsNonRoot": True} if uid else {}),
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         # /readyz never depends on finding a scheduler: the pod's readiness (every container's) must not follow
@@ -326,7 +359,7 @@ def _sidecar_container(spec: VLMServiceSpec, image: str) -> dict[str, Any]:
             "timeoutSeconds": 5,
             "failureThreshold": 3,
         },
-        "volumeMounts": [{"name": "profiler-tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [{"name": SIDECAR_TMP_VOLUME, "mountPath": "/tmp"}],
     }
 
 
@@ -357,7 +390,7 @@ def build_pod_template(
     ]
     if spec.telemetry.enabled:
         containers.append(_sidecar_container(spec, spec.telemetry.image or settings.sidecar_image))
-        volumes.append({"name": "profiler-tmp", "emptyDir": {"sizeLimit": "256Mi"}})
+        volumes.append(sidecar_tmp_volume())
     if spec.model.cache:
         volumes.append(
             {

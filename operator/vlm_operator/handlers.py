@@ -23,7 +23,7 @@ from typing import Any
 import kopf
 
 from . import builders as B
-from . import judge_server, kubeconn, metrics
+from . import judge_server, kubeconn, metrics, webhook
 from .apply import Kube
 from .errors import PermanentError, TemporaryError
 from .names import (
@@ -133,6 +133,17 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     if SETTINGS.judge_port:
         memo.judge = judge_server.start(kube.conn, memo.rt.sidecars, SETTINGS)
     log.info("vlm-operator started (monitoring CRDs: %s)", memo.rt.monitoring)
+    # Its own connection: reviews must not wait behind reconciles for a pooled one.
+    memo.webhook = webhook.start(SETTINGS, kubeconn.Connection(pool_size=2)) if SETTINGS.injection else None
+
+
+@kopf.on.cleanup()
+def stop_webhook(memo: kopf.Memo, **_: Any) -> None:
+    """Stop answering admission reviews as the operator stops: the API server then finds the port closed and
+    creates the pod without the sidecar at once (failurePolicy Ignore), instead of waiting for its timeout."""
+    hook = getattr(memo, "webhook", None)
+    if hook is not None:
+        hook.stop()
 
 
 class Packed(bytes):

@@ -39,6 +39,12 @@ RECONCILE = Histogram(
     ["result"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+# The injection webhook's own handling of one review (body read -> response written), by outcome (injected,
+# skipped, error); the TLS handshake and the API server's side are not in it.
+WEBHOOK_REVIEWS = Histogram(
+    "vlm_operator_webhook_review_seconds", "Time the injection webhook took to answer one AdmissionReview.",
+    ["outcome"], buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+)
 ERRORS = Counter("vlm_operator_errors_total", "Errors by reason.", ["reason"])
 API_WRITES = Counter("vlm_operator_api_writes_total", "Write requests sent to the API server.", ["verb"])
 STALE_SKIPPED = Counter(

@@ -38,6 +38,16 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 # The well-known labels the operator sets on its pods (builders.common_labels): nobody else may set them.
 OPERATOR_LABELS = (LABEL_APP_NAME, LABEL_APP_INSTANCE, LABEL_APP_COMPONENT, LABEL_MANAGED_BY)
 
+# Profiler sidecar injection (vlm_operator.inject, docs/injection.md). On a pod or a namespace, "true" asks for
+# the sidecar; "false" on a pod keeps it out of a namespace that asks. The webhook sets "true" on each pod it
+# injects (the chart's PodMonitor selects it).
+LABEL_PROFILE = f"{PREFIX}/profile"
+# On a pod: the container SGLang runs in; the metrics' vlmservice and revision labels; set by the webhook.
+ANNOTATION_SGLANG_CONTAINER = f"{PREFIX}/sglang-container"
+ANNOTATION_PROFILE_SERVICE = f"{PREFIX}/profile-service"
+ANNOTATION_PROFILE_REVISION = f"{PREFIX}/profile-revision"
+ANNOTATION_PROFILER_INJECTED = f"{PREFIX}/profiler-injected"
+
 # ---- pods ----
 SGLANG_PORT = 30000
 # The profiler sidecar's HTTP port (/metrics, /windows.json, /profile/*); vlm_sidecar's default too.

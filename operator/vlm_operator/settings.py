@@ -33,6 +33,15 @@
 | VLM_PEERING_LIFETIME_SECONDS | 60                              | --peering: a peer unseen this long is dead |
 | VLM_MALLOC_TRIM_SECONDS     | 30 (0: off)                      | return glibc's free heap pages this often  |
 | VLM_ALLOCATOR               | auto                             | auto/jemalloc: re-exec under jemalloc; pymalloc |
+| VLM_INJECTION               | false                            | serve the sidecar injection webhook        |
+| VLM_WEBHOOK_PORT            | 9443                             | its HTTPS port                             |
+| VLM_WEBHOOK_ADDR            | 0.0.0.0                          | its listen address                         |
+| VLM_WEBHOOK_TLS             | self-signed                      | self-signed (the operator's own CA) or cert-manager |
+| VLM_WEBHOOK_SECRET          | vlm-operator-webhook-tls         | Secret with its serving certificate        |
+| VLM_WEBHOOK_SERVICE         | vlm-operator-webhook             | its Service (the certificate's DNS names)  |
+| VLM_WEBHOOK_NAMESPACE       | "" (required with injection)     | the operator's namespace (never injected)  |
+| VLM_WEBHOOK_CONFIGURATION   | vlm-operator                     | MutatingWebhookConfiguration whose caBundle it writes |
+| VLM_WEBHOOK_CERT_HOSTS      | ""                               | more DNS names / IPs in the certificate    |
 
 Read by pydantic-settings: each field of `Settings` is the variable `VLM_<FIELD>` (empty counts as unset).
 `Settings.from_env()` raises `SettingsError` with one line per bad variable, naming it
@@ -117,6 +126,14 @@ def _scraper_ok(x: Any) -> bool:
         return False
     ns, _, name = x.rpartition("/")
     return bool(name) and bool(_LABEL_VALUE.match(name)) and len(name) <= 63 and (not ns or bool(_NAMESPACE.match(ns)))
+
+
+def _ip_ok(x: Any) -> bool:
+    try:
+        ipaddress.ip_address(x)
+    except ValueError:
+        return False
+    return True
 
 
 def _cidr_ok(x: Any) -> bool:
@@ -234,6 +251,24 @@ class Settings(BaseSettings):
                     '(JSON object), e.g. {"VLMSchedulerLoopLatencyRegression": {"for": "5m"}}; the chart\'s '
                     "monitoring.customRules")
 
+    injection: bool = Field(False, description="serve the profiler sidecar injection webhook (docs/injection.md)")
+    webhook_port: int = Field(9443, ge=1, le=65535, description="the injection webhook's HTTPS port")
+    webhook_addr: str = Field("0.0.0.0", min_length=1, description="the injection webhook's listen address")
+    webhook_tls: Literal["self-signed", "cert-manager"] = Field(
+        "self-signed", description="self-signed: the operator keeps a CA and serving certificate in "
+                                   "VLM_WEBHOOK_SECRET and writes the CA into the webhook's caBundle; cert-manager: "
+                                   "cert-manager does both, the operator only reads the Secret")
+    webhook_secret: str = Field("vlm-operator-webhook-tls", min_length=1,
+                                description="Secret (in VLM_WEBHOOK_NAMESPACE) with the webhook's certificate")
+    webhook_service: str = Field("vlm-operator-webhook", min_length=1,
+                                 description="the webhook's Service: its DNS names go in the certificate")
+    webhook_namespace: str = Field("", description="the operator's namespace (the chart sets it): its Secret's, "
+                                                   "and never injected")
+    webhook_configuration: str = Field("vlm-operator", min_length=1,
+                                       description="the MutatingWebhookConfiguration whose caBundle it writes")
+    webhook_cert_hosts: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="more DNS names or IP addresses in the webhook's certificate (comma-separated)")
+
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
                                    **_: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
@@ -330,6 +365,24 @@ class Settings(BaseSettings):
         if bad:
             raise ValueError(f"not a Secret name: {', '.join(map(repr, bad))}")
         return tuple(dict.fromkeys(v))
+
+    @field_validator("webhook_cert_hosts", mode="before")
+    @classmethod
+    def _cert_hosts(cls, v: Any) -> Any:
+        v = _split(v)
+        bad = [x for x in v if not (_SUBDOMAIN.match(x) or _ip_ok(x))]
+        if bad:
+            raise ValueError(f"not a DNS name or IP address: {', '.join(map(repr, bad))}")
+        return tuple(dict.fromkeys(v))
+
+    @field_validator("webhook_namespace", mode="after")
+    @classmethod
+    def _webhook_namespace(cls, v: str, info: ValidationInfo) -> str:
+        if v and not _NAMESPACE.match(v):
+            raise ValueError(f"not a namespace name: {v!r}")
+        if not v and info.data.get("injection"):
+            raise ValueError("needed with VLM_INJECTION=true (the chart sets it to the operator's namespace)")
+        return v
 
     @property
     def network_policy_peers(self) -> tuple[dict, ...]:

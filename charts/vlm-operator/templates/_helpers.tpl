@@ -44,6 +44,7 @@ object gets one (a template missing here fails the render) without each call sit
   "dashboard-configmap.yaml" "dashboard"
   "networkpolicy.yaml" "operator"
   "peering.yaml" "peering"
+  "webhook.yaml" "injection"
   "test-connection.yaml" "test" -}}
 {{- $file := base .Template.Name -}}
 {{- if not (hasKey $components $file) -}}

@@ -195,6 +195,30 @@ def test_startup_applies_the_operator_settings_to_kopf(monkeypatch: pytest.Monke
     assert isinstance(peering.random, H._KeepaliveCadence) and peering.random.lifetime == 20
     assert settings.execution.max_workers == H.HANDLER_THREADS
     assert memo.rt.monitoring is False
+    assert memo.webhook is None  # VLM_INJECTION off
+    H.stop_webhook(memo=memo)
+
+
+def test_startup_starts_the_injection_webhook_and_cleanup_stops_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    started, stopped = [], []
+
+    class FakeWebhook:
+        def stop(self) -> None:
+            stopped.append(self)
+
+    monkeypatch.setattr(H, "SETTINGS", H.SETTINGS.model_copy(update={"injection": True,
+                                                                     "webhook_namespace": "vlm-system"}))
+    monkeypatch.setattr(H.kubeconn, "Connection", lambda **_: "conn")
+    monkeypatch.setattr(H, "Kube", lambda *_: type("K", (), {"crd_exists": lambda self, _: False})())
+    monkeypatch.setattr(H.webhook, "start", lambda s, c: started.append((s.injection, c)) or FakeWebhook())
+    from kopf._core.engines import peering
+
+    monkeypatch.setattr(peering, "random", peering.random)
+    memo = kopf.Memo()
+    H.startup(settings=kopf.OperatorSettings(), memo=memo)
+    assert started == [(True, "conn")]
+    H.stop_webhook(memo=memo)
+    assert stopped == [memo.webhook]
 
 
 def _keepalive_sleeps(lifetime: int, rounds: int, monkeypatch: pytest.MonkeyPatch) -> list[float]:

@@ -236,3 +236,17 @@ def test_peers_the_api_server_takes_are_taken():
                   '[{"podSelector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]}, '
                   '"namespaceSelector": {}}]'):
         assert Settings.from_env({"VLM_PROFILER_PEERS": peers}).profiler_peers == tuple(json.loads(peers))
+
+
+def test_webhook_settings():
+    s = Settings.from_env({"VLM_INJECTION": "true", "VLM_WEBHOOK_NAMESPACE": "vlm-system",
+                           "VLM_WEBHOOK_CERT_HOSTS": "127.0.0.1, localhost,127.0.0.1", "VLM_WEBHOOK_TLS": "cert-manager"})
+    assert (s.injection, s.webhook_port, s.webhook_cert_hosts, s.webhook_tls) == (
+        True, 9443, ("127.0.0.1", "localhost"), "cert-manager")
+    for env, named in (({"VLM_INJECTION": "true"}, "VLM_WEBHOOK_NAMESPACE"),
+                       ({"VLM_WEBHOOK_CERT_HOSTS": "not a host"}, "VLM_WEBHOOK_CERT_HOSTS"),
+                       ({"VLM_WEBHOOK_TLS": "openssl"}, "VLM_WEBHOOK_TLS"),
+                       ({"VLM_WEBHOOK_NAMESPACE": "Bad_NS"}, "VLM_WEBHOOK_NAMESPACE"),
+                       ({"VLM_WEBHOOK_PORT": "0"}, "VLM_WEBHOOK_PORT")):
+        with pytest.raises(SettingsError, match=named):
+            Settings.from_env(env)

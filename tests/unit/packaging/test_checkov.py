@@ -42,7 +42,7 @@ from tests.unit.packaging.test_chart import (
 CHECKOV_VERSION = "3.3.30"
 REPO = Path(__file__).resolve().parents[3]
 ACCEPTED = REPO / "hack" / "checkov-accepted.yaml"
-CHART_CASES = ("default", "monitoring")
+CHART_CASES = ("default", "monitoring", "injection")
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 SERVING_NAMESPACE = "ml"
 PIP_TIMEOUT_S = 900
