@@ -7,7 +7,11 @@ from tests.unit.bench import load_bench
 
 def test_the_judge_latency_bench_answers_and_writes_its_row(tmp_path, capsys, monkeypatch):
     bench = load_bench("judge_latency")
-    monkeypatch.delenv("VLM_SIDECAR_ENDPOINTS", raising=False)
+    # The bench points the sidecar reader at its stand-ins through this variable (os.environ): set it here first so
+    # monkeypatch removes it again afterwards (a delenv of an unset variable records nothing to undo, and the
+    # leaked endpoints made every later sidecar read in the session miss: the judge tests failed after this one).
+    monkeypatch.setenv("VLM_SIDECAR_ENDPOINTS", "")
+    monkeypatch.delenv("VLM_SIDECAR_ENDPOINTS")
     out = tmp_path / "judge_latency.md"
     assert bench.main(["--pods", "2", "--calls", "3", "--case", "rollback", "--out", str(out)]) == 0
     row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
