@@ -15,7 +15,9 @@
 #               cluster stage, while the first integration tests run)
 #   prometheus: Prometheus with kubernetes_sd (Debian's has none), which the e2e tier runs on the generated
 #               configuration; built behind the monitoring stage, while the integration tier runs
-#   all:        tools,cluster,monitoring,prometheus (the default)
+#   argo:       Argo Rollouts' controller and CRDs (hack/build-argo-rollouts.sh), for the judge's integration
+#               test; built last, behind the prometheus stage
+#   all:        tools,cluster,monitoring,prometheus,argo (the default)
 # Each stage holds a lock of its own in the cache while it runs: a second run of a stage waits for the
 # first and then finds everything built, and a run of one stage never waits for another stage's build.
 set -euo pipefail
@@ -34,12 +36,12 @@ if [[ "${1:-}" == "--print-dir" ]]; then echo "$BIN"; exit 0; fi
 if [[ "${1:-}" == "--print-pyspy-dir" ]]; then echo "$CACHE/pyspy"; exit 0; fi
 STAGE=all
 if [[ "${1:-}" == "--stage" ]]; then STAGE="${2:-}"; fi
-[[ "$STAGE" == all ]] && STAGE=tools,cluster,monitoring,prometheus
+[[ "$STAGE" == all ]] && STAGE=tools,cluster,monitoring,prometheus,argo
 IFS=, read -ra STAGES <<<"$STAGE"
 ((${#STAGES[@]})) || STAGES=("")  # an empty --stage is refused below, not taken as nothing to do
 for s in "${STAGES[@]}"; do
-  case "$s" in tools|cluster|monitoring|prometheus) ;;
-    *) echo "[build-binaries] unknown stage '$s' (tools, cluster, monitoring, prometheus, all)" >&2; exit 2;; esac
+  case "$s" in tools|cluster|monitoring|prometheus|argo) ;;
+    *) echo "[build-binaries] unknown stage '$s' (tools, cluster, monitoring, prometheus, argo, all)" >&2; exit 2;; esac
 done
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
@@ -249,6 +251,8 @@ for stage in "${STAGES[@]}"; do
       build_prometheus_operator ;;
     prometheus)
       build_prometheus ;;
+    argo)  # Argo Rollouts' controller and CRDs for the judge's tests (its own script, its own cache and lock)
+      bash "$(dirname "$0")/build-argo-rollouts.sh" --stage all ;;
   esac
   exec 9>&-
   log "binaries ready in $BIN ($stage; $(( $(date +%s) - start ))s)"

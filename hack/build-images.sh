@@ -312,6 +312,18 @@ if [[ " ${TARGETS[*]} " == *" operator "* ]]; then
   stop $((${#pids[@]} - 1))
   ((login)) || { tail -20 "$CACHE/check/operator.log" >&2; log "operator: did not get as far as the API login"; exit 1; }
   log "operator: kopf started and stopped at the API login, as it should without a cluster ($CACHE/check/operator.log)"
+  # The operator's Jobs run this image with `python -m ...`: the weights download (huggingface_hub, against a small
+  # hub endpoint on this machine, into a read-only root's /tmp) and the load generator.
+  hub_port="$(free_port)"
+  python3 "$ROOT/bench/standin/hub.py" --port "$hub_port" >"$CACHE/check/hub.log" 2>&1 &
+  pids+=($!) sigs+=(TERM)
+  for _ in $(seq 30); do curl -s -o /dev/null "http://127.0.0.1:$hub_port/" && break; sleep 0.2; done
+  w="$(in_image operator "" env HF_HOME=/tmp/hf HF_ENDPOINT="http://127.0.0.1:$hub_port" HF_HUB_DISABLE_TELEMETRY=1 \
+    python -m vlm_operator.weights --repo org/tiny-vl 2>&1 | tail -1)"
+  grep -q '"commit"' <<<"$w" || { log "operator: the weights Job's program failed: $w"; exit 1; }
+  log "operator: python -m vlm_operator.weights downloaded org/tiny-vl from a local hub: $w"
+  in_image operator "" python -m vlm_operator.loadgen --help | head -1 >&2
+  stop $((${#pids[@]} - 1))
 fi
 
 if [[ " ${TARGETS[*]} " == *" sidecar "* ]]; then

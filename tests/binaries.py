@@ -2,7 +2,7 @@
 
 `make test` builds only the tools stage in front (py-spy and helm, which the unit tier uses). When the
 collected tests include integration or e2e ones, the session starts `hack/build-binaries.sh --stage
-cluster,monitoring,prometheus` in the background at the lowest CPU priority (nice 19: the unit tier's
+cluster,monitoring,prometheus,argo` in the background at the lowest CPU priority (nice 19: the unit tier's
 measurements keep the CPU; the build takes what they leave idle). The first test that needs the control
 plane waits for the cluster stage; the Prometheus Operator (monitoring) and Prometheus with kubernetes_sd
 (prometheus) go on building behind the integration tests, and only the tests that run them wait for them
@@ -38,14 +38,15 @@ _ensured: dict[str, subprocess.CompletedProcess[str]] = {}
 
 
 def start_background() -> None:
-    """Start the cluster, monitoring and prometheus stages behind the tests (once per session)."""
+    """Start the cluster, monitoring, prometheus and argo stages behind the tests (once per session)."""
     global _background
     with _lock:
         if _background is not None:
             return
         CACHE.mkdir(parents=True, exist_ok=True)
         with LOG.open("wb") as out:
-            _background = subprocess.Popen(["nice", "-n", "19", "bash", str(SCRIPT), "--stage", "cluster,monitoring,prometheus"],
+            _background = subprocess.Popen(["nice", "-n", "19", "bash", str(SCRIPT), "--stage",
+                                            "cluster,monitoring,prometheus,argo"],
                                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                            start_new_session=True)
 

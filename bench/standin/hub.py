@@ -170,3 +170,28 @@ class Hub:
                     return
 
         return H
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve one small repo (org/tiny-vl: a config and 1 MB of weights) until SIGTERM: hack/build-images.sh runs the
+    operator image's weights program against it."""
+    import argparse
+    import signal
+
+    p = argparse.ArgumentParser(description="a small hub endpoint serving org/tiny-vl")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    a = p.parse_args(argv)
+    hub = Hub({"org/tiny-vl": Repo({"config.json": b'{"model_type": "qwen2_5_vl"}',
+                                    "model.safetensors": hashlib.sha256(b"tiny").digest() * 32768})},
+              host=a.host, port=a.port).start()
+    print(json.dumps({"msg": "hub serving", "url": hub.url}), flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop.wait()
+    hub.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -155,8 +155,9 @@ def test_argo_rollouts_aborts_a_slower_canary_on_the_judges_verdict(cluster, crd
     from tests.integration.test_judge import _token
     from tests.operator_proc import OperatorProcess, free_port
 
-    built = subprocess.run([str(SCRIPT), "--stage", "controller"], capture_output=True, text=True, timeout=1800)
-    assert built.returncode == 0, built.stderr[-3000:]
+    from tests import binaries
+
+    binaries.require("argo", "Argo Rollouts' controller")  # built behind the other stages (tests/binaries.py)
     controller = cluster.bin_dir / "rollouts-controller"
     if not controller.exists():
         controller = Path.home() / ".cache" / "vlm-operator" / "bin" / "rollouts-controller"
