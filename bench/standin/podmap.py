@@ -113,6 +113,22 @@ class Mapped:
     labels: dict[str, str]
 
 
+def _syncing(mapper: Any, period: float, name: str) -> threading.Thread:
+    """A daemon thread calling `mapper.sync()` every `period` seconds until `mapper._stop` is set; a failed round
+    (a flaky API call) is logged and the next one retries."""
+    def loop() -> None:
+        while not mapper._stop.is_set():
+            try:
+                mapper.sync()
+            except Exception as e:
+                print(f"[{name}] sync failed: {e}", file=sys.stderr)
+            mapper._stop.wait(period)
+
+    t = threading.Thread(target=loop, daemon=True, name=name)
+    t.start()
+    return t
+
+
 @dataclass
 class PodMapper:
     api: client.ApiClient
@@ -140,17 +156,8 @@ class PodMapper:
     def start(self, period: float = 1.0) -> PodMapper:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._write()
-        self._thread = threading.Thread(target=self._loop, args=(period,), daemon=True, name="podmap")
-        self._thread.start()
+        self._thread = _syncing(self, period, "podmap")
         return self
-
-    def _loop(self, period: float) -> None:
-        while not self._stop.is_set():
-            try:
-                self.sync()
-            except Exception as e:  # a flaky API call must not end the mapper; the next round retries
-                print(f"[podmap] sync failed: {e}", file=sys.stderr)
-            self._stop.wait(period)
 
     def stop(self) -> None:
         self._stop.set()
@@ -341,17 +348,8 @@ class JobPods:
 
     def start(self, period: float = 1.0) -> JobPods:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._thread = threading.Thread(target=self._loop, args=(period,), daemon=True, name="jobpods")
-        self._thread.start()
+        self._thread = _syncing(self, period, "jobpods")
         return self
-
-    def _loop(self, period: float) -> None:
-        while not self._stop.is_set():
-            try:
-                self.sync()
-            except Exception as e:  # the next round retries
-                print(f"[jobpods] sync failed: {e}", file=sys.stderr)
-            self._stop.wait(period)
 
     def stop(self) -> None:
         self._stop.set()

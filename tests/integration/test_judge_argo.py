@@ -141,21 +141,22 @@ class StandIns:
             s.shutdown()
 
 
-def test_argo_rollouts_aborts_a_slower_canary_on_the_judges_verdict(cluster, crd, argo_crds, namespace, kube,
-                                                                    tmp_path):
+@pytest.mark.parametrize("slower", [0.20, 0.0], ids=["slower-aborted", "unchanged-promoted"])
+def test_argo_rollouts_follows_the_judges_verdict(cluster, crd, argo_crds, namespace, kube, tmp_path, slower):
     """Argo Rollouts v1.8.3's own controller runs the example AnalysisTemplate (its web metric against the judge
-    the operator serves, with a ServiceAccount token from a Secret) at the example Rollout's first canary step:
-    the canary's loop is 20% slower, the judge answers Rollback naming the stage and function, the AnalysisRun
-    fails and Argo aborts the Rollout. Pods run on kwok; their sidecars are local stand-ins."""
+    the operator serves, with a ServiceAccount token from a Secret) at the example Rollout's first canary step.
+    A canary whose loop is 20% slower: the judge answers Rollback naming the stage and function, the AnalysisRun
+    fails and Argo aborts the Rollout. An unchanged canary (maxDuration 2m, so the last look decides on the
+    estimates): the judge answers Promote, the AnalysisRun succeeds and the canary becomes the stable revision.
+    Pods run on kwok; their sidecars are local stand-ins."""
     import threading
     import time
 
     from kubernetes import client
 
+    from tests import binaries
     from tests.integration.test_judge import _token
     from tests.operator_proc import OperatorProcess, free_port
-
-    from tests import binaries
 
     binaries.require("argo", "Argo Rollouts' controller")  # built behind the other stages (tests/binaries.py)
     controller = cluster.bin_dir / "rollouts-controller"
@@ -179,7 +180,8 @@ def test_argo_rollouts_aborts_a_slower_canary_on_the_judges_verdict(cluster, crd
     metric = template["spec"]["metrics"][0]
     metric["interval"] = "15s"
     body = metric["provider"]["web"]["body"]
-    body = body.replace('"interval": "1m", "maxDuration": "30m"', '"interval": "15s", "maxDuration": "10m"')
+    body = body.replace('"interval": "1m", "maxDuration": "30m"',
+                        f'"interval": "15s", "maxDuration": "{"10m" if slower else "2m"}"')
     metric["provider"]["web"]["body"] = body.replace('"id":', '"telemetryInterval": "5s", "id":')
     for a in template["spec"]["args"]:
         if a["name"] == "judge-url":
@@ -193,7 +195,7 @@ def test_argo_rollouts_aborts_a_slower_canary_on_the_judges_verdict(cluster, crd
     for obj in (template, rollout):
         cluster.kubectl("apply", "--server-side", "-f", "-", stdin=json.dumps(obj))
 
-    sidecars = StandIns(tmp_path / "endpoints.json")
+    sidecars = StandIns(tmp_path / "endpoints.json", slower=slower)
     stop = threading.Event()
 
     def watch() -> None:
@@ -237,12 +239,15 @@ def test_argo_rollouts_aborts_a_slower_canary_on_the_judges_verdict(cluster, crd
         sidecars.canary_hash = canary
         t0 = time.time()
 
-        def failed_run() -> dict | None:
+        want = "Failed" if slower else "Successful"
+
+        def ended_run() -> dict | None:
             runs = custom.list_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "analysisruns")["items"]
-            return next((r for r in runs if (r.get("status") or {}).get("phase") == "Failed"), None)
+            return next((r for r in runs if (r.get("status") or {}).get("phase") in ("Failed", "Successful", "Error")),
+                        None)
 
         try:
-            run = wait_for(failed_run, 420, "a Failed AnalysisRun", interval=2)
+            run = wait_for(ended_run, 420, f"a {want} AnalysisRun", interval=2)
         except AssertionError as e:
             runs = custom.list_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "analysisruns")["items"]
             raise AssertionError(f"{e}\n{json.dumps([r.get('status') for r in runs], indent=1)[:4000]}\n{tail()}"
@@ -250,6 +255,14 @@ def test_argo_rollouts_aborts_a_slower_canary_on_the_judges_verdict(cluster, crd
         elapsed = time.time() - t0
         (result,) = run["status"]["metricResults"]
         last = json.loads(result["measurements"][-1]["value"])
+        assert run["status"]["phase"] == want, json.dumps(run["status"], indent=1)[:3000]
+        if not slower:
+            assert last["verdict"] == "Promote" and last["pass"] == 1, last
+            assert all(s["verdict"] != "fail" for s in last["signals"]), last["signals"]
+            wait_for(lambda: (ro().get("status") or {}).get("stableRS") == canary, 120, "the canary promoted to stable")
+            print(f"canary step to Successful AnalysisRun: {elapsed:.0f} s, {result.get('count')} measurements, "
+                  f"{result.get('inconclusive', 0)} inconclusive; {last['reason']}")
+            return
         assert (last["verdict"], last["reason"]) == ("Rollback", "LoopLatencyRegressed"), last
         assert last["regressedStage"] == "process_input_requests"
         assert last["analysis"]["canaryPods"] and all(canary in p for p in last["analysis"]["canaryPods"])
