@@ -13,13 +13,14 @@ from typing import Any
 Answer = Callable[[str, str], tuple[int, Any]]
 
 
-@contextlib.contextmanager
-def serve_json(answer: Answer, host: str = "127.0.0.1", port: int = 0) -> Iterator[ThreadingHTTPServer]:
+def start_json(answer: Answer, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """The server, serving in a daemon thread until its `shutdown()`."""
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             status, obj = answer(self.path, self.client_address[0])
             body = json.dumps(obj).encode()
             self.send_response(status)
+            self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -29,6 +30,12 @@ def serve_json(answer: Answer, host: str = "127.0.0.1", port: int = 0) -> Iterat
 
     srv = ThreadingHTTPServer((host, port), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+@contextlib.contextmanager
+def serve_json(answer: Answer, host: str = "127.0.0.1", port: int = 0) -> Iterator[ThreadingHTTPServer]:
+    srv = start_json(answer, host, port)
     try:
         yield srv
     finally:

@@ -975,6 +975,11 @@ class AnalysisSpec(KubeModel):
 class LoadHook(KubeModel):
     """Requests the operator sends while a step is analysed, for a service without production traffic."""
 
+    # The schema's `minimum: 0.01` lets a literal 0 through on kube-apiserver 1.34 (as confidence's minimum;
+    # found by tests/integration/test_spec_fuzz.py); the rule catches it.
+    cel = (("!has(self.requestsPerSecond) || self.requestsPerSecond >= 0.01",
+            "requestsPerSecond must be at least 0.01", ".requestsPerSecond"),)
+
     requests_per_second: float = Field(
         1.0, description="Requests per second sent to each compared pod (every canary and stable/baseline pod gets "
         "the same rate, fixed intervals).", ge=0.01, le=100,

@@ -7,11 +7,10 @@ sidecars (local stand-ins, VLM_SIDECAR_ENDPOINTS) read. The verdicts themselves 
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -19,27 +18,13 @@ import pytest
 from kubernetes import client
 
 from tests.cluster import wait_for
+from tests.jsonhttp import start_json
 from tests.operator_proc import OperatorProcess, free_port
 from tests.unit.operator.test_judge import sidecar_windows
 
 
 def _sidecar(windows: list[dict]) -> ThreadingHTTPServer:
-    data = json.dumps(windows).encode()
-
-    class H(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200 if self.path == "/windows.json" else 404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *a: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    return start_json(lambda path, _peer: (200, windows) if path == "/windows.json" else (404, {"error": "not found"}))
 
 
 def _token(kube: client.ApiClient, namespace: str, sa: str) -> str:
