@@ -113,7 +113,7 @@ mutants = st.one_of(
     edge_cases.map(lambda c: (c[0], c[1], "set")),
 )
 # What a valid spec's Ready condition may say after a reconcile.
-READY_REASONS = {"AllReplicasReady", "ReplicasNotReady", "InvalidSpec", "Unschedulable"}
+READY_REASONS = {"AllReplicasReady", "ReplicasNotReady", "InvalidSpec", "Unschedulable", "WaitingForModel"}
 
 
 def model_accepts(spec: dict[str, Any]) -> bool:
