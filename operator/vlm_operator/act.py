@@ -79,14 +79,10 @@ def apply_load(w: Writer, uid: str, owner: builders.Owner, want: Mapping[str, An
     (its pods go with it: the delete propagates in the background). A finished one is left to its TTL."""
     name = _name(want) if want is not None else None
     for n, job in sorted(observed.jobs.items()):
-        if job.component != builders.LOAD_COMPONENT:
-            continue
-        if n == name:
-            w.confirmed(uid, ("batch/v1", "Job", owner.namespace, n))
-        else:
+        if job.component == builders.LOAD_COMPONENT and n != name:
             w.delete(uid, "batch/v1", "Job", owner.namespace, n)
-    if want is not None and name not in observed.jobs:
-        w.apply(uid, want, None)
+    if want is not None:
+        _apply_job(w, uid, owner, want, observed)
 
 
 def _apply_job(w: Writer, uid: str, owner: builders.Owner, want: Mapping[str, Any], observed: Observed) -> None:

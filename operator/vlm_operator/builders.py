@@ -736,6 +736,19 @@ LABEL_JOB_OF = f"{PREFIX}/job-of"  # on the pods of the operator's Jobs (not the
 LOAD_RESOURCES = {"cpu": "500m", "memory": "256Mi"}
 
 
+def _job_pod(**security: Any) -> dict[str, Any]:
+    """The pod fields the operator's Jobs share: never restarted in place (a retry is a new pod), no service-account
+    token, no service links, uid JOB_UID (with `security`'s extra pod securityContext fields)."""
+    return {"restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": JOB_UID, **security,
+                                "seccompProfile": {"type": "RuntimeDefault"}}}
+
+
+def _job_container_security() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]}}
+
+
 def load_job_name(owner: Owner, targets: list[str], load: Any, model: str) -> str:
     """`<name>-load-<hash>`: a new Job when the compared pods or the load change (a Job's template is immutable)."""
     blob = json.dumps([sorted(targets), _dump(load), model], sort_keys=True).encode()
@@ -765,10 +778,7 @@ def build_load_job(owner: Owner, spec: VLMServiceSpec, settings: Settings, targe
         "command": ["python"],
         "args": args,
         "resources": {"requests": dict(LOAD_RESOURCES), "limits": dict(LOAD_RESOURCES)},
-        "securityContext": {
-            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": _job_container_security(),
     }
     return {
         "apiVersion": "batch/v1",
@@ -781,14 +791,7 @@ def build_load_job(owner: Owner, spec: VLMServiceSpec, settings: Settings, targe
             "ttlSecondsAfterFinished": 600,
             "template": {
                 "metadata": {"labels": {LABEL_JOB_OF: owner.name, LABEL_APP_COMPONENT: LOAD_COMPONENT}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": JOB_UID,
-                                        "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [container],
-                },
+                "spec": {**_job_pod(), "containers": [container]},
             },
         },
     }
@@ -828,11 +831,7 @@ def build_weights_job(owner: Owner, spec: VLMServiceSpec, settings: Settings) ->
             "template": {
                 "metadata": {"labels": {LABEL_JOB_OF: owner.name, LABEL_APP_COMPONENT: WEIGHTS_COMPONENT}},
                 "spec": {
-                    "restartPolicy": "Never",
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": JOB_UID, "fsGroup": JOB_UID,
-                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    **_job_pod(fsGroup=JOB_UID),
                     "containers": [{
                         "name": "download",
                         "image": settings.operator_image,
@@ -843,8 +842,7 @@ def build_weights_job(owner: Owner, spec: VLMServiceSpec, settings: Settings) ->
                                          {"name": "tmp", "mountPath": "/tmp"}],
                         "resources": {"requests": dict(WEIGHTS_RESOURCES), "limits": dict(WEIGHTS_RESOURCES)},
                         "terminationMessagePolicy": "FallbackToLogsOnError",
-                        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+                        "securityContext": _job_container_security(),
                     }],
                     "volumes": [{"name": "model-cache", "persistentVolumeClaim": {"claimName": cache.claim_name}},
                                 {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}],

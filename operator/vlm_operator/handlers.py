@@ -206,10 +206,10 @@ async def vlm_prometheusrules(namespace: str, labels: dict, **_: Any) -> dict:
 
 
 def _observed(key: tuple[str, str], deployments: kopf.Index, pods: kopf.Index, services: kopf.Index,
-              *monitoring: kopf.Index, jobs: kopf.Index | None = None) -> Observed:
+              *monitoring: kopf.Index, jobs: kopf.Index) -> Observed:
     service = next(iter(services.get(key, [])), None)
     return Observed(
-        jobs={j.name: j for j in (jobs.get(key, []) if jobs is not None else [])},
+        jobs={j.name: j for j in jobs.get(key, [])},
         deployments={rev: packed.unpack() for rev, packed in deployments.get(key, [])},
         pods=tuple(pods.get(key, [])),
         service=service.unpack() if service is not None else None,

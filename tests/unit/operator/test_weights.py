@@ -206,9 +206,9 @@ def test_a_new_model_changes_nothing_until_its_weights_are_there():
     assert set(c.kube.deployments("ns", "svc")) == {stable}, "no canary while the new weights download"
     assert len(c.kube.written("apply", "Job")) == 2 and cond(c, "ModelReady")["reason"] == "Downloading"
     assert cond(c, "Ready")["status"] == "True", "the running revision keeps serving"
-    jobs = [k[3] for k in c.kube.objects if k[:2] == ("batch/v1", "Job")]
-    job = c.kube.objects[("batch/v1", "Job", "ns", max(jobs, key=lambda n: n == builders.weights_job_name(
-        builders.Owner("svc", "ns", ""), spec_with(**{"model": {**CACHED["model"], "revision": "v2"}}))))]
+    v2 = builders.weights_job_name(builders.Owner("svc", "ns", ""),
+                                   spec_with(**{"model": {**CACHED["model"], "revision": "v2"}}))
+    job = c.kube.objects[("batch/v1", "Job", "ns", v2)]
     job["status"] = {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}
     for t in (20, 21, 22):
         c.run(T0 + t)
