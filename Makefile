@@ -20,13 +20,13 @@ tools:
 	bash hack/build-binaries.sh --stage tools
 
 crds:
-	$(PY) -m vlm_operator.crdgen
+	$(PY) -m vlm_operator.api.crdgen
 
 lint:
 	ruff check .
 	lint-imports
-	$(PY) -m vlm_operator.crdgen --check
-	$(PY) -m vlm_operator.alerts --check
+	$(PY) -m vlm_operator.api.crdgen --check
+	$(PY) -m vlm_operator.desired.alerts --check
 	$(PY) dashboards/build.py --check
 	$(PY) hack/chart-readme.py --check
 

@@ -2,7 +2,7 @@
 and an OME-style worst-series threshold, on the same simulated windows.
 
 What is simulated (docs/canary-analysis.md explains the gate itself):
-- the cadence of a real fleet at the API defaults (operator/vlm_operator/api.py): each sidecar records
+- the cadence of a real fleet at the API defaults (operator/vlm_operator/api/v1alpha1.py): each sidecar records
   a 5 s window every 15 s (telemetry.duration / interval, TP 1), the gate looks once a minute
   (analysis.interval 1m) for at most 30 minutes (maxDuration), one step of one canary pod analysed
   for 5 minutes; policy from the API model (`GatePolicy.from_spec` when the gate has it);
@@ -56,7 +56,8 @@ from pathlib import Path
 
 import numpy as np
 from scipy import stats as _st
-from vlm_operator import gate, names
+from vlm_operator.analysis import gate
+from vlm_operator.api import names
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "bench" / "standin" / "sglang_standin.py"
@@ -601,8 +602,8 @@ class Cadence:
 
 
 def cadence_from_api() -> Cadence:
-    from vlm_operator import api
-    from vlm_operator.units import parse_duration
+    from vlm_operator.api import v1alpha1 as api
+    from vlm_operator.api.units import parse_duration
 
     spec = api.parse_spec({"model": {"path": "m"}, "rollout": {}})
     a, t = spec.rollout.analysis, spec.telemetry
@@ -614,7 +615,7 @@ def cadence_from_api() -> Cadence:
 
 def make_policy() -> gate.GatePolicy:
     """The shipped policy: from the API model's defaults, through the gate's own mapping if it has one."""
-    from vlm_operator import api
+    from vlm_operator.api import v1alpha1 as api
 
     spec = api.parse_spec({"model": {"path": "m"}, "rollout": {}})
     from_spec = getattr(gate.GatePolicy, "from_spec", None)
@@ -624,7 +625,7 @@ def make_policy() -> gate.GatePolicy:
                 return from_spec(arg)
             except (TypeError, AttributeError):
                 continue
-    from vlm_operator.units import parse_duration
+    from vlm_operator.api.units import parse_duration
 
     a = spec.rollout.analysis
     m = a.max_regression.model_dump()
@@ -1126,7 +1127,7 @@ def markdown(results: dict, chosen: dict, meta: dict) -> str:
              f"Configuration: {meta['config']}\n",
              f"Command: `{meta['command']}` ({meta['trials']} trials per row, seed {meta['seed']}; "
              f"{meta['seconds']:.0f} s wall on {meta['jobs']} workers)\n",
-             f"Gate: `operator/vlm_operator/gate/` as of {meta['gate_state']}; policy {meta['policy']}\n",
+             f"Gate: `operator/vlm_operator/analysis/gate/` as of {meta['gate_state']}; policy {meta['policy']}\n",
              f"Noise: {meta['noise']}\n",
              "RB = rolled back within maxDuration (a false rollback in rows expecting promote, a detection in "
              "rows expecting rollback); (max) = of which by onInconclusive at maxDuration; (last look) = promotions "
@@ -1245,7 +1246,7 @@ def _gate_state() -> str:
     if not where.is_relative_to(ROOT):
         return f"a copy at {where} (not the working tree's)"
     try:
-        r = subprocess.run(["git", "diff", "--stat", "--", "operator/vlm_operator/gate", "operator/vlm_operator/window.py"], cwd=ROOT,
+        r = subprocess.run(["git", "diff", "--stat", "--", "operator/vlm_operator/gate", "operator/vlm_operator/analysis/window.py"], cwd=ROOT,
                            capture_output=True, text=True, timeout=10)
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               timeout=10).stdout.strip()

@@ -92,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     sys.path[:0] = [str(REPO / "operator"), str(REPO / "sidecar")]
-    from vlm_operator import judge_server, sources
-    from vlm_operator.settings import Settings
+    from vlm_operator.analysis import sources
+    from vlm_operator.api.settings import Settings
+    from vlm_operator.judge import server as judge_server
 
     settings = Settings()  # the shipped defaults: sidecar timeout, workers
     rec = json.loads(DATA.read_text())
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             j.reader.close()
     times = times[3:]  # the first calls warm imports and connections
     # Where the time goes (in-process, no HTTP): reading the pods' windows, and the gate's decision.
-    from vlm_operator import judge
+    from vlm_operator.judge import evaluate as judge
 
     req = judge.parse(json.loads(body))
     split: dict[str, list[float]] = {"read": [], "decide": []}

@@ -333,12 +333,12 @@ def release(co: client.CustomObjectsApi, ns: str) -> None:
 
 def direct(ns: str, count: int, deployments: Counted) -> dict:
     """The operator's writes for `count` new services, from a client that does nothing else."""
-    from vlm_operator import alerts
-    from vlm_operator import api as vapi
-    from vlm_operator import builders as B
-    from vlm_operator.apply import Kube
-    from vlm_operator.kubeconn import Connection
-    from vlm_operator.settings import Settings
+    from vlm_operator.api import v1alpha1 as vapi
+    from vlm_operator.api.settings import Settings
+    from vlm_operator.cluster.client import Kube
+    from vlm_operator.cluster.connection import Connection
+    from vlm_operator.desired import alerts
+    from vlm_operator.desired import builders as B
 
     kube, settings = Kube(Connection(pool_size=16), "bench-direct"), Settings()
     spec = vapi.parse_spec({"model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"}, "replicas": 1})

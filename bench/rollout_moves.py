@@ -29,11 +29,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from vlm_operator import act, api, builders, placement, rollout  # noqa: E402
-from vlm_operator.gate import Decision  # noqa: E402
-from vlm_operator.names import ACTIVE_PHASES  # noqa: E402
-from vlm_operator.observed import BASELINE_KEY  # noqa: E402
-from vlm_operator.settings import Settings  # noqa: E402
+from vlm_operator.analysis.gate import Decision  # noqa: E402
+from vlm_operator.api import v1alpha1 as api  # noqa: E402
+from vlm_operator.api.names import ACTIVE_PHASES  # noqa: E402
+from vlm_operator.api.settings import Settings  # noqa: E402
+from vlm_operator.cluster.observed import BASELINE_KEY  # noqa: E402
+from vlm_operator.controller import act  # noqa: E402
+from vlm_operator.desired import builders  # noqa: E402
+from vlm_operator.rollout import placement  # noqa: E402
+from vlm_operator.rollout import steps as rollout  # noqa: E402
 
 from tests.unit.operator.fakekube import FakeKube  # noqa: E402
 

@@ -14,7 +14,7 @@ the time-averaged loss is in-window loss x DURATION / INTERVAL, also reported.
 Part two, the cost at the operator's default cadence on a realistic target: the stand-in has `--threads`
 idle threads (SGLang's scheduler has ~60; py-spy walks every thread on every sample) and the 0.5.23 loop
 shape (ingest_requests, two decorator frames per stage), every iteration the same decode step. Rounds alternate "off" (no profiler) and "on" (the real `vlm-sidecar` process with
-the operator's telemetry defaults, interval/duration/rate from operator/vlm_operator/api.py, scraping the
+the operator's telemetry defaults, interval/duration/rate from operator/vlm_operator/api/v1alpha1.py, scraping the
 stand-in's /metrics too) for `--cadence-cycles` intervals each. Reported per on-period, against the
 off-periods of the same run: loop throughput loss averaged over whole intervals (so no duty-cycle
 arithmetic), the sidecar's average CPU in cores (its own plus py-spy's, from /proc), its RSS (own plus
@@ -111,8 +111,8 @@ def operator_defaults() -> tuple[float, float, int]:
     """(interval s, duration s, rate Hz) of the operator's TelemetrySpec defaults (pydantic, if importable)."""
     try:
         sys.path.insert(0, str(ROOT / "operator"))
-        from vlm_operator.api import TelemetrySpec
-        from vlm_operator.units import parse_duration
+        from vlm_operator.api.units import parse_duration
+        from vlm_operator.api.v1alpha1 import TelemetrySpec
 
         t = TelemetrySpec()
         return float(parse_duration(t.interval)), float(parse_duration(t.duration)), int(t.rate)

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vlm_operator.names import LABEL_ROLE, PHASES
+from vlm_operator.api.names import LABEL_ROLE, PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUTS = (ROOT / "dashboards" / "vlm-operator.json", ROOT / "charts" / "vlm-operator" / "files" / "vlm-operator-dashboard.json")

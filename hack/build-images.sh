@@ -319,10 +319,10 @@ if [[ " ${TARGETS[*]} " == *" operator "* ]]; then
   pids+=($!) sigs+=(TERM)
   for _ in $(seq 30); do curl -s -o /dev/null "http://127.0.0.1:$hub_port/" && break; sleep 0.2; done
   w="$(in_image operator "" env HF_HOME=/tmp/hf HF_ENDPOINT="http://127.0.0.1:$hub_port" HF_HUB_DISABLE_TELEMETRY=1 \
-    python -m vlm_operator.weights --repo org/tiny-vl 2>&1 | tail -1)"
+    python -m vlm_operator.jobs.weights --repo org/tiny-vl 2>&1 | tail -1)"
   grep -q '"commit"' <<<"$w" || { log "operator: the weights Job's program failed: $w"; exit 1; }
-  log "operator: python -m vlm_operator.weights downloaded org/tiny-vl from a local hub: $w"
-  in_image operator "" python -m vlm_operator.loadgen --help | head -1 >&2
+  log "operator: python -m vlm_operator.jobs.weights downloaded org/tiny-vl from a local hub: $w"
+  in_image operator "" python -m vlm_operator.jobs.loadgen --help | head -1 >&2
   stop $((${#pids[@]} - 1))
 fi
 

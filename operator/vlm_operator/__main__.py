@@ -2,7 +2,7 @@
 
     vlm-operator [--namespace NS ...] [--peering NAME] [--liveness URL]
 
-Settings come from the environment (see vlm_operator.settings); flags override
+Settings come from the environment (see vlm_operator.api.settings); flags override
 the namespaces. Without --peering the operator runs standalone (one replica);
 with it, kopf peering lets several replicas run with one active. A setting it
 cannot use is one line naming the variable (or flag) on stderr, exit code 2.
@@ -24,8 +24,8 @@ import sys
 import time
 from typing import Any
 
-from . import __version__
-from .names import OPERATOR
+from vlm_operator import __version__
+from vlm_operator.api.names import OPERATOR
 
 PROG = OPERATOR
 
@@ -231,14 +231,14 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["VLM_NAMESPACES"] = ",".join(args.namespace)
 
     try:
-        from .kubeconn import keep_client_library_out
+        from vlm_operator.cluster.connection import keep_client_library_out
 
         # kopf imports the kubernetes library when it is installed (20-30 MiB); the operator does not use it.
         keep_client_library_out()
         import kopf
         from prometheus_client import start_http_server
 
-        from .settings import Settings, SettingsError
+        from vlm_operator.api.settings import Settings, SettingsError
     except ImportError as e:  # a base install (the sidecar's) has no operator dependencies
         print(f"{PROG}: {e}; install the operator extra: pip install 'vlm-operator[operator]'", file=sys.stderr)
         return 2
@@ -251,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
             flag = " (--namespace)" if line.startswith("VLM_NAMESPACES:") and args.namespace else ""
             print(f"{PROG}: {line.replace(':', flag + ':', 1)}", file=sys.stderr)
         return 2
-    from .alerts import override_errors  # (the names and values against the shipped rules)
+    # the names and values against the shipped rules
+    from vlm_operator.desired.alerts import override_errors
 
     bad = override_errors(settings.alert_overrides)
     if bad:
@@ -273,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         _limit_malloc_arenas()  # before kopf starts its threads
         _trim_malloc_periodically(settings.malloc_trim_seconds)
     _memory_dumps(os.environ.get("VLM_TRACEMALLOC_DUMP"))
-    from . import handlers  # noqa: F401  (registers the handlers)
+    from vlm_operator.controller import handlers  # noqa: F401  (registers the handlers)
 
     _configure_logging(kopf, settings.log_format)
     try:

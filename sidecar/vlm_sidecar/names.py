@@ -1,7 +1,7 @@
 """The names the sidecar shares with the operator, each defined once within the sidecar: its port, the
 scheduler stages and the SGLang process roles. No imports: every sidecar module may import it.
 
-The operator has its own copies (vlm_operator.names; the two packages are independent):
+The operator has its own copies (vlm_operator.api.names; the two packages are independent):
 tests/unit/packaging/test_shared_names.py fails when they disagree.
 """
 

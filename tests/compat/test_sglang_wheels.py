@@ -32,15 +32,9 @@ from functools import cached_property
 from pathlib import Path
 
 import pytest
-from vlm_operator import sglang
-from vlm_operator.errors import InvalidSpec
-from vlm_operator.sglang import (
-    ENV_CACHE,
-    ENV_POOL_MB,
-    ENV_TRANSPORT,
-    FLAG_TRANSPORT,
-    plan_ipc_cache,
-)
+from vlm_operator.api.errors import InvalidSpec
+from vlm_operator.desired import sglang
+from vlm_operator.desired.sglang import ENV_CACHE, ENV_POOL_MB, ENV_TRANSPORT, FLAG_TRANSPORT, plan_ipc_cache
 
 from tests.compat.wheels import fetch_wheels
 

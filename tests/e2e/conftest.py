@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
-from vlm_operator import alerts
-from vlm_operator.units import parse_duration
+from vlm_operator.api.units import parse_duration
+from vlm_operator.desired import alerts
 
 from bench.standin import prom_operator as po
 from bench.standin.kube_sd import Reloader

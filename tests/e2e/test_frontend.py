@@ -31,8 +31,8 @@ import time
 
 import pytest
 from kubernetes import client
-from vlm_operator import builders as B
-from vlm_operator import conditions as C
+from vlm_operator.desired import builders as B
+from vlm_operator.status import conditions as C
 
 from tests.cluster import wait_for
 from tests.e2e import dashboard

@@ -43,8 +43,11 @@ import time
 
 import pytest
 from kubernetes import client
-from vlm_operator import alerts, api, gate, sources, units
-from vlm_operator import builders as B
+from vlm_operator.analysis import gate, sources
+from vlm_operator.api import units
+from vlm_operator.api import v1alpha1 as api
+from vlm_operator.desired import alerts
+from vlm_operator.desired import builders as B
 
 from tests.cluster import wait_for
 from tests.e2e import dashboard

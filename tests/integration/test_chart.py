@@ -26,7 +26,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from vlm_operator import crdgen
+from vlm_operator.api import crdgen
 
 from tests.cluster import _namespace_prefix, wait_for
 from tests.operator_proc import GROUP, PLURAL, VERSION, condition, get_vlms, run_operator, vlms

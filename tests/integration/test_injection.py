@@ -207,8 +207,9 @@ def test_self_signed_certificate_renewed_and_ca_bundle_repaired_on_the_api_serve
     emptied written again."""
     import datetime as dt
 
-    from vlm_operator import certs, kubeconn, webhook
-    from vlm_operator.settings import Settings
+    from vlm_operator.admission import certs, webhook
+    from vlm_operator.api.settings import Settings
+    from vlm_operator.cluster import connection as kubeconn
 
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     core, adm = client.CoreV1Api(kube), client.AdmissionregistrationV1Api(kube)
@@ -266,8 +267,9 @@ def test_the_charts_rbac_is_what_the_certificate_keeper_needs(cluster, kube, nam
     creates and renews its Secret and writes its configuration's caBundle, and reads no other Secret."""
     import datetime as dt
 
-    from vlm_operator import kubeconn, webhook
-    from vlm_operator.settings import Settings
+    from vlm_operator.admission import webhook
+    from vlm_operator.api.settings import Settings
+    from vlm_operator.cluster import connection as kubeconn
 
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
     release = f"rb{uuid.uuid4().hex[:6]}"

@@ -279,9 +279,9 @@ def test_a_service_made_by_the_previous_release_is_adopted_without_a_restart(clu
     Deployment `NAME` (the role in its selector and pod template), its pods Ready. The new operator adopts that
     Deployment as the stable revision's: its spec is not written (same generation), no other Deployment is made,
     and every pod keeps running (same UIDs)."""
-    from vlm_operator import api as vapi
-    from vlm_operator import builders
-    from vlm_operator.settings import Settings
+    from vlm_operator.api import v1alpha1 as vapi
+    from vlm_operator.api.settings import Settings
+    from vlm_operator.desired import builders
 
     spec = {k: v for k, v in SPEC.items() if k != "rollout"} | {"replicas": 2}
     obj = vlms(kube).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {

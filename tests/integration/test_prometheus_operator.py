@@ -37,8 +37,9 @@ import pytest
 import yaml
 from kubernetes import client
 from prometheus_client import CollectorRegistry, generate_latest
-from vlm_operator import alerts, builders, metrics
-from vlm_operator.settings import Settings
+from vlm_operator.api import metrics
+from vlm_operator.api.settings import Settings
+from vlm_operator.desired import alerts, builders
 
 from bench.standin import kube_sd, prom_operator
 from tests import binaries

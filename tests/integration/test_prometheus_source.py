@@ -20,8 +20,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from vlm_operator.sources import prometheus as prom_source
-from vlm_operator.sources.base import PrometheusAuth, SignalsUnavailable, get_json
+from vlm_operator.analysis.sources import prometheus as prom_source
+from vlm_operator.analysis.sources.base import PrometheusAuth, SignalsUnavailable, get_json
 
 pytestmark = pytest.mark.integration
 

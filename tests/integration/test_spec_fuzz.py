@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
-from vlm_operator.api import VLMServiceSpec
+from vlm_operator.api.v1alpha1 import VLMServiceSpec
 
 from tests.specfuzz import BASE, EXAMPLES, MIN_INVALID, PATHS, edge_cases, mutate, values
 

@@ -81,7 +81,7 @@ app.kubernetes.io/part-of: vlm-operator
 {{/*
 Rules for the namespaced resources the operator reads and writes. Bound cluster-wide (ClusterRole)
 when watchNamespaces is empty, else by a Role in each watched namespace. Derived from
-vlm_operator/apply.py (server-side apply: create+patch; canary teardown: delete) and handlers.py
+vlm_operator/cluster/client.py (server-side apply: create+patch; canary teardown: delete) and handlers.py
 (kopf watches and indexes: list+watch; progress annotations: patch; Events: create).
 */}}
 {{- define "vlm-operator.namespacedRules" -}}

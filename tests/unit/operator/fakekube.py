@@ -1,4 +1,4 @@
-"""A fake of the operator's own `Kube` wrapper (vlm_operator.apply), so `reconcile.reconcile` runs without
+"""A fake of the operator's own `Kube` wrapper (vlm_operator.cluster.client), so `reconcile.reconcile` runs without
 an API server.
 
 It keeps objects in a dict, applies and patches with the same no-op rules as `Kube` (`is_subset` against the
@@ -15,11 +15,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vlm_operator import api, builders
-from vlm_operator.apply import is_subset, status_patch
-from vlm_operator.errors import PermanentError, TemporaryError
-from vlm_operator.observed import JobInfo, Observed, PodInfo
-from vlm_operator.reconcile import Target
+from vlm_operator.api import v1alpha1 as api
+from vlm_operator.api.errors import PermanentError, TemporaryError
+from vlm_operator.cluster.client import is_subset, status_patch
+from vlm_operator.cluster.observed import JobInfo, Observed, PodInfo
+from vlm_operator.controller.reconcile import Target
+from vlm_operator.desired import builders
 
 Key = tuple[str, str, str, str]  # (apiVersion, kind, namespace, name)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import copy
 
-from vlm_operator import builders
-from vlm_operator.names import LABEL_REVISION, LABEL_ROLE, LABEL_SERVICE, ROLE_STABLE
+from vlm_operator.api.names import LABEL_REVISION, LABEL_ROLE, LABEL_SERVICE, ROLE_STABLE
+from vlm_operator.desired import builders
 
 from .test_reconcile import SPEC, T0, Cluster
 
@@ -17,8 +17,8 @@ def legacy_deployment(c: Cluster, replicas: int) -> dict:
     """The stable Deployment as the previous release built it: named NAME, selector {service, role: stable}, the
     role and revision in its template (the revision of today's template for the same spec)."""
     owner = builders.Owner("svc", "ns", "uid-svc")
-    from vlm_operator import api
-    from vlm_operator.settings import Settings
+    from vlm_operator.api import v1alpha1 as api
+    from vlm_operator.api.settings import Settings
     desired = builders.build_desired(owner, api.parse_spec(dict(SPEC, replicas=replicas)), Settings())
     t = copy.deepcopy(desired.template)
     t["metadata"]["labels"] = {**t["metadata"]["labels"], LABEL_REVISION: desired.revision, LABEL_ROLE: ROLE_STABLE}

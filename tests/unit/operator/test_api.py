@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from pydantic import ValidationError
-from vlm_operator import api
+from vlm_operator.api import v1alpha1 as api
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

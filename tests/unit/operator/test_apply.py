@@ -11,9 +11,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
-from vlm_operator import apply
-from vlm_operator.errors import PermanentError, TemporaryError
-from vlm_operator.kubeconn import ApiError
+from vlm_operator.api.errors import PermanentError, TemporaryError
+from vlm_operator.cluster import client as apply
+from vlm_operator.cluster.connection import ApiError
 
 
 def test_is_subset_ignores_server_defaults_but_not_changes():

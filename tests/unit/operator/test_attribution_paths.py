@@ -12,9 +12,9 @@ import zlib
 from dataclasses import replace
 
 import pytest
-from vlm_operator.gate import GatePolicy, Window, decide, regressed_function
-from vlm_operator.gate.attribution import grown_caller
-from vlm_operator.gate.samples import make_units
+from vlm_operator.analysis.gate import GatePolicy, Window, decide, regressed_function
+from vlm_operator.analysis.gate.attribution import grown_caller
+from vlm_operator.analysis.gate.samples import make_units
 from vlm_sidecar.estimators import summarize
 from vlm_sidecar.model import ParsedTrace
 
@@ -132,7 +132,7 @@ def test_edge_shares_are_read_leniently(raw):
 
 
 def test_the_operator_splits_edges_where_the_sidecar_joins_them():
-    from vlm_operator.window import EDGE_SEP as OPERATOR_SEP
+    from vlm_operator.analysis.window import EDGE_SEP as OPERATOR_SEP
     from vlm_sidecar.model import EDGE_SEP as SIDECAR_SEP
 
     assert OPERATOR_SEP == SIDECAR_SEP == ";"

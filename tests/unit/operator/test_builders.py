@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from vlm_operator import api, builders, sglang
-from vlm_operator.errors import InvalidSpec
-from vlm_operator.settings import Settings
+from vlm_operator.api import v1alpha1 as api
+from vlm_operator.api.errors import InvalidSpec
+from vlm_operator.api.settings import Settings
+from vlm_operator.desired import builders, sglang
 
 ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = ROOT / "tests" / "golden" / "builders"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from vlm_operator import conditions as C
+from vlm_operator.status import conditions as C
 
 T0 = datetime(2027, 1, 15, 8, 0, tzinfo=UTC)
 T1 = T0 + timedelta(minutes=5)

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import yaml
-from vlm_operator import crdgen
+from vlm_operator.api import crdgen
 
 ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = ROOT / "tests" / "golden" / "crd" / crdgen.CRD_FILE

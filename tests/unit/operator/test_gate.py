@@ -1,4 +1,4 @@
-"""vlm_operator.gate: verdicts on constructed windows, the sidecar parser, and seeded error rates."""
+"""vlm_operator.analysis.gate: verdicts on constructed windows, the sidecar parser, and seeded error rates."""
 
 import math
 import zlib
@@ -8,17 +8,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vlm_operator import api
-from vlm_operator.errors import InvalidSpec
-from vlm_operator.gate import (
-    Decision,
-    GatePolicy,
-    Window,
-    regressed_function,
-)
-from vlm_operator.gate import decide as _decide
-from vlm_operator.gate.paired import Calibration
-from vlm_operator.gate.samples import make_units as _units
+from vlm_operator.analysis.gate import Decision, GatePolicy, Window, regressed_function
+from vlm_operator.analysis.gate import decide as _decide
+from vlm_operator.analysis.gate.paired import Calibration
+from vlm_operator.analysis.gate.samples import make_units as _units
+from vlm_operator.api import v1alpha1 as api
+from vlm_operator.api.errors import InvalidSpec
 
 T0 = 1_000_000.0
 STEP = 300.0
@@ -504,7 +499,7 @@ def test_unreachable_sources_never_promote_even_with_on_inconclusive_promote():
 
 def test_every_spec_the_api_accepts_gives_a_policy():
     """Validate once: any analysis block the pydantic model (and so the CRD) accepts builds a GatePolicy."""
-    from vlm_operator import api
+    from vlm_operator.api import v1alpha1 as api
 
     @settings(max_examples=150, deadline=None)
     @given(
@@ -550,7 +545,7 @@ def test_loop_p95_is_gated_only_when_the_spec_sets_its_margin_and_a_slower_tail_
 @pytest.mark.parametrize("bad", [{"minSamples": 2}, {"interval": "0s"}, {"maxRegression": {"stageShare": 5}}])
 def test_analysis_the_gate_cannot_run_is_refused_by_the_model(bad):
     from pydantic import ValidationError
-    from vlm_operator import api
+    from vlm_operator.api import v1alpha1 as api
 
     with pytest.raises(ValidationError):
         api.parse_spec({"model": {"path": "m"}, "rollout": {"analysis": bad}})

@@ -9,9 +9,9 @@ import os
 
 import kopf
 import pytest
-from vlm_operator import builders as B
-from vlm_operator import handlers as H
-from vlm_operator.names import PREFIX
+from vlm_operator.api.names import PREFIX
+from vlm_operator.controller import handlers as H
+from vlm_operator.desired import builders as B
 
 UIDS = [f"0000{i:04d}-5d2c-4a8e-9c1f-{i * 7919:012d}" for i in range(1000)]
 
@@ -160,7 +160,7 @@ def test_malloc_trim_thread_runs_only_when_asked(monkeypatch: pytest.MonkeyPatch
     import threading
 
     from vlm_operator import __main__ as M
-    from vlm_operator.settings import Settings
+    from vlm_operator.api.settings import Settings
 
     assert Settings().malloc_trim_seconds == 30.0
     before = {t.name for t in threading.enumerate()}

@@ -1,4 +1,4 @@
-"""Sidecar injection (vlm_operator.inject): the patch for the pods of the serving stacks it is for, the derived
+"""Sidecar injection (vlm_operator.admission.inject): the patch for the pods of the serving stacks it is for, the derived
 identity, idempotence, the namespaces it never touches, and reviews it cannot read (allowed, with a warning)."""
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vlm_operator import api, builders, inject
-from vlm_operator.settings import Settings
+from vlm_operator.admission import inject
+from vlm_operator.api import v1alpha1 as api
+from vlm_operator.api.settings import Settings
+from vlm_operator.desired import builders
 
 ROOT = Path(__file__).resolve().parents[3]
 IMAGE = "vlmops/vlm-sidecar:test"

@@ -9,8 +9,8 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vlm_operator import gate, sources
-from vlm_operator.sources import base, prometheus
+from vlm_operator.analysis import gate, sources
+from vlm_operator.analysis.sources import base, prometheus
 
 T0 = 1_700_000_000.0
 POLICY = gate.GatePolicy(max_duration_s=900, interval_s=60, min_samples=3)

@@ -1,4 +1,4 @@
-"""vlm_operator.judge and judge_server: parsing and its errors, auth (a fake TokenReview and SubjectAccessReview),
+"""vlm_operator.judge.evaluate and judge_server: parsing and its errors, auth (a fake TokenReview and SubjectAccessReview),
 the Flagger webhook contract, the HTTP framing, and the agreement with a VLMService's look on the same windows."""
 
 from __future__ import annotations
@@ -15,11 +15,15 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vlm_operator import analysis, api, judge, judge_server, sources
-from vlm_operator.kubeconn import ApiError
-from vlm_operator.names import ROLE_CANARY, ROLE_STABLE
-from vlm_operator.observed import Observed, PodInfo
-from vlm_operator.units import format_time
+from vlm_operator.analysis import handoff as analysis
+from vlm_operator.analysis import sources
+from vlm_operator.api import v1alpha1 as api
+from vlm_operator.api.names import ROLE_CANARY, ROLE_STABLE
+from vlm_operator.api.units import format_time
+from vlm_operator.cluster.connection import ApiError
+from vlm_operator.cluster.observed import Observed, PodInfo
+from vlm_operator.judge import evaluate as judge
+from vlm_operator.judge import server as judge_server
 
 from tests.unit.operator.test_gate import shares
 
@@ -516,7 +520,7 @@ def test_kube_auth_sends_token_review_and_access_review_and_caches_tokens():
 def test_the_prometheus_source_reads_the_selected_pods_by_name(monkeypatch):
     """With a Prometheus URL the judge reads the pods its selectors picked, by name (their sidecars' series carry
     the pod label whatever made the pod), and each window gets its pod's side."""
-    from vlm_operator.sources import prometheus as prom
+    from vlm_operator.analysis.sources import prometheus as prom
 
     queries: list[str] = []
 
@@ -558,7 +562,7 @@ def test_every_verdict_of_the_gate_has_a_pass_value_and_a_flagger_status():
     """A verdict the gate gains later must be mapped here, not answered 500."""
     from typing import get_args
 
-    from vlm_operator import gate
+    from vlm_operator.analysis import gate
 
     assert set(judge.PASS) == set(judge.FLAGGER_STATUS) == set(get_args(gate.Verdict))
     assert all(200 <= s < 300 for v, s in judge.FLAGGER_STATUS.items() if judge.PASS[v] >= 0 and v in

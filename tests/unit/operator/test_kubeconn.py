@@ -1,4 +1,4 @@
-"""vlm_operator.kubeconn: the operator's HTTP connection to the API server, on a real HTTP server on loopback,
+"""vlm_operator.cluster.connection: the operator's HTTP connection to the API server, on a real HTTP server on loopback,
 and the kubeconfig check that decides whether the kubernetes library stays out of the operator's process."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from vlm_operator import apply, kubeconn
-from vlm_operator.errors import PermanentError
+from vlm_operator.api.errors import PermanentError
+from vlm_operator.cluster import client as apply
+from vlm_operator.cluster import connection as kubeconn
 
 
 class Info:

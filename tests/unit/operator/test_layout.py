@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import vlm_operator
-from vlm_operator.observed import Observed
+from vlm_operator.cluster.observed import Observed
 
 from .test_reconcile_profiler import Cluster
 from .test_reconcile_steps import STEPS, start
@@ -66,7 +66,7 @@ def walk(c: Cluster, now: float) -> list[tuple[str, str]]:
     c.sidecars.now = now
     sys.setprofile(profile)
     try:
-        from vlm_operator import reconcile
+        from vlm_operator.controller import reconcile
 
         reconcile.reconcile(c.rt, c.kube.target("svc"), observed, lambda *e: c.events.append(e), now=now)
     finally:

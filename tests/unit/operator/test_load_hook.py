@@ -1,6 +1,6 @@
 """The load hook (spec.rollout.load) and a step without traffic.
 
-- The generator (vlm_operator.loadgen) against real HTTP servers on loopback: every target gets the same
+- The generator (vlm_operator.jobs.loadgen) against real HTTP servers on loopback: every target gets the same
   requests at the same rate, the image share is exact, each image is a fresh valid PNG, and a target that does
   not answer costs the others nothing.
 - The Job (builders.build_load_job) and when the reconcile makes it: while the canary is analysed, aimed at
@@ -20,8 +20,10 @@ import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from vlm_operator import api, builders, loadgen
-from vlm_operator.settings import Settings
+from vlm_operator.api import v1alpha1 as api
+from vlm_operator.api.settings import Settings
+from vlm_operator.desired import builders
+from vlm_operator.jobs import loadgen
 
 from .test_reconcile_profiler import T0, Cluster
 from .test_reconcile_steps import CHANGE, STEPS, is_canary, serving_ready, walk
@@ -157,7 +159,7 @@ def test_load_job_shape():
     owner = builders.Owner("svc", "ns", "uid-1")
     job = builders.build_load_job(owner, spec, Settings(operator_image="reg/op:1"), ["10.0.0.2", "10.0.0.1"], 900)
     c = job["spec"]["template"]["spec"]["containers"][0]
-    assert c["image"] == "reg/op:1" and c["command"] == ["python"] and c["args"][:2] == ["-m", "vlm_operator.loadgen"]
+    assert c["image"] == "reg/op:1" and c["command"] == ["python"] and c["args"][:2] == ["-m", "vlm_operator.jobs.loadgen"]
     targets = [c["args"][i + 1] for i, a in enumerate(c["args"]) if a == "--target"]
     assert targets == ["10.0.0.1:30000", "10.0.0.2:30000"]
     assert c["args"][c["args"].index("--rate") + 1] == "2" and c["args"][c["args"].index("--image-fraction") + 1] == "0.25"

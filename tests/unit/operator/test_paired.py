@@ -1,13 +1,13 @@
-"""vlm_operator.gate.paired and the node-paired comparison: like with like on the same node, variances from the
+"""vlm_operator.analysis.gate.paired and the node-paired comparison: like with like on the same node, variances from the
 fleet (never 0), dependence between windows, and the rollout's budget over steps."""
 
 import math
 
 import numpy as np
 import pytest
-from vlm_operator import stats
-from vlm_operator.gate import Before, Calibration, GatePolicy, Layout, Window, decide
-from vlm_operator.gate.paired import Evidence, Variances, plan_pods, pooled
+from vlm_operator.analysis import stats
+from vlm_operator.analysis.gate import Before, Calibration, GatePolicy, Layout, Window, decide
+from vlm_operator.analysis.gate.paired import Evidence, Variances, plan_pods, pooled
 
 T0 = 1_000_000.0
 STAGES = {"run_batch": 0.6, "process_input_requests": 0.2, "idle": 0.05, "other": 0.15}

@@ -1,4 +1,4 @@
-"""The pure mover (vlm_operator.placement): which old pod goes, where a new pod lands, and the availability budget,
+"""The pure mover (vlm_operator.rollout.placement): which old pod goes, where a new pod lands, and the availability budget,
 checked on constructed pods and on a small simulated cluster (ReplicaSets, scheduler, kubelet) walked round by
 round as the operator would."""
 
@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from vlm_operator import api, placement
-from vlm_operator.observed import PodInfo
-from vlm_operator.placement import REPLACE, SURGE, Move, Pair, Room, move
+from vlm_operator.api import v1alpha1 as api
+from vlm_operator.cluster.observed import PodInfo
+from vlm_operator.rollout import placement
+from vlm_operator.rollout.placement import REPLACE, SURGE, Move, Pair, Room, move
 
 NOW = "2027-01-15T08:00:00Z"
 OLD, NEW, STRAY = "old", "new", "stray"

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from vlm_operator.settings import Settings, SettingsError
-from vlm_operator.sources import base
-from vlm_operator.sources import prometheus as prom_source
-from vlm_operator.sources.base import PrometheusAuth, SignalsUnavailable
+from vlm_operator.analysis.sources import base
+from vlm_operator.analysis.sources import prometheus as prom_source
+from vlm_operator.analysis.sources.base import PrometheusAuth, SignalsUnavailable
+from vlm_operator.api.settings import Settings, SettingsError
 
 EMPTY = {"status": "success", "data": {"resultType": "matrix", "result": []}}
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import pytest
 from prometheus_client import REGISTRY
-from vlm_operator import api, builders, handlers, names, reconcile, sources
-from vlm_operator.errors import TemporaryError
-from vlm_operator.settings import Settings
+from vlm_operator.analysis import sources
+from vlm_operator.api import names
+from vlm_operator.api import v1alpha1 as api
+from vlm_operator.api.errors import TemporaryError
+from vlm_operator.api.settings import Settings
+from vlm_operator.controller import handlers, reconcile
+from vlm_operator.desired import builders
 
 from .fakekube import FakeKube
 

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 
 import pytest
 from prometheus_client import REGISTRY
-from vlm_operator import conditions as C
-from vlm_operator import gate
-from vlm_operator import profile_summary as P
+from vlm_operator.analysis import gate
+from vlm_operator.analysis import profile as P
+from vlm_operator.status import conditions as C
 
 from .test_reconcile import SPEC
 from .test_reconcile_profiler import Cluster, ready

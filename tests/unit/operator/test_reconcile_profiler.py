@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import REGISTRY
-from vlm_operator import builders, reconcile, sources
-from vlm_operator.settings import Settings
+from vlm_operator.analysis import sources
+from vlm_operator.api.settings import Settings
+from vlm_operator.controller import reconcile
+from vlm_operator.desired import builders
 
 from .fakekube import FakeKube
 from .test_reconcile import ROLLOUT, SPEC, T0

@@ -5,7 +5,7 @@ step is just a look too soon, and a regression that only shows in a later step i
 
 from __future__ import annotations
 
-from vlm_operator import builders
+from vlm_operator.desired import builders
 
 from .test_reconcile import SPEC
 from .test_reconcile_profiler import T0, Cluster

@@ -7,12 +7,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from vlm_operator import act, analysis, api, builders, placement, rollout, units
-from vlm_operator.gate import Decision
-from vlm_operator.gate.verdict import SignalResult
-from vlm_operator.names import ACTIVE_PHASES
-from vlm_operator.observed import BASELINE_KEY, Observed
-from vlm_operator.settings import Settings
+from vlm_operator.analysis import handoff as analysis
+from vlm_operator.analysis.gate import Decision
+from vlm_operator.analysis.gate.verdict import SignalResult
+from vlm_operator.api import units
+from vlm_operator.api import v1alpha1 as api
+from vlm_operator.api.names import ACTIVE_PHASES
+from vlm_operator.api.settings import Settings
+from vlm_operator.cluster.observed import BASELINE_KEY, Observed
+from vlm_operator.controller import act
+from vlm_operator.desired import builders
+from vlm_operator.rollout import placement
+from vlm_operator.rollout import steps as rollout
 
 from .fakekube import FakeKube
 
@@ -557,13 +563,13 @@ def test_no_free_gpus_for_a_fresh_baseline_falls_back_to_stable_and_says_so():
 
 def test_a_fresh_baseline_that_cannot_be_placed_gives_way_to_the_stable_pods():
     """Free GPUs were counted at the start, then taken by others before the pods were placed: the baseline pod
-    stays unschedulable, and after SURGE_PATIENCE_S the canary is compared with the stable pods instead."""
+    stays unschedulable, and after FRESH_BASELINE_PATIENCE_S the canary is compared with the stable pods instead."""
     w, _old_rev, _new_rev = canary_world(fresh(**CHANGE), nodes=ROOMY)
     first = w.step(T0, settle=False)
     assert first.rollout.baseline == "Fresh" and first.baseline is not None
     w.kube.nodes.update({"node-0": 3, "node-1": 0})  # taken by someone else's pods
     w.kube.settle("svc")
-    # the canary pod (its surge pinned to a node now full: given up after SURGE_PATIENCE_S) takes a stable pod's
+    # the canary pod (its surge pinned to a node now full: given up after SURGED_POD_PATIENCE_S) takes a stable pod's
     # GPU on its node; the baseline's pod, released only after it, has none
     seen = w.until(T0 + 1, lambda w: any(p.unschedulable for p in w.kube.pods("svc")
                                          if p.labelled_role == BASELINE_KEY), limit=30, dt=10)

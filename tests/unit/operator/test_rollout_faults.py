@@ -7,7 +7,8 @@ before the fixes in placement.py.)"""
 
 from __future__ import annotations
 
-from vlm_operator import act, rollout
+from vlm_operator.controller import act
+from vlm_operator.rollout import steps as rollout
 
 from .test_rollout import CHANGE, T0, TIGHT, World, spec
 

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from vlm_operator import alerts
 from vlm_operator.__main__ import JsonFormatter, QuietSuccess
-from vlm_operator.settings import DEFAULT_PROFILER_PEERS, Settings, SettingsError, env_name
+from vlm_operator.api.settings import DEFAULT_PROFILER_PEERS, Settings, SettingsError, env_name
+from vlm_operator.desired import alerts
 
 REPO = Path(__file__).resolve().parents[3]
 # Read by other modules, not Settings (signals.py, __main__.py).

@@ -16,9 +16,9 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
-from vlm_operator import sglang
-from vlm_operator.errors import InvalidSpec
-from vlm_operator.sglang import (
+from vlm_operator.api.errors import InvalidSpec
+from vlm_operator.desired import sglang
+from vlm_operator.desired.sglang import (
     ENV_CACHE,
     ENV_POOL_MB,
     ENV_TRANSPORT,

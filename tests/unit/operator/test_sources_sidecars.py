@@ -9,8 +9,8 @@ import socket
 import time
 
 import pytest
-from vlm_operator import sources
-from vlm_operator.sources import sidecars
+from vlm_operator.analysis import sources
+from vlm_operator.analysis.sources import sidecars
 
 from tests.jsonhttp import serve_json
 

@@ -1,10 +1,10 @@
-"""vlm_operator.stats: effect sizes, one-sided bounds and error rates on seeded data."""
+"""vlm_operator.analysis.stats: effect sizes, one-sided bounds and error rates on seeded data."""
 
 import math
 
 import numpy as np
 import pytest
-from vlm_operator import stats
+from vlm_operator.analysis import stats
 
 
 def _paired(d, scale="log", a_low=0.05, a_high=0.05, **kw):

@@ -7,12 +7,12 @@ from datetime import UTC, datetime
 
 import pytest
 from pydantic import ValidationError
-from vlm_operator import api
-from vlm_operator import conditions as C
-from vlm_operator import observed as O
-from vlm_operator import profile_summary as P
-from vlm_operator import status as S
-from vlm_operator.gate import Window
+from vlm_operator.analysis import profile as P
+from vlm_operator.analysis.gate import Window
+from vlm_operator.api import v1alpha1 as api
+from vlm_operator.cluster import observed as O
+from vlm_operator.status import build as S
+from vlm_operator.status import conditions as C
 
 NOW = datetime(2027, 1, 15, 8, 0, tzinfo=UTC)
 

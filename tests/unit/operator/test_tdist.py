@@ -1,4 +1,4 @@
-"""The operator's own t distribution and trimmed mean (vlm_operator.tdist) against scipy, the reference
+"""The operator's own t distribution and trimmed mean (vlm_operator.analysis.tdist) against scipy, the reference
 they replace (a test dependency only), over the degrees of freedom and tail probabilities the gate uses."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 from scipy import stats as ref
-from vlm_operator import stats, tdist
+from vlm_operator.analysis import stats, tdist
 
 RNG = np.random.default_rng(7)
 DFS = np.concatenate([[1.0, 1.5, 2.0, 3.0, 4.7, 10.0, 30.0, 99.5, 1000.0], RNG.uniform(1.0, 300.0, 40)])

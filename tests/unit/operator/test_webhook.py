@@ -1,4 +1,4 @@
-"""The injection webhook's effects (vlm_operator.webhook): the HTTPS server on loopback (answers, refusals, the
+"""The injection webhook's effects (vlm_operator.admission.webhook): the HTTPS server on loopback (answers, refusals, the
 one-write response, a renewed certificate), and the certificate keeper against a fake of our own Connection."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from vlm_operator import certs, webhook
-from vlm_operator.kubeconn import ApiError
-from vlm_operator.settings import Settings
+from vlm_operator.admission import certs, webhook
+from vlm_operator.api.settings import Settings
+from vlm_operator.cluster.connection import ApiError
 
 SETTINGS = Settings(webhook_namespace="vlm-system", webhook_cert_hosts=("127.0.0.1",), sidecar_image="img:1")
 POD = {"metadata": {"labels": {"app": "a"}}, "spec": {"containers": [{"name": "s", "image": "x"}]}}

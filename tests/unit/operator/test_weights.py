@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-from vlm_operator import api, builders
-from vlm_operator.settings import Settings
+from vlm_operator.api import v1alpha1 as api
+from vlm_operator.api.settings import Settings
+from vlm_operator.desired import builders
 
 from bench.standin.hub import Hub, Repo
 
@@ -42,7 +43,7 @@ def run_weights(home: Path, hub: Hub, *extra: str, token: str | None = None, wai
     env.pop("HF_TOKEN", None)
     if token:
         env["HF_TOKEN"] = token
-    cmd = [sys.executable, "-m", "vlm_operator.weights", "--repo", REPO_ID, "--progress-every", "0.2", *extra]
+    cmd = [sys.executable, "-m", "vlm_operator.jobs.weights", "--repo", REPO_ID, "--progress-every", "0.2", *extra]
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
     if wait:
@@ -119,7 +120,7 @@ def test_weights_job_and_pod_env():
     job = builders.build_weights_job(owner, spec, Settings(operator_image="reg/op:1"))
     pod = job["spec"]["template"]["spec"]
     c = pod["containers"][0]
-    assert c["args"] == ["-m", "vlm_operator.weights", "--repo", REPO_ID, "--revision", "v1"]
+    assert c["args"] == ["-m", "vlm_operator.jobs.weights", "--repo", REPO_ID, "--revision", "v1"]
     env = {e["name"]: e for e in c["env"]}
     assert env["HF_HOME"]["value"] == "/models/hf" and env["HF_ENDPOINT"]["value"] == "http://hub.internal"
     assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf", "key": "token"}}

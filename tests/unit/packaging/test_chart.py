@@ -18,7 +18,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from vlm_operator import alerts, crdgen
+from vlm_operator.api import crdgen
+from vlm_operator.desired import alerts
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "vlm-operator"
@@ -127,7 +128,7 @@ def test_chart_crd_is_the_generated_one_rendered_as_a_template():
     """The CRD is a template (helm upgrade applies it), not in crds/ (never upgraded); its file is crdgen's
     output, and the template only adds the chart's labels and, with crds.keep, the keep policy."""
     assert not (CHART / "crds").exists(), "Helm never upgrades crds/: the CRD belongs in files/crds/"
-    assert (CHART / "files" / "crds" / crdgen.CRD_FILE).read_text() == crdgen.render(), "run python -m vlm_operator.crdgen"
+    assert (CHART / "files" / "crds" / crdgen.CRD_FILE).read_text() == crdgen.render(), "run python -m vlm_operator.api.crdgen"
     expected = crdgen.build_crd()
     (crd,) = _vlm_crd(docs(template(crd=True)))
     meta = crd.pop("metadata")
@@ -150,12 +151,12 @@ def test_chart_crd_template_fails_without_its_file(tmp_path):
     shutil.copytree(CHART, chart)
     (chart / "files" / "crds" / crdgen.CRD_FILE).unlink()
     proc = helm("template", RELEASE, str(chart), "--kube-version", KUBE_VERSION, check=False)
-    assert proc.returncode != 0 and "vlm_operator.crdgen" in proc.stderr, proc.stderr
+    assert proc.returncode != 0 and "vlm_operator.api.crdgen" in proc.stderr, proc.stderr
 
 
 def test_chart_alert_rules_are_the_generated_ones():
     assert (CHART / "files" / "vlm-operator.rules.yaml").read_text() == alerts.render(), (
-        "cp alerts/vlm-operator.rules.yaml charts/vlm-operator/files/ after python -m vlm_operator.alerts")
+        "cp alerts/vlm-operator.rules.yaml charts/vlm-operator/files/ after python -m vlm_operator.desired.alerts")
     rule = by_kind(docs(template(GOLDEN / "monitoring.values.yaml")), "PrometheusRule")
     assert len(rule) == 1 and rule[0]["spec"] == alerts.rules_file()
 
@@ -395,7 +396,7 @@ def test_injection_is_off_by_default_and_never_refuses_a_pod():
         assert env["VLM_WEBHOOK_CONFIGURATION"] == mwc["metadata"]["name"]
         assert env["VLM_WEBHOOK_TLS"] == ("cert-manager" if "cert-manager" in case else "self-signed")
         # Every VLM_WEBHOOK_* the chart sets is a setting the operator reads.
-        from vlm_operator.settings import Settings, env_name
+        from vlm_operator.api.settings import Settings, env_name
         assert {k for k in env if k.startswith("VLM_WEBHOOK_")} <= {env_name(f) for f in Settings.model_fields}
         (svc,) = [s for s in by_kind(objs, "Service") if s["metadata"]["name"].endswith("-webhook")]
         port = next(p for p in container["ports"] if p["name"] == "webhook")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from vlm_operator import alerts
+from vlm_operator.desired import alerts
 
 from tests.unit.packaging.test_chart import CHART, by_kind, docs, template
 

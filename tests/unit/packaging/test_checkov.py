@@ -24,8 +24,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from vlm_operator import api, builders, names
-from vlm_operator.settings import DEFAULT_PROFILER_PEERS, Settings
+from vlm_operator.api import names
+from vlm_operator.api import v1alpha1 as api
+from vlm_operator.api.settings import DEFAULT_PROFILER_PEERS, Settings
+from vlm_operator.desired import builders
 
 from tests.unit.packaging.test_chart import (
     CHART,

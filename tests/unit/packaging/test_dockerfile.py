@@ -84,7 +84,7 @@ def test_hadolint_is_really_linting():
 
 
 OPERATOR_ONLY = ("kopf", "kubernetes", "pydantic", "pydantic_settings", "numpy", "yaml")
-NEITHER = ("scipy",)  # the gate's t distribution is the operator's own (vlm_operator.tdist): ~60 MiB less RSS
+NEITHER = ("scipy",)  # the gate's t distribution is the operator's own (vlm_operator.analysis.tdist): ~60 MiB less RSS
 TARGETS = {"operator": ("operator",), "sidecar": ()}  # image -> the pyproject extras its install step takes
 
 

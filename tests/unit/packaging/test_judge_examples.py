@@ -13,8 +13,9 @@ import shlex
 from pathlib import Path
 
 import yaml
-from vlm_operator import judge, judge_server
-from vlm_operator.names import GROUP
+from vlm_operator.api.names import GROUP
+from vlm_operator.judge import evaluate as judge
+from vlm_operator.judge import server as judge_server
 
 REPO = Path(__file__).resolve().parents[3]
 ARGO = REPO / "examples" / "argo-rollouts"
@@ -74,7 +75,7 @@ def test_the_analysis_template_is_a_web_metric_the_judge_accepts():
             metric["failureCondition"], {"verdict": verdict})
         assert (ok, bad) == (verdict == "Promote", verdict == "Rollback"), verdict
     assert metric["failureLimit"] == 0 and metric["consecutiveSuccessLimit"] == 1
-    from vlm_operator.units import parse_duration
+    from vlm_operator.api.units import parse_duration
 
     interval = parse_duration(metric["interval"])
     assert interval == parse_duration(req.analysis.interval)

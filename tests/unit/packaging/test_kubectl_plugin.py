@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from vlm_operator import kubectl_vlm as vlm
-from vlm_operator import names
+from vlm_operator.api import names
+from vlm_operator.cli import kubectl_vlm as vlm
 
 REPO = Path(__file__).resolve().parents[3]
 PLUGIN = REPO / "kubectl-plugin" / "kubectl-vlm"
@@ -39,7 +39,7 @@ def test_plugin_is_executable_with_a_python_shebang():
 
 
 def test_shim_runs_the_module_and_console_script_is_declared():
-    assert PYPROJECT["project"]["scripts"]["kubectl-vlm"] == "vlm_operator.kubectl_vlm:main"
+    assert PYPROJECT["project"]["scripts"]["kubectl-vlm"] == "vlm_operator.cli.kubectl_vlm:main"
     proc = subprocess.run([sys.executable, str(PLUGIN), "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "retry" in proc.stdout and "profile" in proc.stdout, proc
 
@@ -140,7 +140,7 @@ def test_action_patch_sets_the_operator_annotation():
 
 
 def test_action_annotation_matches_the_operator():
-    from vlm_operator import builders
+    from vlm_operator.desired import builders
 
     assert names.ANNOTATION_ROLLOUT_ACTION == vlm.ACTION_ANNOTATION
     assert {"promote", "abort", "pause", "resume"} <= set(names.ROLLOUT_ACTIONS)
@@ -170,7 +170,7 @@ def test_retry_refuses_without_a_held_revision(rollout):
 
 
 def test_proxy_path_and_sidecar_port_match_the_operator_pods():
-    from vlm_operator import builders
+    from vlm_operator.desired import builders
 
     assert vlm.SIDECAR_PORT == builders.SIDECAR_PORT
     assert vlm.proxy_path("ml", "qwen-abc", 9400, "svg") == "/api/v1/namespaces/ml/pods/qwen-abc:9400/proxy/profile/latest.svg"

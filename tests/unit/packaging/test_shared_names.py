@@ -1,4 +1,4 @@
-"""The names the operator and the sidecar share agree: each package defines them once (vlm_operator.names,
+"""The names the operator and the sidecar share agree: each package defines them once (vlm_operator.api.names,
 vlm_sidecar.names; the two packages are independent, so neither imports the other's), and this is where
 they are held together.
 
@@ -22,10 +22,13 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
-from vlm_operator import api, builders, kubectl_vlm, metrics
-from vlm_operator import names as op
-from vlm_operator.settings import Settings
-from vlm_operator.window import Window
+from vlm_operator.analysis.window import Window
+from vlm_operator.api import metrics
+from vlm_operator.api import names as op
+from vlm_operator.api import v1alpha1 as api
+from vlm_operator.api.settings import Settings
+from vlm_operator.cli import kubectl_vlm
+from vlm_operator.desired import builders
 from vlm_sidecar import config, model
 from vlm_sidecar import names as sc
 from vlm_sidecar.collector import ProfileStore
@@ -50,7 +53,7 @@ def _imports(module) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("module", [op, sc], ids=["vlm_operator.names", "vlm_sidecar.names"])
+@pytest.mark.parametrize("module", [op, sc], ids=["vlm_operator.api.names", "vlm_sidecar.names"])
 def test_names_modules_import_nothing(module):
     """Any module may import them (the kubectl plugin, which runs with the kubernetes client alone, too)."""
     assert set(_imports(module)) <= {"__future__", "typing"}, _imports(module)

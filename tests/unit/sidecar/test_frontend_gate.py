@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from vlm_operator.gate import GatePolicy, Window, decide
+from vlm_operator.analysis.gate import GatePolicy, Window, decide
 from vlm_sidecar.collector import ProfileStore
 from vlm_sidecar.config import SidecarConfig
 from vlm_sidecar.discovery import discover_roles

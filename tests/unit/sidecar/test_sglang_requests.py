@@ -55,7 +55,7 @@ def test_names_are_the_checked_table():
 def test_every_per_window_gauge_is_read_by_the_gates_prometheus_source():
     """The request rate (and every other per-window value) the sidecar exports is one the operator's
     Prometheus source reads into the same Window field: a renamed gauge on either side fails here."""
-    from vlm_operator.sources import prometheus
+    from vlm_operator.analysis.sources import prometheus
     from vlm_sidecar.collector import ProfileStore, build_families
     from vlm_sidecar.model import WindowSummary
 

@@ -1,0 +1,53 @@
+"""What the gate returns: one Decision with every signal's result. Plain records, no logic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vlm_operator.analysis.gate.paired import Evidence, Kind
+from vlm_operator.analysis.gate.policy import SignalVerdict, Verdict
+
+
+@dataclass(frozen=True)
+class SignalResult:
+    """One signal (or one stage / function of a share family) compared across revisions.
+
+    delta: relative change canary/baseline - 1 for latencies and throughput, absolute share difference
+    for shares. ci_low / ci_high: the one-sided bounds the decision used (the lower one at the
+    rollback level, corrected for looks and signals; the upper one at the promotion level).
+    p_value: one-sided, against "the canary is not worse". None where there were too few values.
+    """
+
+    name: str
+    baseline: float | None
+    canary: float | None
+    delta: float | None
+    ci_low: float | None
+    ci_high: float | None
+    p_value: float | None
+    n_baseline: int
+    n_canary: int
+    verdict: SignalVerdict
+    margin: float = 0.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    reason: str
+    message: str
+    signals: tuple[SignalResult, ...] = ()
+    regressed_function: str | None = None
+    regressed_stage: str | None = None
+    # Set when the pods' own spread is too large for the margin to be resolved (see _resolution).
+    warning: str | None = None
+    # Where this step's analysis clock started (unix seconds): the end of the canary's first fresh profiler
+    # window after its pods were Ready; None while no such window exists (the clock then runs from Ready).
+    clock_started_at: float | None = None
+    # What this look measured about the pods (for the service's calibration), the loop-latency margin the
+    # rollout can resolve (resolvable_margin), and the comparisons its canary pods got (gate.paired).
+    evidence: Evidence | None = None
+    resolvable_margin: float | None = None
+    pairing: tuple[Kind, ...] = ()
+    # How much slower the canary pods ran in the warm-up the gate left out (relative; None: not measured).
+    warmup_shift: float | None = None
