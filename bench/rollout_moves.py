@@ -68,12 +68,11 @@ def walk(n: int, gpus_per_node: int, verdict_last: str, steps: list[int] | None 
         obs = obs.with_roles(st, canary)
         d = builders.build_desired(OWNER, sp, Settings())
 
-        def plan(rooms):
-            return rollout.plan(OWNER, sp, d, obs, r, stable=st, now=now, rooms=rooms, decision=decision)
-
-        p = plan(None)
-        if p.wants_rooms:
-            p = plan({k: placement.Room(f, z) for k, (f, z) in kube.rooms("").items()})
+        rooms = None
+        if rollout.needs_rooms(sp, d, obs, r, st):  # the reconcile's one read of the free GPUs
+            rooms = {k: placement.Room(f, z) for k, (f, z) in kube.rooms("").items()}
+        p = rollout.plan(OWNER, sp, d, obs, r, stable=st, now=now, rooms=rooms, decision=decision)
+        assert not p.wants_rooms
         act.place_pods(kube, "ns", p, obs)
         for rev, body in sorted(p.deployments.items()):
             kube.apply(body, obs.deployments.get(rev))

@@ -61,7 +61,7 @@ class Plan:
     labels: tuple[tuple[str, str], ...] = ()  # (pod, role) for pods whose role label is behind
     want_ready: int = 0
     hands_off: bool = False  # spec.paused: change no Deployment
-    wants_rooms: bool = False  # plan again with the nodes' free GPUs (a move would surge)
+    wants_rooms: bool = False  # a move would surge and the nodes' free GPUs were not read (`needs_rooms` said no)
 
 
 def _upd(r: RolloutStatus, **changes: Any) -> RolloutStatus:
@@ -104,6 +104,116 @@ def stable_revision(recorded: str | None, observed: Observed) -> str | None:
     return max(revs, key=lambda r: (observed.ready_of(r), observed.replicas(r), r))
 
 
+@dataclass
+class _Round:
+    """One plan's inputs, what follows from them, and the Events it collects; the phase functions below share it."""
+
+    owner: B.Owner
+    spec: VLMServiceSpec
+    desired: B.Desired
+    observed: Observed
+    prev: RolloutStatus | None
+    stable: str | None
+    now: float
+    rooms: Mapping[str, M.Room] | None
+    decision: Decision | None
+    action: str | None
+    before: tuple[Sequence[BeforeStatus], float, float | None] | None
+    events: list[Event] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rev = self.desired.revision
+        self.full = self.spec.replicas
+        self.t = _iso(self.now)
+        self.deps = self.observed.deployments
+        self.pods = [p for p in self.observed.pods if p.labelled_role != BASELINE_KEY]
+        ro = self.spec.rollout
+        self.u = ro.max_unavailable if ro else 1
+        self.capacity = ro.capacity if ro else "Auto"
+        self.surge, self.replace = self.capacity != "Borrow", self.capacity != "Surge"
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.events.append(Event(type_, reason, message))
+
+    def floor(self, u: int) -> int:
+        """The Ready replicas a move keeps (the Ready condition's want meanwhile): never 0 for a service that has
+        replicas (a 1-replica service replacing its only pod is not Ready)."""
+        return max(self.full - u, min(self.full, 1))
+
+    def dep(self, r: str, n: int) -> dict[str, Any] | None:
+        if r in self.deps:
+            return B.rescaled(self.owner, self.deps[r], n)
+        return B.build_deployment(self.owner, self.desired.template, r, n) if r == self.rev else None
+
+    def labels_for(self, stable_r: str | None, canary_r: str | None) -> tuple[tuple[str, str], ...]:
+        want = {stable_r: ROLE_STABLE, canary_r: ROLE_CANARY}
+        return tuple((p.name, want[p.revision]) for p in sorted(self.pods, key=lambda p: p.name)
+                     if p.revision in want and p.revision and not p.gated and not p.terminating
+                     and p.labelled_role != want[p.revision])
+
+    def run(self, m: M.Move, r: RolloutStatus | None) -> M.Outcome | None:
+        """The move's next increment, or None when it has pods to add, may surge, and the nodes' free GPUs are
+        not read yet (the reconcile reads them and plans again)."""
+        if self.rooms is None and m.surge and self.observed.replicas(m.to) < m.target and any(
+                p.revision != m.to for p in self.pods if not p.terminating):
+            return None
+        return M.move(m, {x: self.observed.replicas(x) for x in self.observed.revisions()}, self.pods, _pairs_in(r),
+                      self.rooms, stable=self.stable, now=self.t)
+
+    def finish(self, outcome: M.Outcome | None, stable_r: str | None, canary_r: str | None, r: RolloutStatus | None,
+               *, want: int | None = None, baseline: dict[str, Any] | None = None, keep: Sequence[str] = (),
+               more: Sequence[tuple[str, str | None]] = ()) -> Plan:
+        """The plan: each revision's Deployment at the outcome's replicas (a drained one goes), the pod writes,
+        and the Events of pairs dropped on this round."""
+        wanted: dict[str, dict[str, Any]] = {}
+        reps = dict(outcome.replicas) if outcome else {}
+        for x in {*reps, *keep, *(k for k in (stable_r, canary_r) if k)}:
+            n = reps.get(x, self.observed.replicas(x) if x in self.deps else 0)
+            if x not in (stable_r, canary_r) and n == 0 and not self.observed.pods_of(x) and x not in keep:
+                continue  # drained: its Deployment goes
+            d = self.dep(x, n)
+            if d is not None:
+                wanted[x] = d
+        role = {stable_r: ROLE_STABLE, canary_r: ROLE_CANARY}
+        rev_of = {q.name: q.revision for q in self.pods}
+        releases = outcome.releases if outcome else M.release_all(self.pods)
+        was = {(x.node, x.pod, x.started_at) for x in (self.prev.pairs if self.prev else []) if x.dropped}
+        for x in (r.pairs if r else []):
+            if x.dropped and (x.node, x.pod, x.started_at) not in was:
+                self.event("Warning", "PairDropped", f"pair on node {x.node} dropped: {x.dropped}")
+        return Plan(
+            deployments=wanted, stable_revision=stable_r, canary_revision=canary_r, rollout=r,
+            events=tuple(self.events), baseline=baseline, victims=outcome.victims if outcome else (),
+            releases=tuple((p, n) for p, n in releases) + tuple(more),
+            labels=self.labels_for(stable_r, canary_r) + tuple(
+                (p, role[rev_of[p]]) for p, _ in releases if role.get(rev_of.get(p))),
+            want_ready=self.full if want is None else want,
+        )
+
+    def to_stable(self, r: RolloutStatus | None) -> M.Move:
+        return M.Move(to=self.stable or "", target=self.full, total=self.full, max_unavailable=self.u,
+                      gpus_per_replica=self.spec.gpus_per_replica, surge=self.surge)
+
+
+def needs_rooms(spec: VLMServiceSpec, desired: B.Desired, observed: Observed, prev: RolloutStatus | None,
+                stable: str | None) -> bool:
+    """Whether this round's plan may add pods on free GPUs, so the reconcile reads the nodes' free GPUs before it
+    plans (once). It covers every move `plan` makes: a move surges only when it may (capacity Borrow never does,
+    except an update without a rollout block), its revision (the desired or the stable one) has fewer pods than the
+    service's replicas, and some live pod is of another revision; and a rollout that starts with a fresh baseline
+    counts the free GPUs. An over-approximation: during a rollout the nodes are read at every round."""
+    if spec.paused or stable is None:
+        return False
+    rev, ro = desired.revision, spec.rollout
+    if ro is not None and rev != stable and ro.baseline == "Fresh" and not (
+            prev is not None and prev.revision == rev and (prev.phase in ACTIVE or prev.phase in HELD_PHASES)):
+        return True
+    if ro is not None and ro.capacity == "Borrow":
+        return False
+    live = [p for p in observed.pods if p.labelled_role != BASELINE_KEY and not p.terminating]
+    return any(observed.replicas(x) < spec.replicas and any(p.revision != x for p in live) for x in {rev, stable})
+
+
 def plan(
     owner: B.Owner,
     spec: VLMServiceSpec,
@@ -118,291 +228,297 @@ def plan(
     action: str | None = None,
     before: tuple[Sequence[BeforeStatus], float, float | None] | None = None,
 ) -> Plan:
-    """`before`: read at a rollout's start (analysis.before_start): the stable pods' pre-period, the loop-latency
-    margin the rollout can resolve and the user's margin (relative), recorded once per rollout."""
-    rev = desired.revision
-    full = spec.replicas
-    t = _iso(now)
-    deps = observed.deployments
-    pods = [p for p in observed.pods if p.labelled_role != BASELINE_KEY]
-    events: list[Event] = []
-
-    def dep(r: str, n: int) -> dict[str, Any] | None:
-        if r in deps:
-            return B.rescaled(owner, deps[r], n)
-        return B.build_deployment(owner, desired.template, r, n) if r == rev else None
-
-    def labels_for(stable_r: str | None, canary_r: str | None) -> tuple[tuple[str, str], ...]:
-        want = {stable_r: ROLE_STABLE, canary_r: ROLE_CANARY}
-        return tuple((p.name, want[p.revision]) for p in sorted(pods, key=lambda p: p.name)
-                     if p.revision in want and p.revision and not p.gated and not p.terminating
-                     and p.labelled_role != want[p.revision])
-
-    def finish(outcome: M.Outcome | None, stable_r: str | None, canary_r: str | None, r: RolloutStatus | None,
-               *, want: int = full, baseline: dict[str, Any] | None = None, keep: Sequence[str] = (),
-               more: Sequence[tuple[str, str | None]] = ()) -> Plan:
-        wanted: dict[str, dict[str, Any]] = {}
-        reps = dict(outcome.replicas) if outcome else {}
-        for x in {*reps, *keep, *(k for k in (stable_r, canary_r) if k)}:
-            n = reps.get(x, observed.replicas(x) if x in deps else 0)
-            if x not in (stable_r, canary_r) and n == 0 and not observed.pods_of(x) and x not in keep:
-                continue  # drained: its Deployment goes
-            d = dep(x, n)
-            if d is not None:
-                wanted[x] = d
-        role = {stable_r: ROLE_STABLE, canary_r: ROLE_CANARY}
-        rev_of = {q.name: q.revision for q in pods}
-        releases = outcome.releases if outcome else M.release_all(pods)
-        was = {(x.node, x.pod, x.started_at) for x in (prev.pairs if prev else []) if x.dropped}
-        for x in (r.pairs if r else []):
-            if x.dropped and (x.node, x.pod, x.started_at) not in was:
-                events.append(Event("Warning", "PairDropped", f"pair on node {x.node} dropped: {x.dropped}"))
-        return Plan(
-            deployments=wanted, stable_revision=stable_r, canary_revision=canary_r, rollout=r, events=tuple(events),
-            baseline=baseline, victims=outcome.victims if outcome else (),
-            releases=tuple((p, n) for p, n in releases) + tuple(more),
-            labels=labels_for(stable_r, canary_r) + tuple(
-                (p, role[rev_of[p]]) for p, _ in releases if role.get(rev_of.get(p))),
-            want_ready=want,
-        )
-
-    def run(m: M.Move, r: RolloutStatus | None) -> M.Outcome | None:
-        """The move's next increment, or None when it has pods to add, may surge, and the nodes' free GPUs are
-        not read yet (the reconcile reads them and plans again)."""
-        if rooms is None and m.surge and observed.replicas(m.to) < m.target and any(
-                p.revision != m.to for p in pods if not p.terminating):
-            return None
-        return M.move(m, {x: observed.replicas(x) for x in observed.revisions()}, pods, _pairs_in(r), rooms,
-                      stable=stable, now=t)
-
-    def _back(r: RolloutStatus) -> Plan:
-        """Held (rolled back, aborted): the canary's pods replaced by stable ones on their nodes, within the budget;
-        its Deployment goes once it has no pod."""
-        m = M.Move(to=stable, target=full, total=full, max_unavailable=u, gpus_per_replica=spec.gpus_per_replica,
-                   surge=surge)
-        out = run(m, r)
-        if out is None:
-            return _rooms(stable, r)
-        r = _upd(r, pairs=_pairs_out(out.pairs), waiting=out.waiting)
-        return finish(out, stable, None, r, want=full if out.done else floor(u))
-
-    def floor(u: int) -> int:
-        """The Ready replicas a move keeps (the Ready condition's want meanwhile): never 0 for a service that has
-        replicas (a 1-replica service replacing its only pod is not Ready)."""
-        return max(full - u, min(full, 1))
-
+    """The round's plan, by the phase the service is in. `before`: read at a rollout's start
+    (analysis.before_start): the stable pods' pre-period, the loop-latency margin the rollout can resolve and the
+    user's margin (relative), recorded once per rollout."""
+    c = _Round(owner, spec, desired, observed, prev, stable, now, rooms, decision, action, before)
     if spec.paused:
-        return Plan({}, stable, prev.revision if prev and prev.phase in ACTIVE else None, prev, want_ready=full,
+        return Plan({}, stable, prev.revision if prev and prev.phase in ACTIVE else None, prev, want_ready=c.full,
                     hands_off=True)
-
-    # ---- first deploy: one Deployment of the desired revision, its pods released where the scheduler likes
     if stable is None:
-        return finish(M.Outcome(replicas={rev: full}, releases=M.release_all(pods)), rev, None,
-                      prev if prev and prev.phase not in (*ACTIVE, UPDATING) else None)
-
-    u = spec.rollout.max_unavailable if spec.rollout else 1
-    capacity = spec.rollout.capacity if spec.rollout else "Auto"
-    surge, replace = capacity != "Borrow", capacity != "Surge"
-
-    # ---- the spec is the stable revision: keep it at full replicas, drain anything else (a refused canary)
-    if rev == stable:
-        r = prev
-        if prev and prev.phase in (*ACTIVE, UPDATING) and prev.revision == rev:
-            # Only the operator's own promotion (or update) makes this rollout's revision the stable one: it stopped
-            # (or its status write failed) between the last round's writes and recording them. Record what it did
-            # instead of reading the spec as reverted.
-            if prev.phase == UPDATING:
-                r = None
-                events.append(Event("Normal", "Updated", f"all {full} replicas run revision {rev}"))
-            else:
-                msg = f"canary {rev} promoted to stable (the promotion was applied before the operator restarted)"
-                r = _upd(prev, phase="Promoted", verdict="Promote", reason="PromotionApplied", message=msg, waiting=None)
-                events.append(Event("Normal", "CanaryPromoted", msg))
-        elif prev and prev.phase in (*ACTIVE, UPDATING):
-            msg = "spec is back at the stable revision"
-            r = _upd(prev, phase="Aborted", reason="SpecReverted", message=msg, waiting=None)
-        m = M.Move(to=stable, target=full, total=full, max_unavailable=u, gpus_per_replica=spec.gpus_per_replica,
-                   surge=surge)
-        out = run(m, r)
-        if out is None:
-            return _rooms(stable, r)
-        if r is not None and r.phase in HELD_PHASES:
-            r = _upd(r, pairs=_pairs_out(out.pairs), waiting=out.waiting)
-        moving = any(p.revision != stable for p in pods if not p.terminating)  # else a plain scale: want them all
-        return finish(out, stable, None, r, want=full if out.done or not moving else floor(u))
-
-    # ---- a new revision without a rollout block: replaced node by node, no analysis
+        return _first_deploy(c)
+    if c.rev == stable:
+        return _at_stable(c)
     if spec.rollout is None:
-        r = prev if prev and prev.phase == UPDATING and prev.revision == rev else RolloutStatus(
-            phase=UPDATING, revision=rev, from_revision=stable, started_at=t, step_started_at=t,
-            message=f"updating from {stable} to {rev}")
-        out = run(M.Move(to=rev, target=full, total=full, max_unavailable=1, gpus_per_replica=spec.gpus_per_replica), r)
-        if out is None:
-            return _rooms(stable, r)
-        if out.outage and not r.warning:
-            # Told before it happens: this round only says so; the next one replaces the pod.
-            msg = (f"no free GPU next to the only Ready pod: updating to {rev} takes the service down until the new "
-                   "pod is Ready (add a GPU, or raise replicas, to update without an outage)")
-            events.append(Event("Warning", "UpdateCausesOutage", msg))
-            return finish(None, stable, None, _upd(r, warning=msg, waiting="outage announced; replacing next round"))
-        r = _upd(r, pairs=_pairs_out(out.pairs), waiting=out.waiting,
-                 message=f"updating from {stable} to {rev}: {observed.ready_of(rev)}/{full} replaced")
-        if out.done:
-            events.append(Event("Normal", "Updated", f"all {full} replicas run revision {rev}"))
-            return finish(out, rev, None, None)
-        return finish(out, stable, None, r, want=floor(1))
+        return _update(c)
+    if prev is not None and prev.revision == c.rev and prev.phase in HELD_PHASES:
+        return _back(c, prev)
+    return _canary(c)
 
-    ro = spec.rollout
-    steps = ro.schedule(full)
 
-    # ---- held: the canary was refused; its pods are replaced by stable ones on their nodes
-    if prev is not None and prev.revision == rev and prev.phase in HELD_PHASES:
-        return _back(prev)
+def _first_deploy(c: _Round) -> Plan:
+    """One Deployment of the desired revision, its pods released where the scheduler likes."""
+    prev = c.prev
+    return c.finish(M.Outcome(replicas={c.rev: c.full}, releases=M.release_all(c.pods)), c.rev, None,
+                    prev if prev and prev.phase not in (*ACTIVE, UPDATING) else None)
 
-    # ---- a rollout of this revision starts (or a newer spec supersedes one in progress)
-    if prev is None or prev.revision != rev or prev.phase not in ACTIVE:
-        baseline = "Stable"
-        if ro.baseline == "Fresh":
-            free = sum(x.free_gpus for x in (rooms or {}).values())
-            if rooms is None:
-                return _rooms(stable, prev)
-            if free >= 2 * steps[0].replicas * spec.gpus_per_replica:
-                baseline = "Fresh"
-        r = RolloutStatus(phase="Progressing", revision=rev, from_revision=stable, step=0, steps=len(steps),
-                          capacity="Borrow" if capacity == "Borrow" else "Surge" if capacity == "Surge" else None,
-                          baseline=baseline, started_at=t, step_started_at=t,
-                          message=f"canary {rev} started against stable {stable}")
-        detail = "" if baseline == ro.baseline else "; no free GPUs for a fresh baseline, comparing with the stable pods"
-        events.append(Event("Normal", "CanaryStarted", f"canary revision {rev} against stable {stable} "
-                            f"({len(steps)} step(s): {', '.join(str(s.replicas) for s in steps)} pod(s){detail})"))
-    else:
-        r = prev
-    if before is not None and r.before_at is None:
-        pre, resolvable, margin = before
-        r = _upd(r, before=list(pre), before_at=t, resolvable_margin={"loopLatency": round(100 * resolvable, 2)})
-        if margin is not None and resolvable > margin:
-            msg = (f"with {len(pre)} stable pod(s) measured, the pods' spread and this schedule the gate resolves "
-                   f"loop-latency margins of about {resolvable:.1%} or more, against maxRegression.loopLatency "
-                   f"{margin:.0%}: a regression of that size is rolled back less than half the time; add steps or "
-                   f"pods, or widen the margin")
-            events.append(Event("Warning", "CanaryMarginUnresolvable", f"canary {rev}: {msg}"))
-            r = _upd(r, warning=r.warning or msg)
 
-    # ---- the decision point: the user's action, the start-up, the gate's verdict
+def _back(c: _Round, r: RolloutStatus) -> Plan:
+    """Held (rolled back, aborted): the canary's pods replaced by stable ones on their nodes, within the budget;
+    its Deployment goes once it has no pod."""
+    out = c.run(c.to_stable(r), r)
+    if out is None:
+        return _rooms(c.stable, r)
+    r = _upd(r, pairs=_pairs_out(out.pairs), waiting=out.waiting)
+    return c.finish(out, c.stable, None, r, want=c.full if out.done else c.floor(c.u))
+
+
+def _at_stable(c: _Round) -> Plan:
+    """The spec is the stable revision: keep it at full replicas, drain anything else (a refused canary)."""
+    prev, rev, full = c.prev, c.rev, c.full
+    r = prev
+    if prev and prev.phase in (*ACTIVE, UPDATING) and prev.revision == rev:
+        # Only the operator's own promotion (or update) makes this rollout's revision the stable one: it stopped
+        # (or its status write failed) between the last round's writes and recording them. Record what it did
+        # instead of reading the spec as reverted.
+        if prev.phase == UPDATING:
+            r = None
+            c.event("Normal", "Updated", f"all {full} replicas run revision {rev}")
+        else:
+            msg = f"canary {rev} promoted to stable (the promotion was applied before the operator restarted)"
+            r = _upd(prev, phase="Promoted", verdict="Promote", reason="PromotionApplied", message=msg, waiting=None)
+            c.event("Normal", "CanaryPromoted", msg)
+    elif prev and prev.phase in (*ACTIVE, UPDATING):
+        r = _upd(prev, phase="Aborted", reason="SpecReverted", message="spec is back at the stable revision",
+                 waiting=None)
+    out = c.run(c.to_stable(r), r)
+    if out is None:
+        return _rooms(c.stable, r)
+    if r is not None and r.phase in HELD_PHASES:
+        r = _upd(r, pairs=_pairs_out(out.pairs), waiting=out.waiting)
+    moving = any(p.revision != c.stable for p in c.pods if not p.terminating)  # else a plain scale: want them all
+    return c.finish(out, c.stable, None, r, want=full if out.done or not moving else c.floor(c.u))
+
+
+def _update(c: _Round) -> Plan:
+    """A new revision without a rollout block: replaced node by node, no analysis."""
+    prev, rev, full, stable = c.prev, c.rev, c.full, c.stable
+    r = prev if prev and prev.phase == UPDATING and prev.revision == rev else RolloutStatus(
+        phase=UPDATING, revision=rev, from_revision=stable, started_at=c.t, step_started_at=c.t,
+        message=f"updating from {stable} to {rev}")
+    out = c.run(M.Move(to=rev, target=full, total=full, max_unavailable=1, gpus_per_replica=c.spec.gpus_per_replica),
+                r)
+    if out is None:
+        return _rooms(stable, r)
+    if out.outage and not r.warning:
+        # Told before it happens: this round only says so; the next one replaces the pod.
+        msg = (f"no free GPU next to the only Ready pod: updating to {rev} takes the service down until the new "
+               "pod is Ready (add a GPU, or raise replicas, to update without an outage)")
+        c.event("Warning", "UpdateCausesOutage", msg)
+        return c.finish(None, stable, None, _upd(r, warning=msg, waiting="outage announced; replacing next round"))
+    r = _upd(r, pairs=_pairs_out(out.pairs), waiting=out.waiting,
+             message=f"updating from {stable} to {rev}: {c.observed.ready_of(rev)}/{full} replaced")
+    if out.done:
+        c.event("Normal", "Updated", f"all {full} replicas run revision {rev}")
+        return c.finish(out, rev, None, None)
+    return c.finish(out, stable, None, r, want=c.floor(1))
+
+
+def _canary(c: _Round) -> Plan:
+    """A rollout with analysis: started (or carried on), the user's action and the gate's verdict applied, then
+    the step's pods moved."""
+    r = _started(c)
+    if r is None:
+        return _rooms(c.stable, c.prev)  # a fresh baseline is asked for: are there free GPUs for it?
+    r = _before_recorded(c, r)
+    r, back = _user_action(c, r)
+    if not back:
+        r, back = _verdict(c, r)
+    return _back(c, r) if back else _step_pods(c, r)
+
+
+def _started(c: _Round) -> RolloutStatus | None:
+    """The rollout of this revision: started here (or a newer spec supersedes one in progress), else as recorded.
+    None: a fresh baseline is wanted and the nodes' free GPUs are not read yet."""
+    prev, rev, stable = c.prev, c.rev, c.stable
+    if prev is not None and prev.revision == rev and prev.phase in ACTIVE:
+        return prev
+    ro = c.spec.rollout
+    assert ro is not None
+    steps = ro.schedule(c.full)
+    baseline = "Stable"
+    if ro.baseline == "Fresh":
+        if c.rooms is None:
+            return None
+        if sum(x.free_gpus for x in c.rooms.values()) >= 2 * steps[0].replicas * c.spec.gpus_per_replica:
+            baseline = "Fresh"
+    r = RolloutStatus(phase="Progressing", revision=rev, from_revision=stable, step=0, steps=len(steps),
+                      capacity="Borrow" if c.capacity == "Borrow" else "Surge" if c.capacity == "Surge" else None,
+                      baseline=baseline, started_at=c.t, step_started_at=c.t,
+                      message=f"canary {rev} started against stable {stable}")
+    detail = "" if baseline == ro.baseline else "; no free GPUs for a fresh baseline, comparing with the stable pods"
+    c.event("Normal", "CanaryStarted", f"canary revision {rev} against stable {stable} "
+            f"({len(steps)} step(s): {', '.join(str(s.replicas) for s in steps)} pod(s){detail})")
+    return r
+
+
+def _before_recorded(c: _Round, r: RolloutStatus) -> RolloutStatus:
+    """The stable pods' pre-period and the margin this rollout can resolve, recorded once per rollout (with a
+    warning when the user's margin is finer than that)."""
+    if c.before is None or r.before_at is not None:
+        return r
+    pre, resolvable, margin = c.before
+    r = _upd(r, before=list(pre), before_at=c.t, resolvable_margin={"loopLatency": round(100 * resolvable, 2)})
+    if margin is not None and resolvable > margin:
+        msg = (f"with {len(pre)} stable pod(s) measured, the pods' spread and this schedule the gate resolves "
+               f"loop-latency margins of about {resolvable:.1%} or more, against maxRegression.loopLatency "
+               f"{margin:.0%}: a regression of that size is rolled back less than half the time; add steps or "
+               f"pods, or widen the margin")
+        c.event("Warning", "CanaryMarginUnresolvable", f"canary {c.rev}: {msg}")
+        r = _upd(r, warning=r.warning or msg)
+    return r
+
+
+def _user_action(c: _Round, r: RolloutStatus) -> tuple[RolloutStatus, bool]:
+    """The kubectl vlm annotation (abort, pause, resume, promote); True: roll back now."""
+    action, t, rev = c.action, c.t, c.rev
     if action == "abort":
         r = _upd(r, phase="Aborted", reason="AbortedByUser", message="aborted by annotation")
-        events.append(Event("Warning", "CanaryAborted", f"canary {rev} aborted by annotation"))
-        return _back(r)
+        c.event("Warning", "CanaryAborted", f"canary {rev} aborted by annotation")
+        return r, True
     if action == "pause" and r.phase != "Paused":
         r = _upd(r, phase="Paused", reason="PausedByUser", message="paused by annotation")
     elif action == "resume" and r.phase == "Paused":
         r = _upd(r, phase="Progressing", analysis_started_at=None, data_started_at=None, step_started_at=t,
                  reason="Resumed", message="resumed by annotation")
     elif action == "promote" and r.phase != "Promoting":
+        steps = c.spec.rollout.schedule(c.full) if c.spec.rollout else []
         r = _upd(r, step=len(steps) - 1, phase="Promoting", verdict="Promote", reason="PromotedByUser",
                  message="promoted by annotation", analysis_started_at=None, data_started_at=None, step_started_at=t)
-        events.append(Event("Normal", "CanaryPromoting", f"canary {rev} promoted by annotation: replacing the rest"))
+        c.event("Normal", "CanaryPromoting", f"canary {rev} promoted by annotation: replacing the rest")
+    return r, False
 
-    if decision is not None and r.phase in ("Analysing", "Promoting"):
-        if decision.warning and not r.warning:
-            events.append(Event("Warning", "CanaryMarginUnresolvable", decision.warning))
-        confident = any(s.verdict == "fail" for s in decision.signals)
-        if r.phase == "Analysing" or confident:
-            r = _upd(
-                r, last_analysis_at=t, analyses=r.analyses + 1, signals=_signals(decision) or r.signals,
-                verdict=decision.verdict, reason=decision.reason, message=decision.message,
-                warning=r.warning or decision.warning,
-                resolvable_margin=({"loopLatency": round(100 * decision.resolvable_margin, 2)}
-                                   if decision.resolvable_margin is not None else r.resolvable_margin),
-                warmup_shift=(round(100 * decision.warmup_shift, 2) if decision.warmup_shift is not None
-                              else r.warmup_shift),
-                comparison=list(decision.pairing) or r.comparison,
-                data_started_at=r.data_started_at or (
-                    _iso(decision.clock_started_at) if decision.clock_started_at is not None else None),
-            )
-        else:  # promoting: only a confident regression counts; the look is still recorded
-            r = _upd(r, last_analysis_at=t, analyses=r.analyses + 1, signals=_kept(_signals(decision), r.signals))
-        if decision.verdict == "Rollback" and (r.phase == "Analysing" or confident):
-            r = _upd(r, phase="RolledBack", regressed_function=decision.regressed_function,
-                     regressed_stage=decision.regressed_stage)
-            fn = f"; function {decision.regressed_function} grew most" if decision.regressed_function else ""
-            events.append(Event("Warning", "CanaryRolledBack", f"canary {rev} rolled back: {decision.message}{fn}"))
-            return _back(r)
-        if r.phase == "Analysing" and decision.verdict == "Pause":
-            r = _upd(r, phase="Paused")
-            events.append(Event("Warning", "CanaryPaused", f"canary {rev} paused: {decision.message}"))
-        elif r.phase == "Analysing" and decision.verdict == "Promote":
-            if r.step + 1 < len(steps):
-                clock = r.data_started_at or r.analysis_started_at
-                spent = max(0.0, now - parse_time(clock)) if clock else 0.0
-                r = _upd(r, step=r.step + 1, step_started_at=t, analysis_started_at=None, data_started_at=None,
-                         phase="Progressing", analysed_seconds=round(r.analysed_seconds + spent, 1))
-                events.append(Event("Normal", "CanaryStep", f"canary {rev} passed step {r.step}; moving on"))
-            else:
-                r = _upd(r, phase="Promoting", step_started_at=t, analysis_started_at=t, data_started_at=None)
-                events.append(Event("Normal", "CanaryPromoting",
-                                    f"canary {rev} passed its last step: replacing the remaining stable pods"))
 
-    # ---- the pods: a step grows the canary, promotion moves the rest, a pause holds
-    k = steps[min(r.step, len(steps) - 1)].replicas
-    gpr = spec.gpus_per_replica
+def _recorded_look(r: RolloutStatus, d: Decision, t: str, confident: bool) -> RolloutStatus:
+    """The look in status: every field while analysing (or a confident regression while promoting); while
+    promoting otherwise only the look's count and the signals it could estimate."""
+    if not (r.phase == "Analysing" or confident):
+        return _upd(r, last_analysis_at=t, analyses=r.analyses + 1, signals=_kept(_signals(d), r.signals))
+    return _upd(
+        r, last_analysis_at=t, analyses=r.analyses + 1, signals=_signals(d) or r.signals,
+        verdict=d.verdict, reason=d.reason, message=d.message, warning=r.warning or d.warning,
+        resolvable_margin=({"loopLatency": round(100 * d.resolvable_margin, 2)}
+                           if d.resolvable_margin is not None else r.resolvable_margin),
+        warmup_shift=round(100 * d.warmup_shift, 2) if d.warmup_shift is not None else r.warmup_shift,
+        comparison=list(d.pairing) or r.comparison,
+        data_started_at=r.data_started_at or (
+            _iso(d.clock_started_at) if d.clock_started_at is not None else None),
+    )
+
+
+def _verdict(c: _Round, r: RolloutStatus) -> tuple[RolloutStatus, bool]:
+    """The gate's verdict mapped to the rollout's next state (the gate decides; this only maps); True: roll back."""
+    d, rev, t = c.decision, c.rev, c.t
+    if d is None or r.phase not in ("Analysing", "Promoting"):
+        return r, False
+    if d.warning and not r.warning:
+        c.event("Warning", "CanaryMarginUnresolvable", d.warning)
+    confident = any(s.verdict == "fail" for s in d.signals)
+    r = _recorded_look(r, d, t, confident)
+    if d.verdict == "Rollback" and (r.phase == "Analysing" or confident):
+        r = _upd(r, phase="RolledBack", regressed_function=d.regressed_function, regressed_stage=d.regressed_stage)
+        fn = f"; function {d.regressed_function} grew most" if d.regressed_function else ""
+        c.event("Warning", "CanaryRolledBack", f"canary {rev} rolled back: {d.message}{fn}")
+        return r, True
+    if r.phase == "Analysing" and d.verdict == "Pause":
+        r = _upd(r, phase="Paused")
+        c.event("Warning", "CanaryPaused", f"canary {rev} paused: {d.message}")
+    elif r.phase == "Analysing" and d.verdict == "Promote":
+        steps = c.spec.rollout.schedule(c.full) if c.spec.rollout else []
+        if r.step + 1 < len(steps):
+            clock = r.data_started_at or r.analysis_started_at
+            spent = max(0.0, c.now - parse_time(clock)) if clock else 0.0
+            r = _upd(r, step=r.step + 1, step_started_at=t, analysis_started_at=None, data_started_at=None,
+                     phase="Progressing", analysed_seconds=round(r.analysed_seconds + spent, 1))
+            c.event("Normal", "CanaryStep", f"canary {rev} passed step {r.step}; moving on")
+        else:
+            r = _upd(r, phase="Promoting", step_started_at=t, analysis_started_at=t, data_started_at=None)
+            c.event("Normal", "CanaryPromoting", f"canary {rev} passed its last step: replacing the remaining stable pods")
+    return r, False
+
+
+def _step_move(c: _Round, r: RolloutStatus, k: int) -> M.Move:
+    """A step grows the canary to its k pods (Analysing, Paused: they stay; one lost with its Deployment, deleted
+    by hand, comes back); promotion moves the rest."""
+    gpr = c.spec.gpus_per_replica
     if r.phase == "Promoting":
-        m = M.Move(to=rev, target=full, total=full, max_unavailable=u, gpus_per_replica=gpr, surge=surge)
+        m = M.Move(to=c.rev, target=c.full, total=c.full, max_unavailable=c.u, gpus_per_replica=gpr, surge=c.surge)
     else:
-        # (Analysing, Paused: the step's pods stay; one lost with its Deployment, deleted by hand, comes back)
-        target = k
-        m = M.Move(to=rev, target=target, total=full, max_unavailable=u, gpus_per_replica=gpr, hold_surplus=True,
-                   keep_old=1, surge=surge)
-    if not replace:
-        m = M.Move(**{**m.__dict__, "max_unavailable": 0})
-    out = run(m, r)
+        m = M.Move(to=c.rev, target=k, total=c.full, max_unavailable=c.u, gpus_per_replica=gpr, hold_surplus=True,
+                   keep_old=1, surge=c.surge)
+    return m if c.replace else M.Move(**{**m.__dict__, "max_unavailable": 0})
+
+
+def _step_clock(c: _Round, r: RolloutStatus, out: M.Outcome, k: int) -> tuple[RolloutStatus, bool]:
+    """A progressing step: analysed once its pods (and a fresh baseline's) are Ready, rolled back when they are
+    not within startupTimeout (True), its clock held while it waits for a GPU."""
+    if r.phase != "Progressing":
+        return r, False
+    prev, rev = c.prev, c.rev
+    ro = c.spec.rollout
+    assert ro is not None
+    if out.no_capacity and (prev.waiting if prev is not None and prev.revision == rev else None) != out.waiting:
+        c.event("Warning", "CanaryWaitingForGPU",
+                f"canary {rev}: {out.waiting}; it waits (kubectl vlm promote replaces without analysis)")
+    fresh_ready = sum(1 for p in c.observed.pods if p.labelled_role == BASELINE_KEY and p.ready and not p.terminating)
+    if out.done and (r.baseline != "Fresh" or fresh_ready >= k):  # a fresh baseline starts with the canary
+        return _upd(r, phase="Analysing", analysis_started_at=c.t, data_started_at=None, waiting=None,
+                    evidence_since=r.evidence_since or c.t), False
+    if not out.no_capacity and c.now - parse_time(r.step_started_at) >= parse_duration(ro.startup_timeout):
+        msg = f"canary pods of step {r.step + 1} not Ready within startupTimeout {ro.startup_timeout}"
+        r = _upd(r, phase="RolledBack", verdict="Rollback", reason="CanaryStartTimeout", message=msg)
+        c.event("Warning", "CanaryRolledBack", f"canary {rev} rolled back: {msg}")
+        return r, True
+    if out.no_capacity:
+        r = _upd(r, step_started_at=c.t)
+    return r, False
+
+
+def _fresh_baseline(c: _Round, r: RolloutStatus, k: int) -> tuple[RolloutStatus, dict[str, Any] | None]:
+    """A fresh baseline next to the canary while its steps are analysed, given up for the stable pods when its
+    pod stays unschedulable."""
+    if not (r.baseline == "Fresh" and r.phase in ("Progressing", "Analysing", "Paused") and c.stable in c.deps):
+        return r, None
+    stuck = [p for p in c.observed.pods if p.labelled_role == BASELINE_KEY and p.unschedulable]
+    if stuck and c.now - parse_time(r.step_started_at) >= FRESH_BASELINE_PATIENCE_S:
+        r = _upd(r, baseline="Stable", message="no free GPU for the fresh baseline: comparing with the stable pods")
+        c.event("Normal", "CanaryBaselineStable", "no free GPU for a fresh baseline: comparing with the stable pods")
+        return r, None
+    assert c.stable is not None
+    return r, B.build_baseline(c.owner, c.deps[c.stable]["spec"]["template"], c.stable, k)
+
+
+def _step_pods(c: _Round, r: RolloutStatus) -> Plan:
+    """The pods of the rollout's current step (or of the promotion), and what their progress means."""
+    ro = c.spec.rollout
+    assert ro is not None
+    steps = ro.schedule(c.full)
+    k = steps[min(r.step, len(steps) - 1)].replicas
+    out = c.run(_step_move(c, r, k), r)
     if out is None:
-        return _rooms(stable, r, canary=rev)
+        return _rooms(c.stable, r, canary=c.rev)
     r = _upd(r, pairs=_pairs_out(out.pairs), waiting=out.waiting)
     if out.added:
-        r = _upd(r, step_started_at=t)  # the start-up clock counts from the last pod placed
-
-    if r.phase == "Progressing":
-        if out.no_capacity and (prev.waiting if prev is not None and prev.revision == rev else None) != out.waiting:
-            events.append(Event("Warning", "CanaryWaitingForGPU",
-                                f"canary {rev}: {out.waiting}; it waits (kubectl vlm promote replaces without analysis)"))
-        fresh_ready = sum(1 for p in observed.pods if p.labelled_role == BASELINE_KEY and p.ready and not p.terminating)
-        if out.done and (r.baseline != "Fresh" or fresh_ready >= k):  # a fresh baseline starts with the canary
-            r = _upd(r, phase="Analysing", analysis_started_at=t, data_started_at=None, waiting=None,
-                     evidence_since=r.evidence_since or t)
-        elif not out.no_capacity and now - parse_time(r.step_started_at) >= parse_duration(ro.startup_timeout):
-            msg = f"canary pods of step {r.step + 1} not Ready within startupTimeout {ro.startup_timeout}"
-            r = _upd(r, phase="RolledBack", verdict="Rollback", reason="CanaryStartTimeout", message=msg)
-            events.append(Event("Warning", "CanaryRolledBack", f"canary {rev} rolled back: {msg}"))
-            return _back(r)
-        elif out.no_capacity:
-            r = _upd(r, step_started_at=t)
+        r = _upd(r, step_started_at=c.t)  # the start-up clock counts from the last pod placed
+    r, back = _step_clock(c, r, out, k)
+    if back:
+        return _back(c, r)
     if r.phase == "Promoting" and out.done:
         r = _upd(r, phase="Promoted", verdict="Promote", waiting=None,
                  reason=r.reason if r.reason == "PromotedByUser" else "Promoted",
-                 message=r.message if r.reason == "PromotedByUser" else f"all {full} replicas run {rev}")
-        events.append(Event("Normal", "CanaryPromoted", f"canary {rev} promoted to stable: {r.message}"))
-        return finish(out, rev, None, r)
-
-    # a fresh baseline next to the canary while its steps are analysed
-    base = None
-    if r.baseline == "Fresh" and r.phase in ("Progressing", "Analysing", "Paused") and stable in deps:
-        stuck = [p for p in observed.pods if p.labelled_role == BASELINE_KEY and p.unschedulable]
-        if stuck and now - parse_time(r.step_started_at) >= FRESH_BASELINE_PATIENCE_S:
-            r = _upd(r, baseline="Stable", message="no free GPU for the fresh baseline: comparing with the stable pods")
-            events.append(Event("Normal", "CanaryBaselineStable",
-                                "no free GPU for a fresh baseline: comparing with the stable pods"))
-        else:
-            base = B.build_baseline(owner, deps[stable]["spec"]["template"], stable, k)
+                 message=r.message if r.reason == "PromotedByUser" else f"all {c.full} replicas run {c.rev}")
+        c.event("Normal", "CanaryPromoted", f"canary {c.rev} promoted to stable: {r.message}")
+        return c.finish(out, c.rev, None, r)
+    r, base = _fresh_baseline(c, r, k)
     # The fresh baseline's pods wait behind the gate until the canary's are on their nodes: otherwise the
     # scheduler may give one the free GPU a canary pod is pinned to.
     more: list[tuple[str, str | None]] = []
-    canary_pods = [p for p in pods if p.revision == rev and not p.terminating]
-    if base is not None and len(canary_pods) >= out.replicas.get(rev, 0) and all(p.node for p in canary_pods):
-        more = [(p.name, None) for p in sorted(observed.pods, key=lambda p: p.name)
+    canary_pods = [p for p in c.pods if p.revision == c.rev and not p.terminating]
+    if base is not None and len(canary_pods) >= out.replicas.get(c.rev, 0) and all(p.node for p in canary_pods):
+        more = [(p.name, None) for p in sorted(c.observed.pods, key=lambda p: p.name)
                 if p.labelled_role == BASELINE_KEY and p.gated and not p.terminating]
-    return finish(out, stable, rev, r, want=full if r.phase != "Promoting" else floor(u), baseline=base,
-                  keep=(stable,), more=more)
+    return c.finish(out, c.stable, c.rev, r, want=c.full if r.phase != "Promoting" else c.floor(c.u), baseline=base,
+                    keep=(c.stable,), more=more)
 
 
 def _rooms(stable: str | None, r: RolloutStatus | None, canary: str | None = None) -> Plan:
@@ -410,7 +526,7 @@ def _rooms(stable: str | None, r: RolloutStatus | None, canary: str | None = Non
     return Plan({}, stable, canary, r, hands_off=True, wants_rooms=True)
 
 
-__all__ = ["Event", "Plan", "plan", "stable_revision"]
+__all__ = ["Event", "Plan", "needs_rooms", "plan", "stable_revision"]
 
 
 # The phases in which the canary is analysed: the load hook runs then.

@@ -134,10 +134,12 @@ def test_the_operator_process_imports_kopf_and_its_handlers_without_the_kubernet
     the process, and kopf and every operator module load without it; with an exec plugin it stays importable."""
     code = textwrap.dedent("""
         import sys
-        from vlm_operator.kubeconn import keep_client_library_out
+        from vlm_operator.cluster.connection import keep_client_library_out
         kept_out = keep_client_library_out()
         import kopf
-        from vlm_operator import analysis, handlers, reconcile, rollout, sources  # noqa: F401
+        from vlm_operator.analysis import handoff, sources  # noqa: F401
+        from vlm_operator.controller import handlers, reconcile  # noqa: F401
+        from vlm_operator.rollout import steps  # noqa: F401
         loaded = [m for m in sys.modules if m.split(".")[0] == "kubernetes" and sys.modules[m] is not None]
         print(kept_out, loaded)
     """)

@@ -92,14 +92,15 @@ def test_observed_goes_gather_decide_act_without_returning_to_a_module_it_left()
         t += 60
         c.kube.settle("svc")
         places = walk(c, t)
-        if ("analysis", "_look") in places:
+        if ("analysis.handoff+", "_look") in places:
             break
-    assert ("analysis+", "_look") in places, places
+    assert ("analysis.handoff+", "_look") in places, places
     # The index's snapshot: only the reconcile, and the stable revision it settles before anything else.
     before = [p for p in places if not p[0].endswith("+")]
-    assert before == [("reconcile", "reconcile"), ("reconcile", "_reconcile"), ("rollout", "stable_revision")], places
+    assert before == [("controller.reconcile", "reconcile"), ("controller.reconcile", "_reconcile"),
+                      ("rollout.steps", "stable_revision")], places
     assert places[: len(before)] == before  # all of it before the snapshot with roles is made
     modules = collapse([(m.removesuffix("+"), f) for m, f in places[len(before):]])
     assert len(modules) == len(set(modules)), f"the walk returns to a module it left: {modules} ({places})"
-    assert modules == ["analysis", "rollout", "status", "act"], modules
+    assert modules == ["analysis.handoff", "rollout.steps", "status.build", "controller.act"], modules
     assert isinstance(c.kube.observed("svc"), Observed)

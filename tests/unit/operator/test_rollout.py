@@ -88,13 +88,13 @@ class World:
         r = self.rollout if prev == "status" else prev
         stable = rollout.stable_revision(self.stable, obs)
 
-        def once(rooms):
-            return rollout.plan(OWNER, self.spec, desired(self.spec), obs, r, stable=stable, now=now, rooms=rooms,
-                                decision=decision, action=action)
-
-        p = once(None)
-        if p.wants_rooms:
-            p = once({n: placement.Room(f, z) for n, (f, z) in self.kube.rooms("").items()})
+        rooms = None
+        if rollout.needs_rooms(self.spec, desired(self.spec), obs, r, stable):  # the reconcile's one read, as it does
+            rooms = {n: placement.Room(f, z) for n, (f, z) in self.kube.rooms("").items()}
+        p = rollout.plan(OWNER, self.spec, desired(self.spec), obs, r, stable=stable, now=now, rooms=rooms,
+                         decision=decision, action=action)
+        # needs_rooms must cover every move that surges: a plan asking for the rooms it was not given is a bug
+        assert not p.wants_rooms, "plan wanted the nodes' free GPUs that needs_rooms did not ask for"
         return p
 
     def step(self, now: float, *, settle: bool = True, ready: bool = True, **kw) -> rollout.Plan:

@@ -54,7 +54,7 @@ def test_every_readme_variable_is_a_setting_with_the_documented_default():
 
 
 def test_module_docstring_lists_every_field():
-    import vlm_operator.settings as mod
+    import vlm_operator.api.settings as mod
 
     for f in Settings.model_fields:
         assert env_name(f) in mod.__doc__, f

@@ -42,7 +42,7 @@ def _expose(name: str, kind: str) -> set[str]:
 
 
 def exported_names() -> set[str]:
-    import vlm_operator.metrics as om
+    import vlm_operator.api.metrics as om
     from vlm_sidecar.collector import StoreSnapshot, build_families
 
     names: set[str] = set()

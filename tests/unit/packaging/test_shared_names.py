@@ -6,7 +6,7 @@ Shared: the scheduler stages (same order), the front-end roles, the sidecar's po
 pod builder gives the sidecar (with the labels it reads through the downward API), the /windows.json
 entry (every key the operator's parser reads is one the sidecar writes, and a real entry fills every field
 of the operator's Window), the JSON log line. Also within the operator: the API's Literal types are built
-from vlm_operator.names, and names.py imports nothing.
+from vlm_operator.api.names, and names.py imports nothing.
 """
 
 from __future__ import annotations
