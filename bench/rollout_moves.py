@@ -63,7 +63,7 @@ def walk(n: int, gpus_per_node: int, verdict_last: str, steps: list[int] | None 
     def round_(now: float, decision: Decision | None) -> rollout.Plan:
         nonlocal stable, r
         obs = kube.observed("svc")
-        st = rollout.stable_revision(stable, obs)
+        st = obs.stable_revision(stable)
         canary = r.revision if r and r.phase in ACTIVE_PHASES and r.revision != st else None
         obs = obs.with_roles(st, canary)
         d = builders.build_desired(OWNER, sp, Settings())

@@ -207,6 +207,17 @@ class Observed:
         """The revision's pods that are not on their way out (the fresh baseline's excluded)."""
         return [p for p in self.pods if p.revision == revision and not p.terminating and p.role != ROLE_BASELINE]
 
+    def stable_revision(self, recorded: str | None) -> str | None:
+        """The stable revision: status.stableRevision while its Deployment exists; otherwise (a service from a
+        release before revision Deployments, or a status lost) the revision with the most Ready pods, adopted as it
+        runs."""
+        revs = self.revisions()
+        if recorded in revs:
+            return recorded
+        if not revs:
+            return None
+        return max(revs, key=lambda r: (self.ready_of(r), self.replicas(r), r))
+
     def with_roles(self, stable: str | None, canary: str | None) -> Observed:
         """The same snapshot with each pod's role as the revisions in status say (a pod's label may lag: the
         operator relabels a promoted canary's pods after the promotion): stable, canary, baseline (the fresh

@@ -175,7 +175,7 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
         _report(rt, t, observed, emit, now_dt, invalid=msg)
         return "ok"
     prev = api.RolloutStatus.model_validate(t.status["rollout"]) if t.status.get("rollout") else None
-    stable_rev = rollout.stable_revision(t.status.get("stableRevision"), observed)
+    stable_rev = observed.stable_revision(t.status.get("stableRevision"))
     canary_seen = prev.revision if prev and prev.phase in ACTIVE_PHASES and prev.revision != stable_rev else None
     observed = observed.with_roles(stable_rev, canary_seen)
     action = (t.annotations.get(ANNOTATION_ROLLOUT_ACTION) or "").strip().lower() or None

@@ -93,17 +93,6 @@ def _pairs_out(pairs: Sequence[M.Pair]) -> list[PairStatus]:
     return [PairStatus(**p.__dict__) for p in pairs][-512:]
 
 
-def stable_revision(recorded: str | None, observed: Observed) -> str | None:
-    """The stable revision: status.stableRevision while its Deployment exists; otherwise (a service from a release
-    before revision Deployments, or a status lost) the revision with the most Ready pods, adopted as it runs."""
-    revs = observed.revisions()
-    if recorded in revs:
-        return recorded
-    if not revs:
-        return None
-    return max(revs, key=lambda r: (observed.ready_of(r), observed.replicas(r), r))
-
-
 @dataclass
 class _Round:
     """One plan's inputs, what follows from them, and the Events it collects; the phase functions below share it."""
@@ -526,7 +515,7 @@ def _rooms(stable: str | None, r: RolloutStatus | None, canary: str | None = Non
     return Plan({}, stable, canary, r, hands_off=True, wants_rooms=True)
 
 
-__all__ = ["Event", "Plan", "needs_rooms", "plan", "stable_revision"]
+__all__ = ["Event", "Plan", "needs_rooms", "plan"]
 
 
 # The phases in which the canary is analysed: the load hook runs then.

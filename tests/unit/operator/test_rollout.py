@@ -77,7 +77,7 @@ class World:
     # what a reconcile reads
     def observed(self) -> Observed:
         obs = self.kube.observed("svc")
-        stable = rollout.stable_revision(self.stable, obs)
+        stable = obs.stable_revision(self.stable)
         prev = self.rollout
         canary = prev.revision if prev and prev.phase in ACTIVE_PHASES and prev.revision != stable else None
         return obs.with_roles(stable, canary)
@@ -86,7 +86,7 @@ class World:
              prev: api.RolloutStatus | str | None = "status") -> rollout.Plan:
         obs = self.observed()
         r = self.rollout if prev == "status" else prev
-        stable = rollout.stable_revision(self.stable, obs)
+        stable = obs.stable_revision(self.stable)
 
         rooms = None
         if rollout.needs_rooms(self.spec, desired(self.spec), obs, r, stable):  # the reconcile's one read, as it does

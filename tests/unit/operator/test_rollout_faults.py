@@ -8,7 +8,6 @@ before the fixes in placement.py.)"""
 from __future__ import annotations
 
 from vlm_operator.controller import act
-from vlm_operator.rollout import steps as rollout
 
 from .test_rollout import CHANGE, T0, TIGHT, World, spec
 
@@ -18,7 +17,7 @@ def _stale_pods(w: World, pods):
     fills its pod and Deployment indexes from two watches, so one may show our own write and the other not yet."""
     def observed():
         obs = w.kube.observed("svc", pods=pods)
-        stable = rollout.stable_revision(w.stable, obs)
+        stable = obs.stable_revision(w.stable)
         return obs.with_roles(stable, None)
     w.observed = observed  # type: ignore[method-assign]
 
