@@ -74,9 +74,7 @@ def _type(tp: Any, metadata: list[Any] = ()) -> str:
         return f"map of {_type(typing.get_args(tp)[1])}"
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return f"`{tp.__name__}` (Kubernetes)" if tp.__name__ in CORE else "object"
-    patterns = {getattr(m, "pattern", None) for m in metadata}
-    for m in metadata:  # pydantic keeps Field(pattern=...) in a general-metadata object
-        patterns.add(getattr(m, "pattern", None))
+    patterns = {getattr(m, "pattern", None) for m in metadata}  # Field(pattern=...) of the Duration, Quantity aliases
     if api.DURATION_PATTERN in patterns:
         return "duration"
     if api.QUANTITY_PATTERN in patterns:
