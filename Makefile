@@ -29,6 +29,7 @@ lint:
 	$(PY) -m vlm_operator.desired.alerts --check
 	$(PY) dashboards/build.py --check
 	$(PY) hack/chart-readme.py --check
+	$(PY) hack/gen-docs.py --check
 
 # Unit (fast and slow), SGLang wheel compatibility, integration and e2e tiers, in that order
 # (pyproject.toml's testpaths: the py-spy measurements run before the control plane starts).

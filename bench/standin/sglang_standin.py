@@ -12,7 +12,7 @@ It mimics what the profiler sidecar and the canary gate look at, and nothing els
   image prefills several times longer than decode steps, and optionally N idle threads (py-spy's cost);
 - a multimodal input cost that follows the env vars and flags SGLang reads
   (``SGLANG_USE_IPC_POOL_HANDLE_CACHE``, ``SGLANG_USE_CUDA_IPC_TRANSPORT``, ``--mm-feature-transport``) with
-  each version's defaults (the README's IPC-cache table), so the flags the operator writes into a pod decide its speed;
+  each version's defaults (the IPC-cache table in docs/objects.md), so the flags the operator writes into a pod decide its speed;
 - SGLang-named metrics on ``--port`` (``/metrics`` with ``--enable-metrics``, ``/health``), computed from
   its own loop;
 - its true time accounting at ``/standin/accounting`` (JSON: per-iteration ring -> stage seconds and shares,

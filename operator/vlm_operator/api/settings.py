@@ -1,4 +1,4 @@
-"""Operator settings, from environment variables (each documented in the README).
+"""Operator settings, from environment variables (each documented in docs/settings.md).
 
 | env                         | default                          | meaning                                   |
 |-----------------------------|----------------------------------|-------------------------------------------|
@@ -49,7 +49,7 @@ Read by pydantic-settings: each field of `Settings` is the variable `VLM_<FIELD>
 `Settings(...)` with keywords reads no environment (tests and builders stay pure).
 
 Adding a setting: one annotated field with its default and `description=` below, a row in the table above
-and the README's; comma lists and JSON values need `NoDecode` plus a `mode="before"` validator (as
+and in docs/settings.md (its generated table: `python hack/gen-docs.py`; its Details table by hand); comma lists and JSON values need `NoDecode` plus a `mode="before"` validator (as
 `namespaces` and `profiler_peers`), so a bad value fails with the variable's name, never a traceback.
 """
 

@@ -380,7 +380,7 @@ def build_pod_template(
     liveness: sglang.LivenessPlan | None = None,
 ) -> dict[str, Any]:
     """The role-independent pod template; its hash is the revision. Every container's requests equal its limits:
-    the pod is Guaranteed (README, "What the operator creates")."""
+    the pod is Guaranteed (docs/objects.md)."""
     image = spec.sglang.image or settings.sglang_image
     if liveness is None:
         liveness = liveness_plan(spec, sglang.resolve_version(spec.sglang.version, image))

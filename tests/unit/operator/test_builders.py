@@ -1,4 +1,4 @@
-"""Pure builders: golden manifests per example, and the pod-shape rules the README states.
+"""Pure builders: golden manifests per example, and the pod-shape rules docs/objects.md states.
 
 Regenerate the golden files with UPDATE_GOLDEN=1.
 """

@@ -1,4 +1,4 @@
-"""The stand-in's version rules follow the released wheels (the README's IPC-cache table), and its metrics and accounting are served."""
+"""The stand-in's version rules follow the released wheels (the IPC-cache table in docs/objects.md), and its metrics and accounting are served."""
 
 from __future__ import annotations
 
