@@ -2,7 +2,7 @@
 default schedule 1, 2, 4, ... while a stable pod is left, baseline Stable).
 
 Each scenario walks one rollout through the operator's own plan (`rollout.plan`, `placement.move`) and writes
-(`act.place_pods`, the revision Deployments) on the test suite's fake cluster (tests/unit/operator/fakekube.py:
+(`act.pod_writes`, the revision Deployments) on the test suite's fake cluster (tests/unit/operator/fakekube.py:
 its ReplicaSets remove the lowest pod-deletion-cost first, its scheduler honours pins and free GPUs, a placed
 pod is Ready at the next round, as a model load that takes one resync). The gate is not run: every look says
 Promote (or Rollback at the last step, for the rollback rows), so the rows measure the mechanics alone.
@@ -73,11 +73,13 @@ def walk(n: int, gpus_per_node: int, verdict_last: str, steps: list[int] | None 
             rooms = {k: placement.Room(f, z) for k, (f, z) in kube.rooms("").items()}
         p = rollout.plan(OWNER, sp, d, obs, r, stable=st, now=now, rooms=rooms, decision=decision)
         assert not p.wants_rooms
-        act.place_pods(kube, "ns", p, obs)
-        for rev, body in sorted(p.deployments.items()):
+        for x in act.pod_writes("ns", p, obs):
+            kube.patch_pod(x.namespace, x.name, x.patch)
+        deps, _ = builders.revision_deployments(OWNER, d, obs.deployments, p.replicas, p.baseline)
+        for rev, body in sorted(deps.items()):
             kube.apply(body, obs.deployments.get(rev))
         for rev, body in obs.deployments.items():
-            if rev not in p.deployments and rev != BASELINE_KEY:
+            if rev not in deps and rev != BASELINE_KEY:
                 kube.delete("apps/v1", "Deployment", "ns", body["metadata"]["name"])
         stable = p.stable_revision
         r = api.RolloutStatus.model_validate(p.rollout.model_dump(by_alias=True, exclude_none=True)) if p.rollout else None

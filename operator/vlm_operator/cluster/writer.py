@@ -30,6 +30,41 @@ def _rv(text: str | None) -> int | None:
         return None
 
 
+@dataclass(frozen=True)
+class Apply:
+    """Server-side apply of `obj` (only where it differs from `current`, the snapshot's copy; None: not seen)."""
+
+    obj: Mapping[str, Any]
+    current: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Delete:
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class PatchPod:
+    """A placement, a role label or a removal mark on one pod."""
+
+    namespace: str
+    name: str
+    patch: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Confirm:
+    """The snapshot shows this object: `Writer.apply` may send it again if asked."""
+
+    key: ObjectKey
+
+
+Write = Apply | Delete | PatchPod | Confirm
+
+
 @dataclass
 class Writer:
     kube: KubeAPI
@@ -90,6 +125,18 @@ class Writer:
             mine[key] = (digest, t)
             self.unconfirmed[uid] = mine
         return wrote
+
+    def write(self, uid: str, writes: list[Write]) -> None:
+        """A reconcile's intended writes, in order (the first refusal raises and stops the rest)."""
+        for x in writes:
+            if isinstance(x, Apply):
+                self.apply(uid, x.obj, x.current)
+            elif isinstance(x, Delete):
+                self.delete(uid, x.api_version, x.kind, x.namespace, x.name)
+            elif isinstance(x, PatchPod):
+                self.patch_pod(x.namespace, x.name, x.patch)
+            else:
+                self.confirmed(uid, x.key)
 
     def confirmed(self, uid: str, key: ObjectKey) -> None:
         """The index shows the object `key` (apiVersion, kind, namespace, name): `apply` sends it again if asked."""

@@ -1,7 +1,9 @@
-"""Act: write what a reconcile decided, through the one writer (`kube.Writer`), then the status and Events.
+"""Act: what a reconcile decided, as the writes the one writer (`cluster.writer.Writer`) sends, then the status
+and Events.
 
-Nothing here decides: the plan (vlm_operator.rollout.steps), the desired objects (vlm_operator.desired.builders) and the
-status (vlm_operator.status.build) arrive made; this module only orders the writes.
+Nothing here decides: the plan (vlm_operator.rollout.steps), the desired objects (vlm_operator.desired.builders)
+and the status (vlm_operator.status.build) arrive made; `intended` only lists and orders the writes (pure), and
+the reconcile hands the list to the writer in one call.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from vlm_operator.api.names import (
     VICTIM_COST,
 )
 from vlm_operator.cluster.observed import BASELINE_KEY, Observed
-from vlm_operator.cluster.writer import Writer
+from vlm_operator.cluster.writer import Apply, Confirm, Delete, PatchPod, Write, Writer
 from vlm_operator.desired import alerts, builders
 from vlm_operator.rollout import steps as rollout
 from vlm_operator.status import build as S
@@ -27,73 +29,70 @@ from vlm_operator.status import conditions as C
 Emit = Callable[[str, str, str], None]  # (type, reason, message)
 
 
-def apply_plan(w: Writer, uid: str, status: Mapping[str, Any], generation: int | None, spec: api.VLMServiceSpec,
-               desired: builders.Desired, plan: rollout.Plan, observed: Observed, owner: builders.Owner, *,
-               busy: bool, monitoring: bool, monitoring_labels: Mapping[str, str],
-               alert_overrides: Any, load_job: Mapping[str, Any] | None = None,
-               weights_job: Mapping[str, Any] | None = None) -> None:
-    """Write what the plan wants: the budget and the policy once per spec generation, before the Deployments (a
-    pod never runs without its NetworkPolicy), the Deployments and the Service always (each only where it
-    differs), then the monitoring objects. In a burst of new services (`busy`) a missing Service waits
-    for the service's next resync, like the monitoring objects: a Service costs the API server more than
-    itself (the endpoints controller makes an Endpoints object and an EndpointSlice for it), and nothing
-    routes to a pod for many seconds after its Deployment anyway; the Deployments go first."""
-    if weights_job is not None:  # even while hands off: the weights come before anything else can
-        _apply_job(w, uid, owner, weights_job, observed)
+def intended(uid: str, status: Mapping[str, Any], generation: int | None, spec: api.VLMServiceSpec,
+             plan: rollout.Plan, observed: Observed, owner: builders.Owner, *, service: Mapping[str, Any],
+             deployments: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any] | None,
+             network_policy: Mapping[str, Any] | None, pdb: Mapping[str, Any] | None, busy: bool, monitoring: bool,
+             monitoring_labels: Mapping[str, str], alert_overrides: Any, load_job: Mapping[str, Any] | None = None,
+             weights_job: Mapping[str, Any] | None = None) -> list[Write]:
+    """Every write the plan wants, in order (pure; `Writer.write` sends them): the weights Job (even while hands
+    off: the weights come before anything else can), the budget and the policy once per spec generation, before
+    the Deployments (a pod never runs without its NetworkPolicy), the pods' writes, the Deployments and the
+    Service (each only where it differs), the load Job, then the monitoring objects. In a burst of new services
+    (`busy`) a missing Service waits for the service's next resync, like the monitoring objects: a Service costs
+    the API server more than itself (the endpoints controller makes an Endpoints object and an EndpointSlice for
+    it), and nothing routes to a pod for many seconds after its Deployment anyway; the Deployments go first."""
+    out: list[Write] = []
+    if weights_job is not None:
+        out += _job(owner, weights_job, observed)
     if plan.hands_off:
-        return
+        return out
     changed = status.get("observedGeneration") != generation
     if changed:
         # Both follow the spec alone (and the operator's settings): applied once per generation, like the
         # PodMonitor; deleted when the spec no longer wants them (replicas <= 1, networkPolicy Off).
-        for api_version, kind, want in (
-            ("networking.k8s.io/v1", "NetworkPolicy", desired.network_policy),
-            ("policy/v1", "PodDisruptionBudget", desired.pdb),
-        ):
+        for api_version, kind, want in (("networking.k8s.io/v1", "NetworkPolicy", network_policy),
+                                        ("policy/v1", "PodDisruptionBudget", pdb)):
             if want is not None:
-                w.apply(uid, want, None)
+                out.append(Apply(want))
             elif not (generation == 1 and "observedGeneration" not in status):
                 # (Never reconciled, and its spec never changed: every reconcile so far saw this spec and
                 # wanted none, so none was made. One DELETE answered 404 less per new service.)
-                w.delete(uid, api_version, kind, owner.namespace, owner.name)
+                out.append(Delete(api_version, kind, owner.namespace, owner.name))
     # Pods first: a victim is marked before its Deployment is scaled down (so its ReplicaSet removes that pod),
     # gated pods are released (pinned to their pair's node) and role labels caught up.
-    place_pods(w, owner.namespace, plan, observed)
-    for rev, want in sorted(plan.deployments.items()):
-        w.apply(uid, want, observed.deployments.get(rev))
-    if plan.baseline is not None:
-        w.apply(uid, plan.baseline, observed.deployments.get(BASELINE_KEY))
+    out += pod_writes(owner.namespace, plan, observed)
+    out += [Apply(want, observed.deployments.get(rev)) for rev, want in sorted(deployments.items())]
+    if baseline is not None:
+        out.append(Apply(baseline, observed.deployments.get(BASELINE_KEY)))
     elif BASELINE_KEY in observed.deployments:
-        w.delete(uid, "apps/v1", "Deployment", owner.namespace, _name(observed.deployments[BASELINE_KEY]))
-    for rev, body in sorted(observed.deployments.items()):
-        if rev != BASELINE_KEY and rev not in plan.deployments:
-            w.delete(uid, "apps/v1", "Deployment", owner.namespace, _name(body))
+        out.append(Delete("apps/v1", "Deployment", owner.namespace, _name(observed.deployments[BASELINE_KEY])))
+    out += [Delete("apps/v1", "Deployment", owner.namespace, _name(body))
+            for rev, body in sorted(observed.deployments.items()) if rev != BASELINE_KEY and rev not in deployments]
     if observed.service is not None or not busy:
-        w.apply(uid, desired.service, observed.service)
-    apply_load(w, uid, owner, load_job, observed)
+        out.append(Apply(service, observed.service))
+    out += load_writes(owner, load_job, observed)
     if monitoring:
-        _apply_monitoring(w, uid, changed, spec, observed, owner, busy=busy, extra=monitoring_labels,
-                          overrides=alert_overrides)
+        out += _monitoring(changed, spec, observed, owner, busy=busy, extra=monitoring_labels,
+                           overrides=alert_overrides)
+    return out
 
 
-def apply_load(w: Writer, uid: str, owner: builders.Owner, want: Mapping[str, Any] | None, observed: Observed) -> None:
+def load_writes(owner: builders.Owner, want: Mapping[str, Any] | None, observed: Observed) -> list[Write]:
     """The load hook's Job: created when the index does not show it; every other load Job of the service deleted
     (its pods go with it: the delete propagates in the background). A finished one is left to its TTL."""
     name = _name(want) if want is not None else None
-    for n, job in sorted(observed.jobs.items()):
-        if job.component == builders.LOAD_COMPONENT and n != name:
-            w.delete(uid, "batch/v1", "Job", owner.namespace, n)
-    if want is not None:
-        _apply_job(w, uid, owner, want, observed)
+    out: list[Write] = [Delete("batch/v1", "Job", owner.namespace, n) for n, job in sorted(observed.jobs.items())
+                        if job.component == builders.LOAD_COMPONENT and n != name]
+    return out + (_job(owner, want, observed) if want is not None else [])
 
 
-def _apply_job(w: Writer, uid: str, owner: builders.Owner, want: Mapping[str, Any], observed: Observed) -> None:
+def _job(owner: builders.Owner, want: Mapping[str, Any], observed: Observed) -> list[Write]:
     """A Job created when the index does not show it (its template is immutable: a changed one has a new name)."""
     name = _name(want)
     if name in observed.jobs:
-        w.confirmed(uid, ("batch/v1", "Job", owner.namespace, name))
-    else:
-        w.apply(uid, want, None)
+        return [Confirm(("batch/v1", "Job", owner.namespace, name))]
+    return [Apply(want)]
 
 
 def _name(body: Mapping[str, Any]) -> str:
@@ -111,13 +110,13 @@ def pin_terms(template: Mapping[str, Any] | None, node: str) -> list[dict[str, A
     return [{**t, "matchFields": [*(t.get("matchFields") or []), pin]} for t in terms]
 
 
-def place_pods(w: Writer, namespace: str, plan: rollout.Plan, observed: Observed) -> None:
+def pod_writes(namespace: str, plan: rollout.Plan, observed: Observed) -> list[PatchPod]:
     """The plan's pod writes: removal marks, releases from the scheduling gate (with a node pin where the pod
     pairs with one), role labels."""
     role = dict(plan.labels)
     revision = {p.name: p.revision for p in observed.pods}
-    for pod in plan.victims:
-        w.patch_pod(namespace, pod, {"metadata": {"annotations": {ANNOTATION_DELETION_COST: VICTIM_COST}}})
+    out = [PatchPod(namespace, pod, {"metadata": {"annotations": {ANNOTATION_DELETION_COST: VICTIM_COST}}})
+           for pod in plan.victims]
     for pod, node in plan.releases:
         patch: dict[str, Any] = {"spec": {"schedulingGates": [{"$patch": "delete", "name": SCHEDULING_GATE}]}}
         if node:
@@ -127,33 +126,30 @@ def place_pods(w: Writer, namespace: str, plan: rollout.Plan, observed: Observed
             patch["metadata"] = {"annotations": {ANNOTATION_PAIRED_NODE: node}}
         if pod in role:
             patch.setdefault("metadata", {})["labels"] = {LABEL_ROLE: role.pop(pod)}
-        w.patch_pod(namespace, pod, patch)
-    for pod, r in sorted(role.items()):
-        w.patch_pod(namespace, pod, {"metadata": {"labels": {LABEL_ROLE: r}}})
+        out.append(PatchPod(namespace, pod, patch))
+    out += [PatchPod(namespace, pod, {"metadata": {"labels": {LABEL_ROLE: r}}}) for pod, r in sorted(role.items())]
+    return out
 
 
-def _apply_monitoring(w: Writer, uid: str, changed: bool, spec: api.VLMServiceSpec, observed: Observed,
-                      owner: builders.Owner, *, busy: bool, extra: Mapping[str, str], overrides: Any) -> None:
+def _monitoring(changed: bool, spec: api.VLMServiceSpec, observed: Observed, owner: builders.Owner, *, busy: bool,
+                extra: Mapping[str, str], overrides: Any) -> list[Write]:
     """The PodMonitor and the PrometheusRule: re-applied at each spec generation (they follow the spec and the
     operator's settings), and created where the index does not hold them (a new service, or one deleted by
     hand: drift repair). Creation waits while the operator is `busy` with a burst of new services, like a new
-    Service's (`apply_plan`): their Deployments go first, these follow at each service's next resync (a pod
+    Service's (`intended`): their Deployments go first, these follow at each service's next resync (a pod
     takes longer than that to be scraped anyway). A spec change of an existing service never waits."""
-    for kind in observed.monitoring:  # shown by the index: one deleted from now on is re-created at once
-        w.confirmed(uid, (builders.MONITORING_API_VERSION, kind, owner.namespace, owner.name))
+    # shown by the index: one deleted from now on is re-created at once
+    out: list[Write] = [Confirm((builders.MONITORING_API_VERSION, kind, owner.namespace, owner.name))
+                        for kind in observed.monitoring]
     wanted = [kind for kind in builders.MONITORING_KINDS
               if (kind in observed.monitoring and changed) or (kind not in observed.monitoring and not busy)]
     if "PodMonitor" in wanted:
-        w.apply(uid, builders.build_pod_monitor(owner, extra, spec.telemetry.interval), None)
+        out.append(Apply(builders.build_pod_monitor(owner, extra, spec.telemetry.interval)))
     if "PrometheusRule" in wanted:
-        w.apply(
-            uid,
-            alerts.build_prometheus_rule(
-                owner.name, owner.namespace, owner.reference(), builders.common_labels(owner), extra_labels=extra,
-                overrides=overrides,
-            ),
-            None,
-        )
+        out.append(Apply(alerts.build_prometheus_rule(
+            owner.name, owner.namespace, owner.reference(), builders.common_labels(owner), extra_labels=extra,
+            overrides=overrides)))
+    return out
 
 
 def write_status(w: Writer, uid: str, namespace: str, name: str, current: Mapping[str, Any],

@@ -196,7 +196,7 @@ async def vlm_services(namespace: str, name: str, body: kopf.Body, **_: Any) -> 
 
 
 # The monitoring objects are indexed by kind alone (their bodies are not compared: they are re-applied at each
-# spec generation), so the reconcile knows which exist: a missing one is created (see reconcile._apply_monitoring).
+# spec generation), so the reconcile knows which exist: a missing one is created (see act._monitoring).
 # kopf watches these only where the Prometheus Operator's CRDs are installed.
 @kopf.index(B.MONITORING_GROUP, B.MONITORING_VERSION, "podmonitors", labels=MANAGED)
 async def vlm_podmonitors(namespace: str, labels: dict, **_: Any) -> dict:

@@ -1,10 +1,12 @@
 """One reconcile of one VLMService, in one pass: gather -> decide -> act.
 
 Gather: the spec (parsed and validated once, with the gate's policy), the status (all rollout state lives
-there), the owned objects (`observed.Observed`, from kopf indexes, no API reads), free GPUs when a canary
-starts, and the signals this round needs, through the one hand-off (`analysis.gather`). Decide (pure): the
-rollout's plan (`rollout`), the desired objects (`builders`), the status (`status`, `profile_summary`). Act
-(`act`, through `kube.Writer`): write only what differs, then at most one status patch, then Events.
+there), the owned objects (`cluster.observed.Observed`, from kopf indexes, no API reads), and the signals this
+round needs, through the one hand-off (`analysis.handoff.gather`). Decide (pure, but for one read of the nodes'
+free GPUs when `rollout.steps.needs_rooms` says a move may surge): the rollout's plan, once (`rollout.steps`),
+the Deployments it asks for (`desired.builders.revision_deployments`), every write of the round in order
+(`controller.act.intended`) and the status (`status.build`). Act: the writes in one call
+(`cluster.writer.Writer.write`, each only where it differs), then at most one status patch, then Events.
 """
 
 from __future__ import annotations
@@ -226,14 +228,19 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
         stable_revision=plan.stable_revision, canary_revision=plan.canary_revision, rollout=plan.rollout,
         profiler=got.profiler, sglang=S.sglang_status(desired.image, desired.version), calibration=calib_status,
     )
+    # every write of this round, decided here: the Deployments built from the plan's replicas, then in order
+    deployments, baseline = builders.revision_deployments(owner, desired, observed.deployments, plan.replicas,
+                                                          plan.baseline)
+    writes = act.intended(
+        t.uid, t.status, t.generation, spec, plan, observed, owner, service=desired.service, deployments=deployments,
+        baseline=baseline, network_policy=desired.network_policy, pdb=desired.pdb, busy=rt.busy(),
+        monitoring=rt.monitoring, monitoring_labels=rt.settings.monitoring_labels,
+        alert_overrides=rt.settings.alert_overrides, load_job=load_job, weights_job=model.job,
+    )
 
     # ---- act
     try:
-        act.apply_plan(
-            rt.w, t.uid, t.status, t.generation, spec, desired, plan, observed, owner, busy=rt.busy(),
-            monitoring=rt.monitoring, monitoring_labels=rt.settings.monitoring_labels,
-            alert_overrides=rt.settings.alert_overrides, load_job=load_job, weights_job=model.job,
-        )
+        rt.w.write(t.uid, writes)
     except PermanentError as e:
         if e.reason not in ("Http400", "Http422"):
             # Refused for a reason outside the spec: RBAC, an admission policy or webhook, a ResourceQuota

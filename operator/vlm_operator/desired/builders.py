@@ -529,6 +529,24 @@ def build_baseline(owner: Owner, template: Mapping[str, Any], revision: str, rep
     }
 
 
+def revision_deployments(owner: Owner, desired: Desired, observed: Mapping[str, Mapping[str, Any]],
+                         replicas: Mapping[str, int], baseline: tuple[str, int] | None = None
+                         ) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None]:
+    """The Deployments a rollout plan asks for, built after it decided: each revision at its replicas (an
+    existing one rescaled as it is, the desired revision's built from its template; a revision that is neither
+    is not made) and the fresh baseline, `(stable revision, pods)`, from the stable Deployment's template."""
+    out: dict[str, dict[str, Any]] = {}
+    for rev, n in replicas.items():
+        if rev in observed:
+            out[rev] = rescaled(owner, observed[rev], n)
+        elif rev == desired.revision:
+            out[rev] = build_deployment(owner, desired.template, rev, n)
+    base = None
+    if baseline is not None and baseline[0] in observed:
+        base = build_baseline(owner, observed[baseline[0]]["spec"]["template"], baseline[0], baseline[1])
+    return out, base
+
+
 def rescaled(owner: Owner, observed: Mapping[str, Any], replicas: int) -> dict[str, Any]:
     """An existing revision Deployment re-applied as it is, only its replicas changed (an adopted one from an older
     release keeps its own name, selector, strategy and template: nothing of its pods changes)."""

@@ -50,12 +50,12 @@ class Event:
 
 @dataclass(frozen=True)
 class Plan:
-    deployments: dict[str, dict[str, Any]]  # revision -> desired Deployment; an observed one not here is deleted
+    replicas: dict[str, int]  # revision -> its Deployment's replicas; an observed one not here is deleted
     stable_revision: str | None
     canary_revision: str | None
     rollout: RolloutStatus | None
     events: tuple[Event, ...] = field(default=())
-    baseline: dict[str, Any] | None = None  # desired fresh-baseline Deployment, or None to delete it
+    baseline: tuple[str, int] | None = None  # the fresh baseline: (stable revision, pods), or None to delete it
     victims: tuple[str, ...] = ()  # pods to mark for removal, before the Deployments are scaled
     releases: tuple[tuple[str, str | None], ...] = ()  # (gated pod, node to pin it to or None)
     labels: tuple[tuple[str, str], ...] = ()  # (pod, role) for pods whose role label is behind
@@ -129,11 +129,6 @@ class _Round:
         replicas (a 1-replica service replacing its only pod is not Ready)."""
         return max(self.full - u, min(self.full, 1))
 
-    def dep(self, r: str, n: int) -> dict[str, Any] | None:
-        if r in self.deps:
-            return B.rescaled(self.owner, self.deps[r], n)
-        return B.build_deployment(self.owner, self.desired.template, r, n) if r == self.rev else None
-
     def labels_for(self, stable_r: str | None, canary_r: str | None) -> tuple[tuple[str, str], ...]:
         want = {stable_r: ROLE_STABLE, canary_r: ROLE_CANARY}
         return tuple((p.name, want[p.revision]) for p in sorted(self.pods, key=lambda p: p.name)
@@ -150,19 +145,19 @@ class _Round:
                       self.rooms, stable=self.stable, now=self.t)
 
     def finish(self, outcome: M.Outcome | None, stable_r: str | None, canary_r: str | None, r: RolloutStatus | None,
-               *, want: int | None = None, baseline: dict[str, Any] | None = None, keep: Sequence[str] = (),
+               *, want: int | None = None, baseline: tuple[str, int] | None = None, keep: Sequence[str] = (),
                more: Sequence[tuple[str, str | None]] = ()) -> Plan:
-        """The plan: each revision's Deployment at the outcome's replicas (a drained one goes), the pod writes,
-        and the Events of pairs dropped on this round."""
-        wanted: dict[str, dict[str, Any]] = {}
+        """The plan: each revision's replicas as the outcome says (a drained one goes; the Deployments are built
+        from them after the plan: `builders.revision_deployments`), the pod writes, and the Events of pairs
+        dropped on this round."""
+        wanted: dict[str, int] = {}
         reps = dict(outcome.replicas) if outcome else {}
         for x in {*reps, *keep, *(k for k in (stable_r, canary_r) if k)}:
             n = reps.get(x, self.observed.replicas(x) if x in self.deps else 0)
             if x not in (stable_r, canary_r) and n == 0 and not self.observed.pods_of(x) and x not in keep:
                 continue  # drained: its Deployment goes
-            d = self.dep(x, n)
-            if d is not None:
-                wanted[x] = d
+            if x in self.deps or x == self.rev:
+                wanted[x] = n
         role = {stable_r: ROLE_STABLE, canary_r: ROLE_CANARY}
         rev_of = {q.name: q.revision for q in self.pods}
         releases = outcome.releases if outcome else M.release_all(self.pods)
@@ -171,7 +166,7 @@ class _Round:
             if x.dropped and (x.node, x.pod, x.started_at) not in was:
                 self.event("Warning", "PairDropped", f"pair on node {x.node} dropped: {x.dropped}")
         return Plan(
-            deployments=wanted, stable_revision=stable_r, canary_revision=canary_r, rollout=r,
+            replicas=wanted, stable_revision=stable_r, canary_revision=canary_r, rollout=r,
             events=tuple(self.events), baseline=baseline, victims=outcome.victims if outcome else (),
             releases=tuple((p, n) for p, n in releases) + tuple(more),
             labels=self.labels_for(stable_r, canary_r) + tuple(
@@ -463,7 +458,7 @@ def _step_clock(c: _Round, r: RolloutStatus, out: M.Outcome, k: int) -> tuple[Ro
     return r, False
 
 
-def _fresh_baseline(c: _Round, r: RolloutStatus, k: int) -> tuple[RolloutStatus, dict[str, Any] | None]:
+def _fresh_baseline(c: _Round, r: RolloutStatus, k: int) -> tuple[RolloutStatus, tuple[str, int] | None]:
     """A fresh baseline next to the canary while its steps are analysed, given up for the stable pods when its
     pod stays unschedulable."""
     if not (r.baseline == "Fresh" and r.phase in ("Progressing", "Analysing", "Paused") and c.stable in c.deps):
@@ -474,7 +469,7 @@ def _fresh_baseline(c: _Round, r: RolloutStatus, k: int) -> tuple[RolloutStatus,
         c.event("Normal", "CanaryBaselineStable", "no free GPU for a fresh baseline: comparing with the stable pods")
         return r, None
     assert c.stable is not None
-    return r, B.build_baseline(c.owner, c.deps[c.stable]["spec"]["template"], c.stable, k)
+    return r, (c.stable, k)
 
 
 def _step_pods(c: _Round, r: RolloutStatus) -> Plan:

@@ -70,6 +70,7 @@ class World:
     rollout: api.RolloutStatus | None = None
     events: list[rollout.Event] = field(default_factory=list)
     ready_seen: list[int] = field(default_factory=list)  # Ready serving pods after every settle
+    built: tuple = ({}, None)  # the last step's Deployments and baseline, built from its plan as the reconcile does
 
     def __post_init__(self) -> None:
         self.kube = FakeKube(nodes=dict(self.nodes))
@@ -103,13 +104,17 @@ class World:
         p = self.plan(now, **kw)
         assert not p.wants_rooms
         if not p.hands_off:
-            act.place_pods(self.kube, "ns", p, obs)
-            for rev, body in sorted(p.deployments.items()):
+            for x in act.pod_writes("ns", p, obs):
+                self.kube.patch_pod(x.namespace, x.name, x.patch)
+            deps, base = builders.revision_deployments(OWNER, desired(self.spec), obs.deployments, p.replicas,
+                                                       p.baseline)
+            self.built = (deps, base)
+            for rev, body in sorted(deps.items()):
                 self.kube.apply(body, obs.deployments.get(rev))
-            if p.baseline is not None:
-                self.kube.apply(p.baseline, obs.deployments.get(BASELINE_KEY))
+            if base is not None:
+                self.kube.apply(base, obs.deployments.get(BASELINE_KEY))
             for rev, body in obs.deployments.items():
-                if rev not in p.deployments and (rev != BASELINE_KEY or p.baseline is None):
+                if rev not in deps and (rev != BASELINE_KEY or base is None):
                     self.kube.delete("apps/v1", "Deployment", "ns", body["metadata"]["name"])
         self.stable, self.rollout = p.stable_revision, stored(p.rollout)
         self.events += p.events
@@ -168,8 +173,9 @@ def test_first_deploy_creates_one_deployment_of_the_revision():
     d = desired(s)
     p = rollout.plan(OWNER, s, d, Observed(), None, stable=None, now=T0)
     assert p.stable_revision == d.revision and p.canary_revision is None and p.rollout is None
-    dep = p.deployments[d.revision]
-    assert list(p.deployments) == [d.revision] and dep["metadata"]["name"] == f"svc-{d.revision}"
+    deps, base = builders.revision_deployments(OWNER, d, {}, p.replicas, p.baseline)
+    dep = deps[d.revision]
+    assert list(deps) == [d.revision] and base is None and dep["metadata"]["name"] == f"svc-{d.revision}"
     assert dep["spec"]["replicas"] == 3 and dep["spec"]["template"]["spec"]["schedulingGates"]
     # Its pods start gated, are released where the scheduler likes and labelled stable on the pod itself.
     w = World(s)
@@ -208,7 +214,7 @@ def test_update_of_one_replica_without_a_free_gpu_warns_before_the_outage():
     new_rev = w.change(spec(replicas=1, rollout=None, **CHANGE))
     warned = w.step(T0)
     assert [e.reason for e in warned.events] == ["UpdateCausesOutage"] and warned.rollout.warning
-    assert warned.victims == () and new_rev not in warned.deployments and w.pods_of(old_rev)[0].ready
+    assert warned.victims == () and new_rev not in warned.replicas and w.pods_of(old_rev)[0].ready
     nxt = w.step(T0 + 10)
     assert len(nxt.victims) == 1
     assert "UpdateCausesOutage" not in [e.reason for e in nxt.events]
@@ -235,8 +241,8 @@ def test_new_revision_starts_a_canary_and_surges_next_to_a_stable_pod():
     p = w.step(T0)
     assert (p.rollout.phase, p.rollout.revision, p.rollout.from_revision) == ("Progressing", new_rev, old_rev)
     assert p.rollout.capacity is None and p.rollout.steps == 1 and [e.reason for e in p.events] == ["CanaryStarted"]
-    assert p.deployments[old_rev]["spec"]["replicas"] == 3 and p.deployments[new_rev]["spec"]["replicas"] == 1
-    assert p.deployments[old_rev]["spec"]["template"] == old_template  # the stable Deployment keeps its own
+    assert p.replicas[old_rev] == 3 and p.replicas[new_rev] == 1
+    assert w.built[0][old_rev]["spec"]["template"] == old_template  # the stable Deployment keeps its own
     assert p.victims == () and [x.kind for x in p.rollout.pairs] == ["Surge"]
     assert (p.stable_revision, p.canary_revision) == (old_rev, new_rev)
     analysing(w, T0 + 10)
@@ -253,7 +259,7 @@ def test_no_free_gpu_replaces_a_stable_pod_on_its_node():
     victim = p.victims[0]
     victim_node = where[victim]
     assert p.rollout.pairs[0].replaced == victim and p.rollout.pairs[0].node == victim_node
-    assert p.deployments[old_rev]["spec"]["replicas"] == 2 and p.deployments[new_rev]["spec"]["replicas"] == 1
+    assert p.replicas[old_rev] == 2 and p.replicas[new_rev] == 1
     analysing(w, T0 + 10)
     assert [x.node for x in w.pods_of(new_rev)] == [victim_node] and min(w.ready_seen) == 2
 
@@ -306,7 +312,7 @@ def test_rollback_replaces_the_canary_pods_and_names_the_function():
     # Held: the same revision does not start again.
     again = w.step(t + 200)
     assert again.canary_revision is None and again.rollout.phase == "RolledBack" and not again.events
-    assert set(again.deployments) == {old_rev}
+    assert set(again.replicas) == {old_rev}
 
 
 def test_promote_on_the_last_step_replaces_the_rest_and_keeps_the_canary_pods():
@@ -378,7 +384,7 @@ def test_multi_step_each_step_has_its_own_analysis_clock():
     step1 = w.step(t + 1500, decision=decision("Promote"))
     r = step1.rollout
     assert (r.phase, r.step, r.analysis_started_at) == ("Progressing", 1, None)
-    assert step1.deployments[new_rev]["spec"]["replicas"] == 2
+    assert step1.replicas[new_rev] == 2
     # The second canary pod is still gated: Progressing, no analysis.
     assert len([p for p in w.pods_of(new_rev) if p.ready]) == 1
     assert not analysis.due(w.spec, w.rollout, w.observed(), new_rev, t + 1600)
@@ -526,12 +532,14 @@ def test_fresh_baseline_runs_next_to_the_canary_with_the_stable_template():
     w, old_rev, _new_rev = canary_world(fresh(**CHANGE), nodes=ROOMY)
     p = w.step(T0)
     assert (p.rollout.baseline, p.rollout.capacity) == ("Fresh", None)
-    assert p.baseline["metadata"]["name"] == "svc-baseline" and p.baseline["spec"]["replicas"] == 1
-    labels = p.baseline["spec"]["template"]["metadata"]["labels"]
+    base = w.built[1]
+    assert p.baseline == (old_rev, 1)
+    assert base["metadata"]["name"] == "svc-baseline" and base["spec"]["replicas"] == 1
+    labels = base["spec"]["template"]["metadata"]["labels"]
     assert labels[builders.LABEL_REVISION] == old_rev and labels[builders.LABEL_ROLE] == builders.ROLE_BASELINE
     stable_t = w.kube.deployments("ns", "svc")[old_rev]["spec"]["template"]["spec"]
-    assert p.baseline["spec"]["template"]["spec"] == stable_t  # the stable template, gated like it
-    assert p.deployments[old_rev]["spec"]["replicas"] == 3 and p.want_ready == 3
+    assert base["spec"]["template"]["spec"] == stable_t  # the stable template, gated like it
+    assert p.replicas[old_rev] == 3 and p.want_ready == 3
 
 
 def test_fresh_baseline_waits_for_its_pods_before_the_analysis_starts():
@@ -596,5 +604,5 @@ def test_fewer_replicas_of_the_stable_revision_is_a_plain_scale_down():
     rev = w.deploy()
     assert w.change(spec(replicas=2)) == rev
     p = w.step(T0)
-    assert p.deployments[rev]["spec"]["replicas"] == 2 and p.victims == () and p.rollout is None
+    assert p.replicas[rev] == 2 and p.victims == () and p.rollout is None
     assert len(w.serving()) == 2 and all(x.ready for x in w.serving())

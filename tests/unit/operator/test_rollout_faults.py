@@ -34,7 +34,7 @@ def _done(new_rev):
 
 
 def test_operator_stopped_between_marking_a_victim_and_scaling_its_deployment_does_not_stall_the_update():
-    """act.place_pods marks the victim (pod-deletion-cost) before the Deployments are applied. An operator that
+    """act.pod_writes marks the victim (pod-deletion-cost) before the Deployments are applied. An operator that
     stops in between (or whose Deployment apply fails: the reconcile raises) leaves a Ready pod marked, its
     Deployment still at 3, and no pair in status. move() then treats that pod as gone for good (`standing`
     excludes victims): it counts 2 Ready of 3, a further replacement would leave 1 < floor 2, and nothing ever
@@ -45,7 +45,9 @@ def test_operator_stopped_between_marking_a_victim_and_scaling_its_deployment_do
     obs = w.observed()
     p = w.plan(T0)
     assert len(p.victims) == 1
-    act.place_pods(w.kube, "ns", p, obs)  # ... and the operator stops here: no Deployment scaled, no status
+    # the round's first writes, and the operator stops here: no Deployment scaled, no status
+    for x in act.pod_writes("ns", p, obs):
+        w.kube.patch_pod(x.namespace, x.name, x.patch)
     w.kube.settle("svc")
     w.until(T0 + 10, _done(new_rev), limit=40)
     assert sorted(x.revision for x in w.serving()) == [new_rev] * 3
