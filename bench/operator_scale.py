@@ -392,6 +392,8 @@ def main() -> int:
                         "what this control plane allows, the floor for all_deployments_s")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="extra environment for the operator (an experiment; the default is the shipped settings)")
+    p.add_argument("--json", type=Path, default=None,
+                   help="where the result goes (default out/operator_scale.json, with --direct out/operator_scale_direct.json)")
     a = p.parse_args()
     if not pod_network_here():
         raise SystemExit("run inside the testbed's network namespace: hack/testbed exec -- python "
@@ -559,9 +561,9 @@ def main() -> int:
         core.delete_namespace(ns)
         for n in nodes:
             core.delete_node(n)
-    out = REPO / "out"
-    out.mkdir(exist_ok=True)
-    (out / out_name).write_text(json.dumps(result, indent=1))
+    path = a.json or REPO / "out" / out_name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
     for k, v in result.items():
         goal = f"  (target <= {TARGETS[k]})" if k in TARGETS else ""
         print(f"{k:28s} {v}{goal}")
