@@ -331,40 +331,54 @@ def release(co: client.CustomObjectsApi, ns: str) -> None:
                                                                   patch), items))
 
 
-def direct(ns: str, count: int, deployments: Counted) -> dict:
-    """The operator's writes for `count` new services, from a client that does nothing else."""
+SPEC = {"model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"}, "replicas": 1}  # every service's, in both modes
+
+
+def direct_objects(ns: str, i: int, monitoring: bool, settings=None) -> list[dict]:
+    """What the operator writes for a new service `svc-<i>` at SPEC (its Service, its one Deployment, its
+    NetworkPolicy, and where the Prometheus Operator's CRDs exist its PodMonitor and PrometheusRule), built by
+    the operator's own builders, without owner references (the garbage collector would remove what names a
+    missing owner). Pure: tests/unit/bench/test_operator_scale.py holds it to what a reconcile writes."""
     from vlm_operator.api import v1alpha1 as vapi
     from vlm_operator.api.settings import Settings
-    from vlm_operator.cluster.client import Kube
-    from vlm_operator.cluster.connection import Connection
     from vlm_operator.desired import alerts
     from vlm_operator.desired import builders as B
 
-    kube, settings = Kube(Connection(pool_size=16), "bench-direct"), Settings()
-    spec = vapi.parse_spec({"model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"}, "replicas": 1})
+    settings = settings or Settings()
+    spec = vapi.parse_spec(SPEC)
+    owner = B.Owner(f"svc-{i:04d}", ns, f"00000000-0000-0000-0000-{i:012d}")
+    d = B.build_desired(owner, spec, settings)
+    out = [d.service, B.build_deployment(owner, d.template, d.revision, spec.replicas),
+           *([d.network_policy] if d.network_policy else []), *([d.pdb] if d.pdb else [])]
+    if monitoring:
+        out += [B.build_pod_monitor(owner, settings.monitoring_labels, spec.telemetry.interval),
+                alerts.build_prometheus_rule(owner.name, ns, {}, B.common_labels(owner),
+                                             extra_labels=settings.monitoring_labels, overrides=settings.alert_overrides)]
+    for o in out:
+        o["metadata"].pop("ownerReferences", None)
+    return out
+
+
+def direct(ns: str, count: int, deployments: Counted, kube=None) -> dict:
+    """The operator's writes for `count` new services, from a client that does nothing else (`kube`: the
+    operator's `Kube` on the testbed's kubeconfig unless given, e.g. a fake in the unit test)."""
+    if kube is None:
+        from vlm_operator.cluster.client import Kube
+        from vlm_operator.cluster.connection import Connection
+
+        kube = Kube(Connection(pool_size=16), "bench-direct")
     # The operator writes a PodMonitor and a PrometheusRule too where the Prometheus Operator's CRDs exist.
     monitoring = kube.crd_exists("podmonitors.monitoring.coreos.com") and not os.environ.get("BENCH_DIRECT_NO_MONITORING")
 
-    def objects(i: int) -> list[dict]:
-        owner = B.Owner(f"svc-{i:04d}", ns, f"00000000-0000-0000-0000-{i:012d}")
-        d = B.build_desired(owner, spec, settings)
-        dep = B.build_deployment(owner, d.template, d.revision, B.ROLE_STABLE, 1)
-        out = [d.service, dep, *([d.network_policy] if d.network_policy else [])]
-        if monitoring:
-            out += [B.build_pod_monitor(owner), alerts.build_prometheus_rule(owner.name, ns, {}, B.common_labels(owner))]
-        for o in out:  # no owner here: the garbage collector would remove what names a missing one
-            o["metadata"].pop("ownerReferences", None)
-        return out
-
     t0 = time.time()
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda i: [kube.apply(o, None) for o in objects(i)], range(count)))
+        list(pool.map(lambda i: [kube.apply(o, None) for o in direct_objects(ns, i, monitoring)], range(count)))
     t_written = time.time() - t0
     if not deployments.wait(count, 900):
         raise SystemExit(f"only {len(deployments.names)} of {count} Deployments after 900 s")
     return {"services": count, "direct_writes_s": round(t_written, 1),
             "direct_all_deployments_s": round(time.time() - t0, 1), "deployments_seen_s": deployments.curve(t0, count),
-            "writes_per_service": len(objects(0))}
+            "writes_per_service": len(direct_objects(ns, 0, monitoring)), "monitoring": monitoring}
 
 
 def main() -> int:
@@ -378,6 +392,8 @@ def main() -> int:
                         "what this control plane allows, the floor for all_deployments_s")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="extra environment for the operator (an experiment; the default is the shipped settings)")
+    p.add_argument("--json", type=Path, default=None,
+                   help="where the result goes (default out/operator_scale.json, with --direct out/operator_scale_direct.json)")
     a = p.parse_args()
     if not pod_network_here():
         raise SystemExit("run inside the testbed's network namespace: hack/testbed exec -- python "
@@ -440,14 +456,13 @@ def main() -> int:
         else:
             op.start()
             print(f"[bench] operator pid {op.proc.pid}, log {op.log_path}", file=sys.stderr)
-            spec = {"model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"}, "replicas": 1}
             cpu_start = cpu_seconds(op.proc.pid)
             t0 = time.time()
             with ThreadPoolExecutor(16) as pool:
                 list(pool.map(lambda i: co.create_namespaced_custom_object(
                     GROUP, VERSION, ns, PLURAL,
                     {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VLMService", "metadata": {"name": f"svc-{i:04d}"},
-                     "spec": spec}), range(a.count)))
+                     "spec": SPEC}), range(a.count)))
             t_applied = time.time() - t0
             if not deployments.wait(a.count, 900 - (time.time() - t0)):
                 raise SystemExit(f"only {len(deployments.names)} of {a.count} Deployments after 900 s")
@@ -546,9 +561,9 @@ def main() -> int:
         core.delete_namespace(ns)
         for n in nodes:
             core.delete_node(n)
-    out = REPO / "out"
-    out.mkdir(exist_ok=True)
-    (out / out_name).write_text(json.dumps(result, indent=1))
+    path = a.json or REPO / "out" / out_name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
     for k, v in result.items():
         goal = f"  (target <= {TARGETS[k]})" if k in TARGETS else ""
         print(f"{k:28s} {v}{goal}")

@@ -144,10 +144,10 @@ def old_release(n: int, gpus_per_node: int, verdict_last: str) -> dict[str, obje
     return {"pods started": started, "warm pods dropped": k if verdict_last == "Promote" else 0, "least Ready": low}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rows = []
     for verdict in ("Promote", "Rollback"):
         for steps in (None, [1]):

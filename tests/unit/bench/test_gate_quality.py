@@ -287,3 +287,36 @@ def test_frontend_scenarios(noise_file: Path, frontend_noise_file: Path):
     # Without a recorded front end, a front-end scenario says how to record one.
     with pytest.raises(ValueError, match="record-frontend-noise"):
         _sim(noise_file, "aa1fe")
+
+
+def _recorded_copy(tmp_path: Path) -> Path:
+    """The shipped calibration and its raw windows, copied (the run may write the calibration again)."""
+    for name in ("gate_noise.json", "gate_noise_windows.json"):
+        (tmp_path / name).write_text((gq.NOISE_FILE.parent / name).read_text())
+    return tmp_path / "gate_noise.json"
+
+
+def test_rederive_noise_alone_writes_the_same_calibration_shape(tmp_path: Path):
+    noise = _recorded_copy(tmp_path)
+    before = json.loads(noise.read_text())
+    assert gq.main(["--rederive-noise", "--noise", str(noise), "--trials", "0"]) == 0
+    after = json.loads(noise.read_text())
+    assert set(after["phases"]) == set(before["phases"]) and "cache_off" in after["phases"]
+    assert after["phases"]["cache_off"]["loop_mean_seconds"] == pytest.approx(before["phases"]["cache_off"]["loop_mean_seconds"])
+
+
+@pytest.mark.slow  # about 90 s on the shared 2-core machine: one trial is a whole simulated rollout per scenario
+def test_a_tiny_run_through_main_writes_its_table_and_json(tmp_path: Path, capsys):
+    # Every flag that changes the path taken: raw residuals, a named phase, scaled noise, more canary pods.
+    noise = _recorded_copy(tmp_path)
+    out, js = tmp_path / "results", tmp_path / "gate_quality.json"
+    assert gq.main(["--trials", "1", "--jobs", "1", "--only", "aa1", "--noise", str(noise), "--raw-residuals",
+                    "--phase", "cache_off", "--noise-scale", "1.5", "--canary-pods", "2", "--out", str(out),
+                    "--json", str(js)]) == 0
+    md = (out / "gate_quality.md").read_text()
+    assert md in capsys.readouterr().out
+    r = json.loads(js.read_text())
+    assert r["meta"]["trials"] == 1 and "--canary-pods 2" in r["meta"]["command"] and "Fresh 2" in r["meta"]["config"]
+    assert set(r["results"]) == set(gq.MODES)  # each baseline mode ran aa1 and up5 (always run) and no other
+    for mode, by_key in r["results"].items():
+        assert set(by_key) == {"aa1", "up5"}, (mode, set(by_key))

@@ -26,3 +26,15 @@ def test_windows_are_retimed_to_end_now():
     ws = bench.windows_for(rec, 1000.0, 3)
     assert len(ws) == 20 and ws[-1]["end"] == 1000.0 and ws[0]["end"] == 1000.0 - 19 * 15
     assert all(w["end"] - w["start"] == 5.0 for w in ws)
+
+
+def test_an_unchanged_canary_with_a_shared_reader(tmp_path, capsys, monkeypatch):
+    bench = load_bench("judge_latency")
+    monkeypatch.setenv("VLM_SIDECAR_ENDPOINTS", "")
+    monkeypatch.delenv("VLM_SIDECAR_ENDPOINTS")
+    out = tmp_path / "judge_latency.md"
+    assert bench.main(["--pods", "2", "--calls", "3", "--case", "unchanged", "--reader", "shared", "--out", str(out)]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (row["case"], row["reader"], row["calls"]) == ("unchanged", "shared", 3)
+    assert not row["verdict"].startswith("Rollback") and 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
+    assert out.read_text().count("| unchanged | shared | 2+2 | 3 |") == 1

@@ -34,3 +34,14 @@ def test_the_table_counts_each_design(bench):
     text = bench.markdown(res, 1, 0.0)
     assert text.count("| 4 | 1.0 | iid | +0% |") == len(bench.DESIGNS)
     assert "| paired | 0% | 0% | 0% | 0% |" in text
+
+
+def test_the_quick_run_writes_its_table(bench, tmp_path, capsys):
+    out = tmp_path / "paired_gate.md"
+    assert bench.main(["--quick", "--trials", "1", "--jobs", "1", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text == capsys.readouterr().out.rstrip("\n") + "\n"
+    rows = [line for line in text.splitlines() if line.startswith("| 8 | 0.8 | iid |")]
+    assert len(rows) == 2 * len(bench.DESIGNS)  # A/A and +10%, every design (the competitors among them)
+    assert "| 8 | 0.8 | iid | +10% | paired | 100% |" in text  # a +10% canary is stopped
+    assert "| 8 | 0.8 | iid | +0% | paired | 0% |" in text

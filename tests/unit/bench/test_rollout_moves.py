@@ -39,3 +39,13 @@ def test_one_replica_without_a_free_gpu_waits_and_never_goes_dark():
 def test_the_previous_release_from_its_code():
     assert rm.old_release(1, 1, "Promote") == {"pods started": 2, "warm pods dropped": 1, "least Ready": 0}
     assert rm.old_release(4, 2, "Promote") == {"pods started": 6, "warm pods dropped": 1, "least Ready": 3}
+
+
+def test_the_table_it_writes(tmp_path, capsys):
+    out = tmp_path / "rollout_moves.md"
+    rm.main(["--out", str(out)])
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| Promote") or line.startswith("| Rollback")]
+    assert len(rows) == 2 * 2 * 4 * 2  # verdict x schedule x replicas x GPUs per node
+    assert all(line.count("|") == 10 for line in rows)
+    assert "| Promote: Promoted | default | 4 | 1 | 4 (6) | 0 (1) | 3 (2) | 4/4 |" in out.read_text()
+    assert capsys.readouterr().out.count("\n| ") >= len(rows)
