@@ -99,5 +99,5 @@ bench: venv
 # packages, exported as OCI archives under ~/.cache/vlm-operator/images/out and checked (the operator's entry
 # point starts, the sidecar's samples the SGLang stand-in). Needs root; not part of `make test`
 # (docs/packaging.md, "Images built here").
-images:
-	bash hack/build-images.sh
+images: venv
+	PYTHON=$(PY) bash hack/build-images.sh
