@@ -43,12 +43,14 @@ demo-binaries:
 	bash hack/build-binaries.sh --stage pyspy,cluster
 
 # Everything the tests read that comes from a registry other than the Go build's: the third-party CRDs (Go module
-# proxy), the SGLang wheels of the compat tier and checkov's own venv (PyPI). Cached under ~/.cache/vlm-operator;
+# proxy), the SGLang wheels of the compat tier, checkov's own venv and the wheels of the images' locks that the
+# Dockerfile's install steps are replayed with (PyPI). Cached under ~/.cache/vlm-operator;
 # a warm run makes no network call. The tests never fetch: they fail naming this target when something is missing.
 fetch: venv
 	bash hack/fetch-crds.sh >/dev/null
 	PYTHON=$(PY) bash hack/fetch-sglang-wheels.sh >/dev/null
 	PYTHON=$(PY) bash hack/fetch-checkov.sh >/dev/null
+	PYTHON=$(PY) bash hack/fetch-image-wheels.sh >/dev/null
 
 crds: venv
 	$(PY) -m vlm_operator.crdgen

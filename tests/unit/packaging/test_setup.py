@@ -4,7 +4,8 @@ What the tests read from a registry is fetched by the setup step (`make fetch`),
 
 The integration tier runs inside the testbed's network namespace, where no registry answers (a fresh clone's CI
 run failed there on an empty CRD cache), and a test that downloads makes a cold run depend on the network midway.
-So hack/fetch-crds.sh, hack/fetch-sglang-wheels.sh and hack/fetch-checkov.sh run before the tests, and a test
+So hack/fetch-crds.sh, hack/fetch-sglang-wheels.sh, hack/fetch-checkov.sh and hack/fetch-image-wheels.sh run
+before the tests, and a test
 finding its cache empty fails naming `make fetch`.
 """
 
@@ -41,7 +42,8 @@ def test_make_test_fetches_before_the_tests() -> None:
     assert "fetch" in prereqs and prereqs.index("fetch") < prereqs.index("lint"), prereqs
     assert "fetch" in _rule("setup")[0]
     _, recipe = _rule("fetch")
-    for script in ("hack/fetch-crds.sh", "hack/fetch-sglang-wheels.sh", "hack/fetch-checkov.sh"):
+    for script in ("hack/fetch-crds.sh", "hack/fetch-sglang-wheels.sh", "hack/fetch-checkov.sh",
+                   "hack/fetch-image-wheels.sh"):
         assert any(script in line for line in recipe), (script, recipe)
 
 
