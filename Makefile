@@ -2,16 +2,34 @@
 # local control plane) and `make test` (everything CI runs). Both set up what
 # they need first; setup is cached and idempotent.
 SHELL := /bin/bash
-PY ?= python3
+# The project's own virtualenv: every target runs its Python, ruff and lint-imports, never the system's. Made by
+# the system python3 (SYSTEM_PYTHON) once; `pip install -e '.[test]'` runs again only when pyproject.toml is newer
+# than the last install (the stamp file).
+VENV ?= .venv
+SYSTEM_PYTHON ?= python3
+PY := $(VENV)/bin/python
+VENV_STAMP := $(VENV)/.installed
+# Scripts that run `python3` (hack/*, tests' subprocesses) find the venv's first, as with an activated venv.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: setup deps binaries tools lint crds test test-unit test-integration test-e2e demo demo-down bench testbed-up testbed-down images
+.PHONY: setup deps system-deps venv binaries tools demo-binaries fetch lint crds test test-unit test-integration \
+	test-e2e demo demo-down bench testbed-up testbed-down images
 
-setup: deps binaries
+setup: deps binaries fetch
 
-deps:
+deps: system-deps venv
+
+system-deps:
 	bash hack/install-system-deps.sh
-	$(PY) -m pip install -q -e '.[test]'
+
+venv: $(VENV_STAMP)
+
+# Order-only on system-deps: it installs python3-venv where the system Python lacks ensurepip.
+$(VENV_STAMP): pyproject.toml | system-deps
+	@test -x $(PY) || { echo "[make] $(SYSTEM_PYTHON) -m venv $(VENV)"; $(SYSTEM_PYTHON) -m venv $(VENV); }
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	@touch $@
 
 binaries:
 	bash hack/build-binaries.sh
@@ -19,12 +37,27 @@ binaries:
 tools:
 	bash hack/build-binaries.sh --stage tools
 
-crds:
+# What the demo runs (hack/demo.py): the control plane and the sidecar's py-spy. Not helm, the Prometheus
+# Operator, Prometheus with kubernetes_sd (the demo runs Debian's, file_sd) or Argo Rollouts.
+demo-binaries:
+	bash hack/build-binaries.sh --stage pyspy,cluster
+
+# Everything the tests read that comes from a registry other than the Go build's: the third-party CRDs (Go module
+# proxy), the SGLang wheels of the compat tier, checkov's own venv and the wheels of the images' locks that the
+# Dockerfile's install steps are replayed with (PyPI). Cached under ~/.cache/vlm-operator;
+# a warm run makes no network call. The tests never fetch: they fail naming this target when something is missing.
+fetch: venv
+	bash hack/fetch-crds.sh >/dev/null
+	PYTHON=$(PY) bash hack/fetch-sglang-wheels.sh >/dev/null
+	PYTHON=$(PY) bash hack/fetch-checkov.sh >/dev/null
+	PYTHON=$(PY) bash hack/fetch-image-wheels.sh >/dev/null
+
+crds: venv
 	$(PY) -m vlm_operator.api.crdgen
 
-lint:
-	ruff check .
-	lint-imports
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m vlm_operator.api.crdgen --check
 	$(PY) -m vlm_operator.desired.alerts --check
 	$(PY) dashboards/build.py --check
@@ -36,10 +69,10 @@ lint:
 # Only the tools the unit tier needs are built in front; the control plane's binaries are built by the
 # test session in the background (nice 19) while the unit tier runs, the Prometheus Operator after them
 # while the first integration tests run (tests/binaries.py).
-test: deps tools lint
+test: deps tools fetch lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-unit:
+test-unit: venv tools fetch
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 test-integration: setup
@@ -48,19 +81,20 @@ test-integration: setup
 test-e2e: setup
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
-testbed-up: setup
-	hack/testbed up
+testbed-up: deps
+	bash hack/build-binaries.sh --stage cluster
+	$(PY) hack/testbed up
 
-testbed-down:
-	hack/testbed down
+testbed-down: venv
+	$(PY) hack/testbed down
 
-demo: setup
+demo: deps demo-binaries
 	$(PY) hack/demo.py up
 
-demo-down:
+demo-down: venv
 	$(PY) hack/demo.py down
 
-bench:
+bench: venv
 	$(PY) bench/gate_quality.py
 	$(PY) bench/sidecar_overhead.py
 
@@ -68,5 +102,5 @@ bench:
 # packages, exported as OCI archives under ~/.cache/vlm-operator/images/out and checked (the operator's entry
 # point starts, the sidecar's samples the SGLang stand-in). Needs root; not part of `make test`
 # (docs/packaging.md, "Images built here").
-images:
-	bash hack/build-images.sh
+images: venv
+	PYTHON=$(PY) bash hack/build-images.sh

@@ -1,22 +1,20 @@
 #!/usr/bin/env bash
-# Argo Rollouts for the judge's tests (docs/judge.md), from the Go module proxy into the binary cache; never
-# committed. Idempotent and cached by version: a second run is a no-op; concurrent runs wait on a lock.
+# Argo Rollouts' controller for the judge's tests (docs/judge.md), from the Go module proxy into the binary cache;
+# never committed. Idempotent and cached by version: a second run is a no-op; concurrent runs wait on a lock.
+# Its CRDs are fetched with the other third-party CRDs by hack/fetch-crds.sh (`make fetch`), same version.
 #
-# Usage: hack/build-argo-rollouts.sh [--print-crds | --stage crds|controller|all]
-#   crds:       the module's manifests/crds/ copied to $CACHE/argo-rollouts-crds-$VERSION (seconds: a download)
-#   controller: rollouts-controller built into $CACHE/bin/rollouts-controller-$VERSION (minutes), through a
-#               wrapper module (`go install` refuses the module: its go.mod has a replace block, copied here)
+# Usage: hack/build-argo-rollouts.sh [--stage controller|all]
+#   controller (= all): rollouts-controller built into $CACHE/bin/rollouts-controller-$VERSION (minutes), through
+#               a wrapper module (`go install` refuses the module: its go.mod has a replace block, copied here)
 set -euo pipefail
 
 VERSION="${ARGO_ROLLOUTS_VERSION:-v1.8.3}"  # v1.9+ need Go >= 1.26.10; v1.8.3 builds with Go >= 1.23.4
 MODULE=github.com/argoproj/argo-rollouts
 CACHE="${VLM_CACHE:-$HOME/.cache/vlm-operator}"
 BIN="$CACHE/bin"
-CRDS="$CACHE/argo-rollouts-crds-$VERSION"
-if [[ "${1:-}" == "--print-crds" ]]; then echo "$CRDS"; exit 0; fi
 STAGE=all
 if [[ "${1:-}" == "--stage" ]]; then STAGE="${2:-}"; fi
-case "$STAGE" in crds|controller|all) ;; *) echo "[build-argo-rollouts] unknown stage '$STAGE'" >&2; exit 2;; esac
+case "$STAGE" in controller|all) ;; *) echo "[build-argo-rollouts] unknown stage '$STAGE'" >&2; exit 2;; esac
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 command -v go >/dev/null || { echo "[build-argo-rollouts] go not found" >&2; exit 1; }
@@ -32,16 +30,7 @@ module_dir() {
   echo "$dir"
 }
 
-if [[ "$STAGE" == crds || "$STAGE" == all ]] && [[ ! -f "$CRDS/rollout-crd.yaml" ]]; then
-  src="$(module_dir)"
-  tmp="$(mktemp -d "$CACHE/argo-crds.XXXXXX")"
-  cp "$src"/manifests/crds/*-crd.yaml "$tmp/"
-  chmod u+w "$tmp"/*
-  rm -rf "$CRDS" && mv "$tmp" "$CRDS"
-  log "CRDs of $VERSION in $CRDS"
-fi
-
-if [[ "$STAGE" == controller || "$STAGE" == all ]] && [[ ! -x "$BIN/rollouts-controller-$VERSION" ]]; then
+if [[ ! -x "$BIN/rollouts-controller-$VERSION" ]]; then
   src="$(module_dir)"
   work="$CACHE/src/argo-rollouts-wrapper-$VERSION"
   rm -rf "$work" && mkdir -p "$work"

@@ -7,7 +7,9 @@
 # version, so a second run is a no-op and nothing built is ever committed.
 #
 # Usage: hack/build-binaries.sh [--print-dir | --print-pyspy-dir | --stage STAGE[,STAGE...]]
-#   tools:      the sidecar's py-spy and helm (the unit tier needs them)
+#   tools:      pyspy,helm (the unit tier needs both)
+#   pyspy:      the sidecar image's py-spy (hack/build-pyspy.sh), which the tests and the demo sample with
+#   helm:       helm, for the chart's tests (not the demo)
 #   cluster:    etcd, kwok, kube-apiserver/-controller-manager/-scheduler, kubectl, and the Prometheus
 #               Operator's CRDs (the integration and e2e tiers; `make test` builds these in the background,
 #               at the lowest CPU priority, while the unit tier runs: tests/binaries.py)
@@ -15,9 +17,11 @@
 #               cluster stage, while the first integration tests run)
 #   prometheus: Prometheus with kubernetes_sd (Debian's has none), which the e2e tier runs on the generated
 #               configuration; built behind the monitoring stage, while the integration tier runs
-#   argo:       Argo Rollouts' controller and CRDs (hack/build-argo-rollouts.sh), for the judge's integration
-#               test; built last, behind the prometheus stage
+#   argo:       Argo Rollouts' controller (hack/build-argo-rollouts.sh; its CRDs come from hack/fetch-crds.sh), for
+#               the judge's integration test; built last, behind the prometheus stage
 #   all:        tools,cluster,monitoring,prometheus,argo (the default)
+# `make demo` builds pyspy,cluster only: the demo runs Debian's Prometheus (file_sd), no helm, no Prometheus
+# Operator, no Argo Rollouts.
 # Each stage holds a lock of its own in the cache while it runs: a second run of a stage waits for the
 # first and then finds everything built, and a run of one stage never waits for another stage's build.
 set -euo pipefail
@@ -37,11 +41,14 @@ if [[ "${1:-}" == "--print-pyspy-dir" ]]; then echo "$CACHE/pyspy"; exit 0; fi
 STAGE=all
 if [[ "${1:-}" == "--stage" ]]; then STAGE="${2:-}"; fi
 [[ "$STAGE" == all ]] && STAGE=tools,cluster,monitoring,prometheus,argo
-IFS=, read -ra STAGES <<<"$STAGE"
-((${#STAGES[@]})) || STAGES=("")  # an empty --stage is refused below, not taken as nothing to do
-for s in "${STAGES[@]}"; do
-  case "$s" in tools|cluster|monitoring|prometheus|argo) ;;
-    *) echo "[build-binaries] unknown stage '$s' (tools, cluster, monitoring, prometheus, argo, all)" >&2; exit 2;; esac
+IFS=, read -ra GIVEN <<<"$STAGE"
+((${#GIVEN[@]})) || GIVEN=("")  # an empty --stage is refused below, not taken as nothing to do
+STAGES=()
+for s in "${GIVEN[@]}"; do
+  case "$s" in tools) STAGES+=(pyspy helm) ;;
+    pyspy|helm|cluster|monitoring|prometheus|argo) STAGES+=("$s") ;;
+    *) echo "[build-binaries] unknown stage '$s' (tools = pyspy,helm; cluster, monitoring, prometheus, argo, all)" >&2
+       exit 2;; esac
 done
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
@@ -238,8 +245,9 @@ for stage in "${STAGES[@]}"; do
   exec 9>"$CACHE/build-$stage.lock"
   flock 9
   case "$stage" in
-    tools)
-      build_pyspy
+    pyspy)
+      build_pyspy ;;
+    helm)
       build_goinstall helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm ;;
     cluster)
       build_etcd
@@ -251,7 +259,7 @@ for stage in "${STAGES[@]}"; do
       build_prometheus_operator ;;
     prometheus)
       build_prometheus ;;
-    argo)  # Argo Rollouts' controller and CRDs for the judge's tests (its own script, its own cache and lock)
+    argo)  # Argo Rollouts' controller for the judge's tests (its own script, its own lock)
       bash "$(dirname "$0")/build-argo-rollouts.sh" --stage all ;;
   esac
   exec 9>&-

@@ -8,7 +8,8 @@
 # (shared with other helpers), so a second run is a no-op and works offline.
 #
 # Usage: hack/fetch-sglang-wheels.sh [--print-dir] [VERSION ...]
-#   env: VLM_CACHE (default ~/.cache/vlm-operator), SGLANG_WHEEL_PLATFORM, SGLANG_WHEEL_PYTHON
+#   env: VLM_CACHE (default ~/.cache/vlm-operator), SGLANG_WHEEL_PLATFORM, SGLANG_WHEEL_PYTHON,
+#        PYTHON (whose pip downloads; default python3, `make fetch` passes the project venv's)
 #   default versions: the ones tests/compat/test_sglang_wheels.py reads.
 # Prints the path of each wheel on stdout, one per line, in argument order.
 # Exits non-zero (naming the version) if a wheel cannot be downloaded.
@@ -41,7 +42,7 @@ for v in "${versions[@]}"; do
     # Download into a temp dir first so an interrupted run never leaves a
     # half-written wheel that a later run would take for a cached one.
     tmp="$(mktemp -d "$WHEELS/.tmp.XXXXXX")"
-    if ! python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+    if ! "${PYTHON:-python3}" -m pip download --quiet --disable-pip-version-check --no-deps \
         --only-binary=:all: --platform "$PLATFORM" --python-version "$PYVER" \
         --implementation cp "sglang==$v" -d "$tmp" >&2; then
       rm -rf "$tmp"

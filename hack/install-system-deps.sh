@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the system packages the test tiers need: Prometheus and Alertmanager for e2e, openssl
-# for the testbed's certificates, jemalloc for the operator. Idempotent: only packages that are not installed yet go to
+# for the testbed's certificates, jemalloc for the operator, venv for the project's virtualenv. Idempotent: only packages that are not installed yet go to
 # apt-get, so a prepared machine makes no network call. Go is not installed here: Debian's
 # golang-go (1.19) is too old for Kubernetes 1.34 (go >= 1.24); hack/build-binaries.sh checks it.
 #
@@ -10,6 +10,9 @@ set -euo pipefail
 # libjemalloc2: the operator runs under jemalloc where it is installed (VLM_ALLOCATOR=auto), as in its image,
 # so the tiers run the operator as shipped.
 PKGS=(prometheus prometheus-alertmanager openssl ca-certificates libjemalloc2)
+# python3-venv: `make setup` makes the project's venv (.venv) with `python3 -m venv`, which needs ensurepip; Debian
+# ships it apart from python3. Only where the python3 on PATH lacks it (a python3 not from Debian has its own).
+if ! python3 -c 'import ensurepip' >/dev/null 2>&1; then PKGS+=(python3-venv); fi
 
 missing=()
 for p in "${PKGS[@]}"; do

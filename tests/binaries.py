@@ -22,7 +22,7 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +32,9 @@ SCRIPT = REPO / "hack" / "build-binaries.sh"
 CACHE = Path(os.environ.get("VLM_CACHE") or Path.home() / ".cache" / "vlm-operator")
 LOG = CACHE / "build-cluster.log"
 
+# Where a foreground build runs: tests/cluster.py sets this to its `home_network`, so that a build started from a
+# test inside the testbed's network namespace (no registry there) runs in the session's own namespace.
+outside: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
 _lock = threading.Lock()
 _background: subprocess.Popen[bytes] | None = None
 _ensured: dict[str, subprocess.CompletedProcess[str]] = {}
@@ -60,8 +63,9 @@ def ensure(stage: str = "cluster", timeout_s: float = 3600) -> subprocess.Comple
         if done is not None and done.returncode == 0:
             return done
     try:
-        done = subprocess.run(["bash", str(SCRIPT), "--stage", stage], capture_output=True, text=True,
-                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+        with outside():
+            done = subprocess.run(["bash", str(SCRIPT), "--stage", stage], capture_output=True, text=True,
+                                  timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
         done = subprocess.CompletedProcess(e.cmd, 124, "", f"hack/build-binaries.sh --stage {stage} did not "
                                            f"finish in {timeout_s:.0f} s")

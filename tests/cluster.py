@@ -161,6 +161,9 @@ def home_network() -> Iterator[None]:
         yield
 
 
+binaries.outside = home_network  # a build a test starts reaches the Go module proxy from the session's namespace
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Tests that need the control plane were collected: build its binaries behind the unit tier."""
     if any("cluster" in getattr(item, "fixturenames", ()) for item in session.items):

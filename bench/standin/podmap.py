@@ -27,7 +27,6 @@ import ipaddress
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -253,8 +252,9 @@ class PodMapper:
                 "VLM_REVISION": labels.get(LABEL_REVISION) or ident.get("VLM_REVISION", ""),
             }
         )
-        sidecar_bin = shutil.which("vlm-sidecar")
-        cmd = [sidecar_bin] if sidecar_bin else [sys.executable, "-m", "vlm_sidecar"]
+        # The console script of this interpreter's install (the project venv's), not another one on PATH.
+        sidecar_bin = Path(sys.executable).with_name("vlm-sidecar")
+        cmd = [str(sidecar_bin)] if sidecar_bin.exists() else [sys.executable, "-m", "vlm_sidecar"]
         slog = open(self.workdir / f"{pod.metadata.name}.sidecar.log", "ab")  # noqa: SIM115
         sidecar = subprocess.Popen(cmd, env=senv, stdout=slog, stderr=subprocess.STDOUT, start_new_session=True)
         print(f"[podmap] {pod.metadata.name}: stand-in {ip}:{sp} (pid {standin.pid}), sidecar {ip}:{cp}",

@@ -2,7 +2,7 @@
 
 KServe 0.15.2 (InferenceService), LeaderWorkerSet 0.7.0 and the Gateway API Inference Extension 1.6.2
 (InferencePool, llm-d's) publish their CRDs in their Go modules; hack/fetch-crds.sh takes them from the Go module
-proxy into the cache, this test installs them on the testbed's API server and sends every manifest as a
+proxy into the cache in the setup step (`make fetch`), this test installs them on the testbed's API server and sends every manifest as a
 server-side dry run with strict field validation: an unknown or misplaced field, a wrong type or a CEL rule the
 object breaks fails the test, as `kubectl apply` would fail for the reader. Each pod template the stack makes
 pods from must carry the injection label."""
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import fetched
 from tests.cluster import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,12 +25,7 @@ PROFILE = "serving.vlmops.dev/profile"
 
 @pytest.fixture(scope="module")
 def stack_crds(cluster):
-    got = subprocess.run([str(REPO / "hack" / "fetch-crds.sh")], capture_output=True, text=True, timeout=600)
-    if got.returncode != 0:
-        pytest.fail(f"hack/fetch-crds.sh could not fetch the stacks' CRDs from the Go module proxy:\n{got.stderr[-3000:]}",
-                    pytrace=False)
-    cache = Path(got.stdout.strip())
-    files = sorted(cache.glob("*/*.yaml"))
+    files = [f for name in fetched.STACKS for f in fetched.crds(name)]
     assert len(files) == 4, files
     names = []
     for f in files:

@@ -1,5 +1,5 @@
-"""The judge's Argo Rollouts examples against Argo Rollouts' own CRDs (v1.8.3, from the Go module proxy:
-hack/build-argo-rollouts.sh --stage crds) on the real API server: a server-side dry run of the AnalysisTemplate,
+"""The judge's Argo Rollouts examples against Argo Rollouts' own CRDs (v1.8.3, from the Go module proxy in the
+setup step: hack/fetch-crds.sh) on the real API server: a server-side dry run of the AnalysisTemplate,
 the Rollout and the caller's objects, and every field we wrote survives the CRDs' structural schemas (a field
 Argo does not know would be pruned without an error, and the metric would run without it)."""
 
@@ -13,26 +13,24 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import fetched
 from tests.cluster import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 ARGO = REPO / "examples" / "argo-rollouts"
-SCRIPT = REPO / "hack" / "build-argo-rollouts.sh"
 
 
 @pytest.fixture(scope="module")
 def argo_crds(cluster) -> Path:
     """Argo Rollouts' CRDs installed (server-side apply; left in place, as other tests' CRDs are)."""
-    built = subprocess.run([str(SCRIPT), "--stage", "crds"], capture_output=True, text=True, timeout=600)
-    assert built.returncode == 0, built.stderr[-3000:]
-    crds = Path(subprocess.run([str(SCRIPT), "--print-crds"], capture_output=True, text=True).stdout.strip())
-    for f in sorted(crds.glob("*-crd.yaml")):
+    files = fetched.crds(fetched.ARGO_ROLLOUTS)
+    for f in files:
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f), timeout=120)
     for name in ("rollouts", "analysistemplates", "analysisruns"):
         # The whole object is read: a jsonpath filter fails on a CRD the API server has given no condition yet.
         wait_for(lambda n=name: _established(json.loads(cluster.kubectl("get", f"crd/{n}.argoproj.io", "-o", "json"))),
                  120, f"CRD {name}.argoproj.io Established")
-    return crds
+    return files[0].parent
 
 
 def _established(crd: dict) -> bool:

@@ -1,13 +1,13 @@
-"""The judge's Flagger example against Flagger's own CRDs (v1.36.1, from the Go module proxy:
-hack/fetch-flagger-crds.sh) on the real API server: a server-side dry run of the Canary, every field kept (a
+"""The judge's Flagger example against Flagger's own CRDs (v1.36.1, from the Go module proxy in the
+setup step: hack/fetch-crds.sh) on the real API server: a server-side dry run of the Canary, every field kept (a
 webhook field Flagger does not know would be pruned without an error)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
+from tests import fetched
 from tests.cluster import wait_for
 from tests.integration.test_judge_argo import _dry_run, _established, _in, _kept
 
@@ -15,9 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_flagger_canary_passes_flaggers_own_schema(cluster, namespace):
-    got = subprocess.run([str(REPO / "hack" / "fetch-flagger-crds.sh")], capture_output=True, text=True, timeout=600)
-    assert got.returncode == 0, got.stderr[-3000:]
-    crd = Path(got.stdout.strip())
+    (crd,) = fetched.crds(fetched.FLAGGER)
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd), timeout=120)
     wait_for(lambda: _established(json.loads(cluster.kubectl("get", "crd/canaries.flagger.app", "-o", "json"))),
              120, "CRD canaries.flagger.app Established")

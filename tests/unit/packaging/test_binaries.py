@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,3 +53,21 @@ def test_an_unknown_stage_is_refused(stage: str) -> None:
                        text=True, timeout=60)
     assert r.returncode == 2, r.stderr
     assert "unknown stage" in r.stderr and "prometheus" in r.stderr
+
+
+def test_a_foreground_build_runs_outside_the_testbeds_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build a test starts (inside the testbed's network namespace, where no registry answers) runs in the
+    session's own namespace: tests/cluster.py hands its home_network to ensure()."""
+    from tests import cluster
+
+    assert binaries.outside is cluster.home_network
+    entered: list[bool] = []
+
+    @contextlib.contextmanager
+    def outside() -> Iterator[None]:
+        entered.append(True)
+        yield
+
+    monkeypatch.setattr(binaries, "outside", outside)
+    done = binaries.ensure("no-such-stage", timeout_s=60)  # refused at once (exit 2): nothing is built
+    assert done.returncode == 2 and entered == [True], done.stderr

@@ -5,21 +5,19 @@ the list of what the scanner reports. Also here: the fixes the scan asked for in
 of the operator's and the `helm test` pods) agree with what the operator reaches and is reached by.
 
 Checkov's dependencies conflict with the project's pins (pydantic among them), so it never enters the project's
-environment: the test makes a venv of its own, once, under ~/.cache/vlm-operator/checkov-venv/<version> (or
-$VLM_CACHE/checkov-venv/<version>), and runs checkov from it. A venv that cannot be made fails the test, with
-pip's output; it is never skipped. Creating it takes about half a minute with PyPI at hand; a scan takes a few
-seconds.
+environment: the setup step (`make fetch`: hack/fetch-checkov.sh) makes a venv of its own, once, under
+~/.cache/vlm-operator/checkov-venv/<version> (or $VLM_CACHE/checkov-venv/<version>), and the test runs checkov
+from it. Without that venv the test fails, naming the command; it is never skipped and never installs anything.
+A scan takes a few seconds.
 """
 
 from __future__ import annotations
 
-import fcntl
 import fnmatch
 import json
 import os
-import shutil
+import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -41,13 +39,15 @@ from tests.unit.packaging.test_chart import (
     template,
 )
 
-CHECKOV_VERSION = "3.3.30"
 REPO = Path(__file__).resolve().parents[3]
+FETCH = REPO / "hack" / "fetch-checkov.sh"
+_pin = re.search(r"^CHECKOV_VERSION=(\S+)$", FETCH.read_text(), re.M)
+assert _pin, f"no CHECKOV_VERSION= in {FETCH}"
+CHECKOV_VERSION = _pin.group(1)
 ACCEPTED = REPO / "hack" / "checkov-accepted.yaml"
 CHART_CASES = ("default", "monitoring", "injection")
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 SERVING_NAMESPACE = "ml"
-PIP_TIMEOUT_S = 900
 
 
 def _venv_dir() -> Path:
@@ -56,60 +56,21 @@ def _venv_dir() -> Path:
 
 
 def _clean_env() -> dict[str, str]:
-    """The environment for pip and checkov: none of the project's Python paths or pip constraints."""
+    """The environment for checkov: none of the project's Python paths or pip constraints."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "PYTHONHOME", "PIP_CONSTRAINT", "PIP_REQUIRE_HASHES", "VIRTUAL_ENV")}
     return {**env, "PYTHONNOUSERSITE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
 
-def _made(venv: Path) -> bool:
-    """Made and checked before (the scan's report checks the version again)."""
-    marker = venv / ".complete"
-    return marker.exists() and marker.read_text().strip() == CHECKOV_VERSION and (venv / "bin" / "checkov").exists()
-
-
-def _answers(venv: Path) -> bool:
-    proc = subprocess.run([str(venv / "bin" / "checkov"), "--version"], capture_output=True, text=True, timeout=120,
-                          env=_clean_env())
-    return proc.returncode == 0 and proc.stdout.strip() == CHECKOV_VERSION
-
-
-def _fail_venv(venv: Path, what: str, proc: subprocess.CompletedProcess[str] | None = None) -> None:
-    tail = ""
-    if proc is not None:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
-    pytest.fail(
-        f"cannot make the checkov venv {venv}: {what}. It needs `pip install checkov=={CHECKOV_VERSION}` from PyPI "
-        f"(or PIP_INDEX_URL) into a venv of its own (checkov's pins conflict with the project's); fix that and "
-        f"rerun, or remove {venv} to start over.\n{tail}", pytrace=False)
-
-
 def checkov_bin() -> Path:
-    """The venv's checkov, made once under a lock (parallel sessions wait for one another); a venv left half-made
-    (no .complete marker) is made again."""
+    """The venv's checkov, which the setup step made (hack/fetch-checkov.sh, run by `make fetch`); the test never
+    installs it (no registry at test time) and fails, naming the command, when it is missing."""
     venv = _venv_dir()
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(venv.parent / f"{CHECKOV_VERSION}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _made(venv):
-            return venv / "bin" / "checkov"
-        shutil.rmtree(venv, ignore_errors=True)
-        made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True,
-                              timeout=300, env=_clean_env())
-        if made.returncode != 0:
-            _fail_venv(venv, f"{sys.executable} -m venv exited {made.returncode}", made)
-        try:
-            pip = subprocess.run(
-                [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-input", f"checkov=={CHECKOV_VERSION}"],
-                capture_output=True, text=True, timeout=PIP_TIMEOUT_S, env=_clean_env(), preexec_fn=lambda: os.nice(10))
-        except subprocess.TimeoutExpired:
-            _fail_venv(venv, f"pip install did not finish in {PIP_TIMEOUT_S} s")
-        if pip.returncode != 0:
-            _fail_venv(venv, f"pip install exited {pip.returncode}", pip)
-        if not _answers(venv):
-            _fail_venv(venv, f"checkov --version does not answer {CHECKOV_VERSION}")
-        (venv / ".complete").write_text(CHECKOV_VERSION + "\n")
-        return venv / "bin" / "checkov"
+    marker = venv / ".complete"
+    if not (marker.exists() and marker.read_text().strip() == CHECKOV_VERSION and (venv / "bin" / "checkov").exists()):
+        pytest.fail(f"checkov {CHECKOV_VERSION} is not in {venv}: run `make fetch` (hack/fetch-checkov.sh) before the "
+                    "tests; they do not download it", pytrace=False)
+    return venv / "bin" / "checkov"
 
 
 def write_inputs(out: Path) -> list[str]:
@@ -164,7 +125,7 @@ def load_accepted() -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(PIP_TIMEOUT_S + 600)
+@pytest.mark.timeout(600)
 def test_checkov_findings_are_the_accepted_ones(tmp_path):
     accepted = load_accepted()
     sources = write_inputs(tmp_path)

@@ -281,8 +281,24 @@ def test_copied_files_exist_and_survive_dockerignore():
     assert not _sent_to_docker("operator/vlm_operator/__pycache__/api.cpython-311.pyc")
 
 
+def _image_wheels() -> Path:
+    """The wheels the install steps take from PyPI, fetched by the setup step (`make fetch`:
+    hack/fetch-image-wheels.sh); the replay installs from there with --no-index, never from the registry."""
+    fetch = REPO / "hack" / "fetch-image-wheels.sh"
+    got = subprocess.run(["bash", str(fetch), "--print-dir"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHON": sys.executable})
+    assert got.returncode == 0, got.stderr
+    wheels = Path(got.stdout.strip())
+    if not (wheels / ".complete").is_file():
+        pytest.fail(f"the images' wheels are not in {wheels}: run `make fetch` (hack/fetch-image-wheels.sh) before "
+                    "the tests; they do not download them", pytrace=False)
+    return wheels
+
+
 def _replay(root: Path, stages: list[str]) -> dict[str, Path]:
-    """COPY and RUN of the given stages in order, with the image paths mapped under `root`."""
+    """COPY and RUN of the given stages in order, with the image paths mapped under `root`; pip finds only the
+    wheels the setup step fetched (PIP_NO_INDEX, PIP_FIND_LINKS)."""
+    wheels = _image_wheels()
     args = {**_global_args()}
     paths = {"/opt/vlm": root / "opt/vlm", "/wheels": root / "wheels", "/src": root / "src"}
     workdir = Path("/")
@@ -308,11 +324,10 @@ def _replay(root: Path, stages: list[str]) -> dict[str, Path]:
                 cmd = _expand(ins["value"], args)
                 for image_path, local in paths.items():
                     cmd = cmd.replace(image_path, str(local))
-                # The image's `python` is CPython 3.11; here it is this interpreter (also 3.11). The pip cache
-                # stays on so reruns do not download ~150 MB again; --no-cache-dir only matters for image size.
-                cmd = cmd.replace("--no-cache-dir ", "")
+                # The image's `python` is CPython 3.11; here it is this interpreter (also 3.11).
                 cmd = re.sub(r"(^|\s)python -m ", lambda m: f"{m.group(1)}{sys.executable} -m ", cmd)
                 env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "VIRTUAL_ENV", "PYTHONPATH"))}
+                env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheels), PIP_DISABLE_PIP_VERSION_CHECK="1")
                 proc = subprocess.run(["bash", "-euo", "pipefail", "-c", cmd], cwd=root / str(workdir).lstrip("/"),
                                       env=env, capture_output=True, text=True, timeout=900)
                 assert proc.returncode == 0, f"RUN failed: {cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

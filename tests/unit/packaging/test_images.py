@@ -100,6 +100,6 @@ def test_bad_arguments_are_refused():
 
 def test_make_images_runs_the_script_and_stays_out_of_make_test():
     mk = (REPO / "Makefile").read_text()
-    assert re.search(r"^images:\n\tbash hack/build-images.sh$", mk, re.M)
+    assert re.search(r"^images: venv\n\tPYTHON=\$\(PY\) bash hack/build-images.sh$", mk, re.M)
     test_deps = re.search(r"^test:(.*)$", mk, re.M).group(1).split()
     assert "images" not in test_deps

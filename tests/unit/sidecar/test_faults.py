@@ -7,9 +7,11 @@ in the field (killed by a signal, output cut, permission dropped)."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -20,6 +22,8 @@ from vlm_sidecar.config import SidecarConfig
 from vlm_sidecar.discovery import discover
 from vlm_sidecar.runner import Runner, judge
 from vlm_sidecar.sampler import PySpySampler, SampleOutcome, classify_failure
+
+PYTHON = shlex.quote(sys.executable)  # the wrappers run this interpreter, not whatever python3 is on PATH
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +119,7 @@ def test_pyspy_killed_mid_window(standin, pyspy, tmp_path):
 def test_pyspy_hangs_then_is_killed(standin, tmp_path):
     s = standin()
     hang = wrapper(tmp_path, "py-spy",
-                   'exec python3 -c "import signal,time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"')
+                   f'exec {PYTHON} -c "import signal,time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"')
     runner, store = make_runner(hang, s, duration=1, slack=1)
     t0 = time.time()
     [w] = runner.run_window()
@@ -138,7 +142,7 @@ def test_pyspy_overruns_and_sigint_keeps_its_data(standin, pyspy, tmp_path):
 
 def test_truncated_output(standin, pyspy, tmp_path):
     s = standin()
-    cut = wrapper(tmp_path, "py-spy", f'{out_arg()}; {pyspy} "$@"; rc=$?; python3 -c "import sys; p = sys.argv[1]; d = open(p, \'rb\').read(); open(p, \'wb\').write(d[: len(d) // 2])" "$out"; exit $rc')
+    cut = wrapper(tmp_path, "py-spy", f'{out_arg()}; {pyspy} "$@"; rc=$?; {PYTHON} -c "import sys; p = sys.argv[1]; d = open(p, \'rb\').read(); open(p, \'wb\').write(d[: len(d) // 2])" "$out"; exit $rc')
     runner, store = make_runner(cut, s)
     [w] = runner.run_window()
     assert w.result == "partial" and w.stale
