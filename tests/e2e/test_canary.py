@@ -11,7 +11,7 @@ import time
 import pytest
 from kubernetes import client
 
-from tests.cluster import wait_for
+from tests.cluster import gpu_nodes, wait_for
 from tests.e2e.conftest import operator_env
 from tests.operator_proc import GROUP, PLURAL, VERSION, dump, get_vlms, vlms
 
@@ -182,10 +182,19 @@ def test_no_spare_gpu_replaces_a_stable_pod_on_its_node_and_promotes(kube, names
     pod's node (a Replace pair), while the other stable pod stays to compare with; a harmless change is then
     promoted (the canary was compared with a stable pod all along: before, this path ran the canary alone and
     this test accepted either verdict), the promotion replaces the last stable pod on its own node, and no pod
-    is left Pending."""
+    is left Pending. The two nodes are this test's own (a GPU product of their own), so tests on other xdist
+    workers, whose pods go to the testbed's gpu-node-0/1, neither take their GPUs nor lose theirs."""
     op, _, pm = stack
+    with gpu_nodes(kube, ["fill-node-0", "fill-node-1"], FILL_PRODUCT):
+        _fill_both_nodes_and_promote(kube, namespace, op, pm)
+
+
+FILL_PRODUCT = "NVIDIA-H100-80GB-HBM3-E2E-FILL"
+
+
+def _fill_both_nodes_and_promote(kube, namespace, op, pm):
     spec = copy.deepcopy(SPEC)
-    spec.update({"replicas": 2, "gpu": {"count": 8}})
+    spec.update({"replicas": 2, "gpu": {"count": 8, "product": FILL_PRODUCT}})
     create(kube, namespace, spec)
     ready(kube, namespace, op)
     pm.wait_mapped(2)

@@ -74,7 +74,8 @@ def prometheus_operator(cluster, tmp_path_factory):
     # alone would send no credentials.
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [str(binary), f"--web.listen-address=127.0.0.1:{free_port()}", "--log-level=info"],
+            [str(binary), f"--web.listen-address=127.0.0.1:{free_port()}", "--log-level=info",
+             *prom_operator.instance_selector_args()],
             env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: proc.poll() is not None or "successfully synced all caches" in log.read_text(), 60,
@@ -138,7 +139,8 @@ def generated(cluster, kube, namespace, prometheus_operator, tmp_path):
     here = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
     prom = {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",
-        "metadata": {"name": "kps", "namespace": namespace},
+        "metadata": {"name": "kps", "namespace": namespace,
+                     "labels": {prom_operator.INSTANCE_LABEL: prom_operator.INSTANCE}},
         "spec": {"replicas": 1, "version": _prometheus_version(),
                  "serviceMonitorSelector": selector, "podMonitorSelector": selector, "ruleSelector": selector,
                  "serviceMonitorNamespaceSelector": here, "podMonitorNamespaceSelector": here,

@@ -51,3 +51,41 @@ def test_an_unknown_stage_is_refused(stage: str) -> None:
                        text=True, timeout=60)
     assert r.returncode == 2, r.stderr
     assert "unknown stage" in r.stderr and "prometheus" in r.stderr
+
+
+@pytest.mark.parametrize(("worker", "behind", "collected", "want"), [
+    (None, None, True, True),  # a plain session with integration tests
+    (None, None, False, False),  # unit tests only
+    (None, "1", False, True),  # hack/run-tests.sh's unit pass builds for the passes after it
+    ("gw0", None, True, True),  # the first xdist worker builds
+    ("gw1", None, True, False),  # the others wait on its locks
+    ("gw2", "1", False, False),
+])
+def test_one_process_starts_the_background_build(monkeypatch: pytest.MonkeyPatch, worker: str | None,
+                                                 behind: str | None, collected: bool, want: bool) -> None:
+    for name, value in (("PYTEST_XDIST_WORKER", worker), ("VLM_BUILD_BEHIND", behind)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert binaries.wanted(collected) is want
+
+
+def test_a_build_left_behind_outlives_the_session(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """VLM_BUILD_BEHIND=1: the build's process group id is written down and the session's end leaves it running."""
+    monkeypatch.setenv("VLM_BUILD_BEHIND", "1")
+    monkeypatch.setattr(binaries, "PGID", tmp_path / "build-behind.pgid")
+    monkeypatch.setattr(binaries, "LOG", tmp_path / "build.log")
+    monkeypatch.setattr(binaries, "SCRIPT", tmp_path / "build.sh")
+    (tmp_path / "build.sh").write_text("sleep 60\n")
+    monkeypatch.setattr(binaries, "_background", None)
+    binaries.start_background()
+    proc = binaries._background
+    try:
+        assert proc is not None
+        assert (tmp_path / "build-behind.pgid").read_text().strip() == str(proc.pid)
+        binaries.stop_background()
+        assert proc.poll() is None  # still building for the next pass
+    finally:
+        subprocess.run(["pkill", "-g", str(proc.pid)], check=False)
+        proc.wait(10)
