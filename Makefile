@@ -35,7 +35,7 @@ lint:
 # that need the testbed to themselves (hack/run-tests.sh; docs/testbed.md, "Test tiers and their budgets").
 # Only the tools the unit tier needs are built in front; the control plane's binaries are built by the unit
 # session in the background (nice 19) while the unit tier runs, the Prometheus Operator after them while the
-# first integration tests run (tests/binaries.py). `$(PY) -m pytest` alone still runs every tier, one test at
+# first integration tests run (testing/vlm_testing/binaries.py). `$(PY) -m pytest` alone still runs every tier, one test at
 # a time (pyproject.toml's testpaths).
 test: deps tools lint
 	PY=$(PY) bash hack/run-tests.sh $(PYTEST_ARGS)

@@ -2,7 +2,7 @@
 default schedule 1, 2, 4, ... while a stable pod is left, baseline Stable).
 
 Each scenario walks one rollout through the operator's own plan (`rollout.plan`, `placement.move`) and writes
-(`act.place_pods`, the revision Deployments) on the test suite's fake cluster (tests/unit/operator/fakekube.py:
+(`act.place_pods`, the revision Deployments) on the test suite's fake cluster (testing/vlm_testing/fakekube.py:
 its ReplicaSets remove the lowest pod-deletion-cost first, its scheduler honours pins and free GPUs, a placed
 pod is Ready at the next round, as a model load that takes one resync). The gate is not run: every look says
 Promote (or Rollback at the last step, for the rollback rows), so the rows measure the mechanics alone.
@@ -23,19 +23,16 @@ no free GPU (Borrow) the stable Deployment lent k (or 2k with a fresh baseline) 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from vlm_operator import act, api, builders, placement, rollout
+from vlm_operator.gate import Decision
+from vlm_operator.names import ACTIVE_PHASES
+from vlm_operator.observed import BASELINE_KEY
+from vlm_operator.settings import Settings
+from vlm_testing.fakekube import FakeKube
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from vlm_operator import act, api, builders, placement, rollout  # noqa: E402
-from vlm_operator.gate import Decision  # noqa: E402
-from vlm_operator.names import ACTIVE_PHASES  # noqa: E402
-from vlm_operator.observed import BASELINE_KEY  # noqa: E402
-from vlm_operator.settings import Settings  # noqa: E402
-
-from tests.unit.operator.fakekube import FakeKube  # noqa: E402
 
 OWNER = builders.Owner("svc", "ns", "uid-1")
 T0 = 1_800_000_000.0

@@ -1,4 +1,4 @@
-"""Shared pytest configuration: loads the control-plane fixtures (tests/cluster.py) for every tier."""
+"""Shared pytest configuration: loads the control-plane fixtures (testing/vlm_testing/cluster.py) for every tier."""
 
 import os
 import sys
@@ -6,19 +6,11 @@ from pathlib import Path
 
 import pytest
 
-# `tests` is a namespace package next to the project; with a plain `pytest` (not `python -m`)
-# the repo root is not on sys.path, so put it there before pytest imports the plugin.
-_ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
 # Test this checkout's packages even when the editable install points at another clone of the repo
-# (a CI run in a fresh clone re-points it). Only this process: subprocesses use the install.
-_PKGS = [str(Path(_ROOT) / d) for d in ("operator", "sidecar")]
-for _p in reversed(_PKGS):
-    if _p in sys.path:
-        sys.path.remove(_p)
-    sys.path.insert(0, _p)
-for _m in [m for m in sys.modules if m.split(".")[0] in ("vlm_operator", "vlm_sidecar")]:
+# (a CI run in a fresh clone re-points it): pyproject.toml's pytest `pythonpath` puts this checkout's
+# operator/, sidecar/ and testing/ first on sys.path; what a plugin imported before that is dropped here, so
+# it is imported again from this checkout. Only this process: subprocesses use the install.
+for _m in [m for m in sys.modules if m.split(".")[0] in ("vlm_operator", "vlm_sidecar", "vlm_testing")]:
     del sys.modules[_m]
 
 # Sample with the py-spy the sidecar image ships (hack/build-binaries.sh builds it; `make test` runs that
@@ -30,7 +22,7 @@ if "VLM_CACHE" in os.environ:
 if (_PYSPY_DIR / "py-spy").exists() and str(_PYSPY_DIR) not in os.environ.get("PATH", "").split(os.pathsep):
     os.environ["PATH"] = f"{_PYSPY_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
 
-pytest_plugins = ["tests.cluster"]
+pytest_plugins = ["vlm_testing.cluster"]
 
 # Tests that must have the testbed to themselves: `hack/run-tests.sh` runs the integration and e2e tiers on
 # pytest-xdist workers sharing one testbed (`-m "not serial"`, each test in its own namespace), then these

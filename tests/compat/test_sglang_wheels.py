@@ -41,8 +41,7 @@ from vlm_operator.sglang import (
     FLAG_TRANSPORT,
     plan_ipc_cache,
 )
-
-from tests.compat.wheels import fetch_wheels
+from vlm_testing.wheels import fetch_wheels
 
 pytestmark = pytest.mark.slow
 

@@ -10,10 +10,9 @@ import time
 
 import pytest
 from kubernetes import client
-
-from tests.cluster import gpu_nodes, wait_for
-from tests.e2e.test_canary import SPEC, create, patch, ready, rollout, stack, wait_phase  # noqa: F401 (a fixture)
-from tests.operator_proc import GROUP, PLURAL, VERSION, dump, get_vlms
+from vlm_testing.cluster import gpu_nodes, wait_for
+from vlm_testing.e2e import SPEC, create, patch, ready, rollout, wait_phase
+from vlm_testing.operator_proc import GROUP, PLURAL, VERSION, dump, get_vlms
 
 NAME = "qwen-pairs"
 # Two nodes of this test's own (a GPU product of their own, shaped as the testbed's gpu-node-0/1): tests on other
@@ -30,7 +29,7 @@ def pair_nodes(kube):
 
 
 def test_an_unchanged_canary_on_a_slow_node_is_promoted_and_a_slower_one_rolled_back_in_step_one(
-        kube, namespace, pair_nodes, stack, monkeypatch):  # noqa: F811
+        kube, namespace, pair_nodes, stack, monkeypatch):
     op, _, pm = stack
     monkeypatch.setenv("STANDIN_NODE_SPEED", f"{SLOW}={FACTOR},{FAST}=1.0")  # read by each stand-in at its start
     spec = copy.deepcopy(SPEC)

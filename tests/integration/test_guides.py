@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from tests.cluster import wait_for
+from vlm_testing.cluster import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDES = REPO / "examples" / "guides"

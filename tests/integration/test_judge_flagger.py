@@ -8,8 +8,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from tests.cluster import wait_for
-from tests.integration.test_judge_argo import _dry_run, _established, _in, _kept
+from vlm_testing.cluster import wait_for
+from vlm_testing.integration import _dry_run, _established, _in, _kept
 
 REPO = Path(__file__).resolve().parents[2]
 

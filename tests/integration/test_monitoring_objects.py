@@ -8,10 +8,9 @@ import copy
 
 import pytest
 from kubernetes import client
-
-from tests.cluster import wait_for
-from tests.integration.test_operator import EXAMPLES, create, wait_condition
-from tests.operator_proc import install_crd, run_operator
+from vlm_testing.cluster import wait_for
+from vlm_testing.integration import EXAMPLES, create, wait_condition
+from vlm_testing.operator_proc import install_crd, run_operator
 
 
 def _crd(plural: str, kind: str) -> dict:

@@ -11,7 +11,7 @@ generates: the scrape configuration (the secret `prometheus-<name>`, prometheus.
 
 Debian's Prometheus (the one hack/install-system-deps.sh installs) is built without kubernetes_sd, so the
 generated configuration is checked and run with one change: each `kubernetes_sd_configs` becomes a
-`file_sd_configs` whose file lists what kubernetes_sd would discover (bench/standin/kube_sd.py, shared with
+`file_sd_configs` whose file lists what kubernetes_sd would discover (testing/vlm_testing/standin/kube_sd.py, shared with
 the e2e tier: from the API server's Pods, Services and Endpoints, with the same __meta_kubernetes_* labels).
 Everything else (relabelings, honor_labels, the rule files) is the generated text, with the
 config-reloader's $(SHARD) and $(POD_NAME) substituted as it does.
@@ -39,12 +39,11 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry, generate_latest
 from vlm_operator import alerts, builders, metrics
 from vlm_operator.settings import Settings
-
-from bench.standin import kube_sd, prom_operator
-from tests import binaries
-from tests.cluster import wait_for
-from tests.integration.test_operator import EXAMPLES, create
-from tests.operator_proc import free_port, install_crd
+from vlm_testing import binaries
+from vlm_testing.cluster import wait_for
+from vlm_testing.integration import EXAMPLES, create
+from vlm_testing.operator_proc import free_port, install_crd
+from vlm_testing.standin import kube_sd, prom_operator
 
 pytestmark = pytest.mark.integration
 

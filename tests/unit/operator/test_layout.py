@@ -22,9 +22,8 @@ from pathlib import Path
 
 import vlm_operator
 from vlm_operator.observed import Observed
-
-from .test_reconcile_profiler import Cluster
-from .test_reconcile_steps import STEPS, start
+from vlm_testing.fakekube import SidecarCluster
+from vlm_testing.steps import STEPS, start
 
 PACKAGE = Path(vlm_operator.__file__).resolve().parent
 
@@ -38,7 +37,7 @@ def _module(filename: str) -> str | None:
     return ".".join(p for p in rel.parts if p != "__init__")
 
 
-def walk(c: Cluster, now: float) -> list[tuple[str, str]]:
+def walk(c: SidecarCluster, now: float) -> list[tuple[str, str]]:
     """(module, function) of every operator function that received the reconcile's Observed (the index's, or
     the one `with_roles` made of it: then marked with a "+"), in call order."""
     observed = c.kube.observed("svc")
@@ -84,7 +83,7 @@ def collapse(places: list[tuple[str, str]]) -> list[str]:
 
 
 def test_observed_goes_gather_decide_act_without_returning_to_a_module_it_left():
-    c = Cluster(STEPS, gpus=16)
+    c = SidecarCluster(STEPS, gpus=16)
     c.run(1_800_000_000.0)
     t = start(c)
     places = []

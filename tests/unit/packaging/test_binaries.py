@@ -1,4 +1,4 @@
-"""tests/binaries.py and the stages of hack/build-binaries.sh that it runs behind the tests."""
+"""testing/vlm_testing/binaries.py and the stages of hack/build-binaries.sh that it runs behind the tests."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests import binaries
+from vlm_testing import binaries
 
 REPO = Path(__file__).resolve().parents[3]
 

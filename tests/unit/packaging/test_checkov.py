@@ -26,8 +26,7 @@ import pytest
 import yaml
 from vlm_operator import api, builders, names
 from vlm_operator.settings import DEFAULT_PROFILER_PEERS, Settings
-
-from tests.unit.packaging.test_chart import (
+from vlm_testing.chart import (
     CHART,
     GOLDEN,
     KUBE_VERSION,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,3 +29,25 @@ def fetch_wheels(versions: Sequence[str]) -> dict[str, Path]:
     paths = [Path(p) for p in proc.stdout.split()]
     assert len(paths) == len(versions), proc.stdout
     return dict(zip(versions, paths, strict=True))
+
+
+FETCH = ROOT / "hack" / "fetch-sglang-wheels.sh"
+
+
+SUPPORTED = ("0.5.10", "0.5.23")  # inclusive range the operator supports
+
+
+def _v(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+def _fetched_versions() -> tuple[str, ...]:
+    m = re.search(r"^DEFAULT_VERSIONS=\(([^)]*)\)", FETCH.read_text(), re.M)
+    assert m, f"no DEFAULT_VERSIONS=(...) in {FETCH}"
+    return tuple(m[1].split())
+
+
+VERSIONS = _fetched_versions()
+
+
+SUPPORTED_VERSIONS = tuple(v for v in VERSIONS if _v(SUPPORTED[0]) <= _v(v) <= _v(SUPPORTED[1]))

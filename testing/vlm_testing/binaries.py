@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "hack" / "build-binaries.sh"
 CACHE = Path(os.environ.get("VLM_CACHE") or Path.home() / ".cache" / "vlm-operator")
 LOG = CACHE / "build-cluster.log"

@@ -33,14 +33,11 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from tests import binaries
+from vlm_testing import binaries
+from vlm_testing.testbed import netns  # the testbed's own helpers, standard library only
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TESTBED = REPO / "hack" / "testbed"
-if str(REPO / "hack") not in sys.path:
-    sys.path.insert(0, str(REPO / "hack"))
-
-from testbed_lib import netns  # noqa: E402 - the testbed's own helpers, standard library only
 
 UP_TIMEOUT_S = float(os.environ.get("VLM_TESTBED_UP_TIMEOUT", "240"))
 

@@ -7,7 +7,7 @@ ServiceMonitor, metrics Service and PrometheusRule (helm template). Test and dem
 
 The operator runs outside the cluster with the admin kubeconfig (it reads KUBECONFIG); what it generates
 for a Prometheus (the secret `prometheus-<name>` and the ConfigMaps `prometheus-<name>-rulefiles-N`) is
-what bench/standin/kube_sd.py turns into a running Prometheus.
+what testing/vlm_testing/standin/kube_sd.py turns into a running Prometheus.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CACHE = Path(os.environ.get("VLM_CACHE", Path.home() / ".cache" / "vlm-operator"))
 CRDS = CACHE / "prometheus-operator-crds"
 RELEASE = "kube-prometheus-stack"  # the release label kube-prometheus-stack's default selectors ask for
