@@ -25,7 +25,7 @@ started_testbed=0
 tier() {  # tier NAME pytest-args...
   local name=$1 t0 t rcode
   shift
-  echo "[tiers] $name: pytest $*"
+  echo "[tiers] $name: pytest $(printf '%q ' "$@")"
   t0=$(date +%s)
   "$PY" -m pytest "$@"
   rcode=$?

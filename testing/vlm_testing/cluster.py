@@ -299,6 +299,8 @@ def fake_gpu_node(name: str, product: str, zone: str | None = None) -> dict[str,
     labels["nvidia.com/gpu.product"] = product
     if zone:
         labels["topology.kubernetes.io/zone"] = zone
+    # kwok reports the node's info itself; the client's model of a Node asks for every nodeInfo field.
+    node["status"].pop("nodeInfo", None)
     return node
 
 
