@@ -40,7 +40,12 @@ def monitoring_crds(cluster, kube):
             except client.ApiException as e:
                 if e.status != 409:  # another worker installed the real ones meanwhile (shared testbed)
                     raise
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{plural}.monitoring.coreos.com")
+        # Polled, not `kubectl wait --for=condition`: that fails at once on a CRD the API server has given no
+        # condition yet (one another worker applied a moment ago, on a shared testbed).
+        wait_for(lambda p=plural: any(c.type == "Established" and c.status == "True" for c in
+                                      ext.read_custom_resource_definition(f"{p}.monitoring.coreos.com").status.conditions
+                                      or []),
+                 60, f"CRD {plural}.monitoring.coreos.com Established", interval=0.5)
 
 
 def test_podmonitor_and_prometheusrule_follow_the_service(cluster, kube, namespace, monitoring_crds, tmp_path):
