@@ -64,13 +64,15 @@ lint: venv
 	$(PY) hack/chart-readme.py --check
 	$(PY) hack/gen-docs.py --check
 
-# Unit (fast and slow), SGLang wheel compatibility, integration and e2e tiers, in that order
-# (pyproject.toml's testpaths: the py-spy measurements run before the control plane starts).
-# Only the tools the unit tier needs are built in front; the control plane's binaries are built by the
-# test session in the background (nice 19) while the unit tier runs, the Prometheus Operator after them
-# while the first integration tests run (tests/binaries.py).
+# Unit (fast and slow) and SGLang wheel compatibility tiers alone (the py-spy measurements run before the
+# control plane starts), then integration and e2e on pytest-xdist workers sharing one testbed, then the tests
+# that need the testbed to themselves (hack/run-tests.sh; docs/testbed.md, "Test tiers and their budgets").
+# Only the tools the unit tier needs are built in front; the control plane's binaries are built by the unit
+# session in the background (nice 19) while the unit tier runs, the Prometheus Operator after them while the
+# first integration tests run (testing/vlm_testing/binaries.py). `$(PY) -m pytest` alone still runs every tier, one test at
+# a time (pyproject.toml's testpaths).
 test: deps tools fetch lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	PY=$(PY) bash hack/run-tests.sh $(PYTEST_ARGS)
 
 test-unit: venv tools fetch
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -10,7 +10,7 @@ What is simulated (docs/canary-analysis.md explains the gate itself):
   stage_shares, function_shares (inclusive), self_shares, exported_functions = watch list + top N by
   self time, stale, ttft/itl/throughput), turned into gate windows by `Window.from_sidecar` only;
 - noise calibrated from recorded windows (bench/data/gate_noise.json, `--record-noise` re-records it
-  with the real sidecar and py-spy against bench/standin/sglang_standin.py): per-window log loop
+  with the real sidecar and py-spy against testing/vlm_testing/standin/sglang_standin.py): per-window log loop
   mean residuals (resampled), stage/function share spread (Dirichlet concentration), iterations,
   p95/mean, TTFT and ITL relative to the loop, throughput; what recording cannot give (pod-to-pod
   spread on real nodes, a long tail of small functions) is a declared parameter;
@@ -60,7 +60,7 @@ from vlm_operator.analysis import gate
 from vlm_operator.api import names
 
 ROOT = Path(__file__).resolve().parents[1]
-STANDIN = ROOT / "bench" / "standin" / "sglang_standin.py"
+STANDIN = ROOT / "testing" / "vlm_testing" / "standin" / "sglang_standin.py"
 NOISE_FILE = ROOT / "bench" / "data" / "gate_noise.json"
 RESULTS = ROOT / "bench" / "results"
 
@@ -182,7 +182,7 @@ def _git_state() -> dict:
 
     return {
         "head": git("rev-parse", "--short", "HEAD"),
-        "dirty": git("status", "--short", "--", "bench/standin", "sidecar/vlm_sidecar").splitlines(),
+        "dirty": git("status", "--short", "--", "testing/vlm_testing/standin", "sidecar/vlm_sidecar").splitlines(),
     }
 
 
@@ -225,7 +225,7 @@ def rederive_noise(path: Path) -> dict:
     return cal
 
 
-# The front end at the stand-in's defaults (bench/standin/frontend.py: 20 requests/s of 2 images, 5 ms of
+# The front end at the stand-in's defaults (testing/vlm_testing/standin/frontend.py: 20 requests/s of 2 images, 5 ms of
 # preprocessing per image on 2 pool workers, a tokenizing asyncio loop, a detokenizer), every role sampled at
 # the sidecar's front-end defaults (250 Hz for the first 2 s of each window).
 FRONTEND_PHASE = ("frontend", ["--standin-version", "0.5.23", "--standin-frontend", "--standin-seed", "3"], {})

@@ -40,11 +40,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kubernetes import client, config
+from vlm_testing.operator_proc import GROUP, PLURAL, VERSION, OperatorProcess, install_crd, pod_network_here
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.operator_proc import GROUP, PLURAL, VERSION, OperatorProcess, install_crd, pod_network_here  # noqa: E402
 
 SIDECAR_PORT = 9400
 PODS_PER_NODE = 100

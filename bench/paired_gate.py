@@ -36,21 +36,17 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from gate_quality import kayenta_classify, kayenta_score, mann_whitney_hl  # bench/, this script's folder
+from vlm_operator.analysis.gate import Before, Calibration, GatePolicy, Layout, Window, decide
+from vlm_operator.api import v1alpha1 as api
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "operator"))
-
-sys.path.insert(0, str(REPO / "bench"))
-from gate_quality import kayenta_classify, kayenta_score, mann_whitney_hl  # noqa: E402
-from vlm_operator.analysis.gate import Before, Calibration, GatePolicy, Layout, Window, decide  # noqa: E402
-from vlm_operator.api import v1alpha1 as api  # noqa: E402
 
 S = 0.02  # pod spread (sd of per-pod offsets, log scale)
 WINDOW_S = 15.0

@@ -2,7 +2,7 @@
 default schedule 1, 2, 4, ... while a stable pod is left, baseline Stable).
 
 Each scenario walks one rollout through the operator's own plan (`rollout.plan`, `placement.move`) and writes
-(`act.pod_writes`, the revision Deployments) on the test suite's fake cluster (tests/unit/operator/fakekube.py:
+(`act.pod_writes`, the revision Deployments) on the test suite's fake cluster (testing/vlm_testing/fakekube.py:
 its ReplicaSets remove the lowest pod-deletion-cost first, its scheduler honours pins and free GPUs, a placed
 pod is Ready at the next round, as a model load that takes one resync). The gate is not run: every look says
 Promote (or Rollback at the last step, for the rollback rows), so the rows measure the mechanics alone.
@@ -23,23 +23,20 @@ no free GPU (Borrow) the stable Deployment lent k (or 2k with a fresh baseline) 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from vlm_operator.analysis.gate import Decision
+from vlm_operator.api import v1alpha1 as api
+from vlm_operator.api.names import ACTIVE_PHASES
+from vlm_operator.api.settings import Settings
+from vlm_operator.cluster.observed import BASELINE_KEY
+from vlm_operator.controller import act
+from vlm_operator.desired import builders
+from vlm_operator.rollout import placement
+from vlm_operator.rollout import steps as rollout
+from vlm_testing.fakekube import FakeKube
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from vlm_operator.analysis.gate import Decision  # noqa: E402
-from vlm_operator.api import v1alpha1 as api  # noqa: E402
-from vlm_operator.api.names import ACTIVE_PHASES  # noqa: E402
-from vlm_operator.api.settings import Settings  # noqa: E402
-from vlm_operator.cluster.observed import BASELINE_KEY  # noqa: E402
-from vlm_operator.controller import act  # noqa: E402
-from vlm_operator.desired import builders  # noqa: E402
-from vlm_operator.rollout import placement  # noqa: E402
-from vlm_operator.rollout import steps as rollout  # noqa: E402
-
-from tests.unit.operator.fakekube import FakeKube  # noqa: E402
 
 OWNER = builders.Owner("svc", "ns", "uid-1")
 T0 = 1_800_000_000.0

@@ -22,7 +22,7 @@ py-spy's, sampled every 0.25 s: mean and max) and the sample rate py-spy achieve
 
     python bench/sidecar_overhead.py [--rounds 5] [--cadence-rounds 3] [--threads 60] [--json out/sidecar_overhead.json]
 
-`--frontend`: the stand-in also runs its front end (bench/standin/frontend.py: the main process's asyncio loop,
+`--frontend`: the stand-in also runs its front end (testing/vlm_testing/standin/frontend.py: the main process's asyncio loop,
 `--standin-cpu-workers` pool workers, the detokenizer; requests come through its HTTP server), and the cadence
 part interleaves three kinds of period: off, the sidecar sampling the schedulers only (VLM_FRONTEND_ROLES=""),
 and the sidecar sampling every role (its defaults): the front end's share of the sidecar's cost is the
@@ -42,12 +42,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "sidecar"))
+from vlm_sidecar.config import DEFAULT_DURATION_S, DEFAULT_RATE_HZ
+from vlm_sidecar.estimators import summarize
+from vlm_sidecar.parser import parse_chrometrace
 
-from vlm_sidecar.config import DEFAULT_DURATION_S, DEFAULT_RATE_HZ  # noqa: E402
-from vlm_sidecar.estimators import summarize  # noqa: E402
-from vlm_sidecar.parser import parse_chrometrace  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 from vlm_sidecar.sampler import PySpySampler, supports_main_thread  # noqa: E402
 
 MODES = ("none", "nonblocking", "blocking")
@@ -110,7 +109,6 @@ def run_segment(mode: str, pid: int, port: int, duration: float, rate: int, pysp
 def operator_defaults() -> tuple[float, float, int]:
     """(interval s, duration s, rate Hz) of the operator's TelemetrySpec defaults (pydantic, if importable)."""
     try:
-        sys.path.insert(0, str(ROOT / "operator"))
         from vlm_operator.api.units import parse_duration
         from vlm_operator.api.v1alpha1 import TelemetrySpec
 
@@ -307,7 +305,7 @@ def main() -> int:
     args = ap.parse_args()
 
     port = free_port()
-    cmd = [sys.executable, str(ROOT / "bench" / "standin" / "sglang_standin.py"), "--port", str(port),
+    cmd = [sys.executable, str(ROOT / "testing" / "vlm_testing" / "standin" / "sglang_standin.py"), "--port", str(port),
            "--standin-cost-model", "work", "--mm-feature-transport", "cuda_ipc",
            # Constant arrivals and costs: Poisson arrivals changed the loop's speed between segments by
            # more than the 1% this benchmark has to resolve.

@@ -34,7 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 TARGET_P99_S = 0.050
 LABEL = "serving.vlmops.dev/profile"
@@ -125,8 +124,7 @@ def main() -> int:
 
     from kubernetes import client, config
     from kubernetes.client.rest import ApiException
-
-    from tests.operator_proc import free_port
+    from vlm_testing.operator_proc import free_port
 
     info = json.loads(subprocess.run([sys.executable, str(REPO / "hack" / "testbed"), "env", "--json"],
                                      capture_output=True, text=True, check=True).stdout)

@@ -12,7 +12,7 @@
 #   helm:       helm, for the chart's tests (not the demo)
 #   cluster:    etcd, kwok, kube-apiserver/-controller-manager/-scheduler, kubectl, and the Prometheus
 #               Operator's CRDs (the integration and e2e tiers; `make test` builds these in the background,
-#               at the lowest CPU priority, while the unit tier runs: tests/binaries.py)
+#               at the lowest CPU priority, while the unit tier runs: testing/vlm_testing/binaries.py)
 #   monitoring: the Prometheus Operator binary (its integration test and the e2e tier; built behind the
 #               cluster stage, while the first integration tests run)
 #   prometheus: Prometheus with kubernetes_sd (Debian's has none), which the e2e tier runs on the generated

@@ -319,7 +319,7 @@ if [[ " ${TARGETS[*]} " == *" operator "* ]]; then
   # The operator's Jobs run this image with `python -m ...`: the weights download (huggingface_hub, against a small
   # hub endpoint on this machine, into a read-only root's /tmp) and the load generator.
   hub_port="$(free_port)"
-  "$PY" "$ROOT/bench/standin/hub.py" --port "$hub_port" >"$CACHE/check/hub.log" 2>&1 &
+  "$PY" "$ROOT/testing/vlm_testing/standin/hub.py" --port "$hub_port" >"$CACHE/check/hub.log" 2>&1 &
   pids+=($!) sigs+=(TERM)
   for _ in $(seq 30); do curl -s -o /dev/null "http://127.0.0.1:$hub_port/" && break; sleep 0.2; done
   w="$(in_image operator "" env HF_HOME=/tmp/hf HF_ENDPOINT="http://127.0.0.1:$hub_port" HF_HUB_DISABLE_TELEMETRY=1 \
@@ -339,7 +339,7 @@ if [[ " ${TARGETS[*]} " == *" sidecar "* ]]; then
   # The stand-in runs on the host (its own root filesystem, like the SGLang container); the sidecar in the
   # image with only CAP_SYS_PTRACE, as the operator's pod template gives it.
   sport="$(free_port)"
-  (cd "$ROOT" && exec "$PY" bench/standin/sglang_standin.py --model-path stand-in --port "$sport" --enable-metrics \
+  (cd "$ROOT" && exec "$PY" testing/vlm_testing/standin/sglang_standin.py --model-path stand-in --port "$sport" --enable-metrics \
      --standin-version 0.5.23 --mm-feature-transport cuda_ipc --standin-request-rate 15) >"$CACHE/check/standin.log" 2>&1 9>&- &
   pids+=($!) sigs+=(TERM)
   spid=$!

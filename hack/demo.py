@@ -6,7 +6,7 @@
     python hack/demo.py down   # stop the demo's processes and the testbed
 
 kwok's fake H100 pods run nothing, so a background agent maps each pod to a
-local SGLang scheduler stand-in (bench/standin) plus the real profiler sidecar
+local SGLang scheduler stand-in (testing/vlm_testing/standin) plus the real profiler sidecar
 running py-spy. The agent runs inside the testbed's network namespace (docs/testbed.md): each
 stand-in and sidecar listens on its pod's IP, the operator reads the sidecars by pod IP and
 Prometheus scrapes pod IPs, as in a cluster. A bridge relays Prometheus, Alertmanager and the
@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 RUN = Path(os.environ.get("VLM_DEMO_DIR", Path.home() / ".cache" / "vlm-operator" / "demo"))
 STATE = RUN / "agent.json"
 NAMESPACE = "vlm-demo"
@@ -86,10 +85,9 @@ def agent() -> None:
         raise SystemExit("the demo needs the testbed's pod network: run as root without VLM_TESTBED_NETNS=0 "
                          "(docs/testbed.md)")
     from kubernetes import config
-
-    from bench.standin.monitoring import Monitoring
-    from bench.standin.podmap import PodMapper
-    from tests.operator_proc import OperatorProcess, free_port
+    from vlm_testing.operator_proc import OperatorProcess, free_port
+    from vlm_testing.standin.monitoring import Monitoring
+    from vlm_testing.standin.podmap import PodMapper
 
     # Ports free out here for the bridge (the namespace is empty but for the testbed's own ports); the
     # bridge binds them here, then relays into the namespace, where Prometheus & co. listen on the same.
@@ -98,8 +96,7 @@ def agent() -> None:
     bridge = subprocess.Popen([sys.executable, str(REPO / "hack" / "testbed_lib" / "bridge.py"), f"--run-dir={RUN}",
                                f"--netns={ns}", *fwd], stdout=open(RUN / "bridge.log", "ab"),  # noqa: SIM115
                               stderr=subprocess.STDOUT)
-    sys.path.insert(0, str(REPO / "hack"))
-    from testbed_lib import netns
+    from vlm_testing.testbed import netns
 
     netns.enter(ns)  # this thread, and every thread and process started from here on
     os.environ["KUBECONFIG"] = info["KUBECONFIG"]

@@ -24,8 +24,7 @@ import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
+# transports and feature_sizes sit next to this script: its folder is on sys.path when it runs.
 import transports
 from feature_sizes import HIDDEN_SIZE_3B, build_scenarios
 from summary import ratio, summarize

@@ -1,7 +1,7 @@
 """Parts 2 and 3: the scheduler stand-in on a GPU, with real CUDA IPC and a real GPU step per iteration.
 
 Part 2 (cache), at two offered loads (above capacity: throughput; below it, after the start-up
-backlog has drained: latency): the stand-in (`bench/standin/sglang_standin.py --standin-transport cuda`, SGLang 0.5.10
+backlog has drained: latency): the stand-in (`testing/vlm_testing/standin/sglang_standin.py --standin-transport cuda`, SGLang 0.5.10
 rules, `SGLANG_USE_CUDA_IPC_TRANSPORT=1`) is started with `SGLANG_USE_IPC_POOL_HANDLE_CACHE=0` and `=1`
 in turn, in a random order inside each round; each start is warmed up, then measured over one window.
 Part 3 (profiler): one stand-in with the cache on runs throughout while windows cycle, in a random
@@ -33,8 +33,8 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
 
+# promtext and feature_sizes sit next to this script: its folder is on sys.path when it runs.
 import promtext  # noqa: E402
 from feature_sizes import RESOLUTIONS, image_tokens  # noqa: E402
 from feature_sizes import feature_bytes as to_bytes  # noqa: E402

@@ -24,12 +24,13 @@ is read by SGLang's own `EnvBool`), the transport module, `memory_pool.py` and
 `reconstruct_on_target_device`.
 
 `torch`: the same shape of work with nothing but torch's `_share_cuda_` / `_new_shared_cuda`
-(the fallback the issue asks for, and the code path of `bench/standin/cuda_transport.py`).
+(the fallback the issue asks for, and the code path of `testing/vlm_testing/standin/cuda_transport.py`).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
 import re
@@ -40,9 +41,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "standin"))
 
-import cuda_transport  # noqa: E402  (bench/standin, shared with the scheduler stand-in)
+
+def _load_cuda_transport() -> types.ModuleType:
+    """testing/vlm_testing/standin/cuda_transport.py (shared with the scheduler stand-in), by path: this bench runs
+    on a GPU machine from a plain checkout, without the test harness installed."""
+    path = os.path.join(os.path.dirname(os.path.dirname(HERE)), "testing", "vlm_testing", "standin", "cuda_transport.py")
+    spec = importlib.util.spec_from_file_location("cuda_transport", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("cuda_transport", mod)
+    spec.loader.exec_module(mod)
+    return sys.modules["cuda_transport"]
+
+
+cuda_transport = _load_cuda_transport()
 
 NEW_LAYOUT_MODULE = "sglang.srt.multimodal.transport.cuda_ipc"
 OLD_LAYOUT_MODULE = "sglang.srt.utils.cuda_ipc_transport_utils"

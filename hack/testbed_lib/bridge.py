@@ -18,11 +18,11 @@ import signal
 import socket
 import sys
 import threading
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from testbed_lib import netns
+if __package__:
+    from . import netns
+else:  # run as a script (hack/testbed_lib/bridge.py): netns.py is next to it, on sys.path
+    import netns
 
 
 def _addr(text: str) -> tuple[str, int]:

@@ -29,7 +29,7 @@ such boundaries back only where a gap could have held them:
 A long run of one stage is never split for its length: an image prefill's 60 ms run_batch is work, and
 a missed boundary shows as a sampling gap, not as a long run. Missed boundaries make the loop read long,
 so the estimate leans high when py-spy's effective rate drops. Measured errors per loop shape, from the
-simulator in tests/unit/sidecar/loopsim.py, are in docs/sidecar.md.
+simulator in testing/vlm_testing/loopsim.py, are in docs/sidecar.md.
 """
 
 from __future__ import annotations

@@ -39,29 +39,19 @@ from vlm_sidecar.config import DEFAULT_PATTERN
 from vlm_sidecar.discovery import ProcInfo, title_matches, tp_rank
 from vlm_sidecar.model import LOOP_STAGES
 from vlm_sidecar.sglang_names import REQUEST_METRICS
-
-from tests.compat.wheels import fetch_wheels
+from vlm_testing.wheels import (
+    SUPPORTED,
+    SUPPORTED_VERSIONS,
+    VERSIONS,
+    _v,
+    fetch_wheels,
+)
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-FETCH = ROOT / "hack" / "fetch-sglang-wheels.sh"
 SCHEDULER = "sglang/srt/managers/scheduler.py"
-SUPPORTED = ("0.5.10", "0.5.23")  # inclusive range the operator supports
 
-
-def _v(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in version.split("."))
-
-
-def _fetched_versions() -> tuple[str, ...]:
-    m = re.search(r"^DEFAULT_VERSIONS=\(([^)]*)\)", FETCH.read_text(), re.M)
-    assert m, f"no DEFAULT_VERSIONS=(...) in {FETCH}"
-    return tuple(m[1].split())
-
-
-VERSIONS = _fetched_versions()
-SUPPORTED_VERSIONS = tuple(v for v in VERSIONS if _v(SUPPORTED[0]) <= _v(v) <= _v(SUPPORTED[1]))
 
 # ---------------------------------------------------------------- per-version expectations
 # Adding a version to DEFAULT_VERSIONS without a row here fails test_tables_cover_every_fetched_version.

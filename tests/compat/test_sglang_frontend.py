@@ -33,9 +33,7 @@ from vlm_sidecar.discovery import (
     TITLE_PREFIX,
     TOKENIZER_WORKER_TITLE,
 )
-
-from tests.compat.test_sglang_contract import SUPPORTED_VERSIONS
-from tests.compat.wheels import fetch_wheels
+from vlm_testing.wheels import SUPPORTED_VERSIONS, fetch_wheels
 
 pytestmark = pytest.mark.slow
 

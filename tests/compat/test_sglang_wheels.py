@@ -35,8 +35,7 @@ import pytest
 from vlm_operator.api.errors import InvalidSpec
 from vlm_operator.desired import sglang
 from vlm_operator.desired.sglang import ENV_CACHE, ENV_POOL_MB, ENV_TRANSPORT, FLAG_TRANSPORT, plan_ipc_cache
-
-from tests.compat.wheels import fetch_wheels
+from vlm_testing.wheels import fetch_wheels
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """E2E tier: the testbed plus real Prometheus and Alertmanager, real sidecars running real py-spy
 against scheduler stand-ins whose speed follows the flags the operator put in each pod.
 
-The network path is a cluster's: inside the testbed's network namespace (tests/cluster.py moves the
+The network path is a cluster's: inside the testbed's network namespace (testing/vlm_testing/cluster.py moves the
 session there) every stand-in and sidecar listens on its pod's IP and ports, the operator reads the
 sidecars at <pod IP>:9400 and Prometheus scrapes pod IPs. No endpoint override is involved.
 
@@ -9,7 +9,7 @@ Monitoring is a kube-prometheus-stack install's: the real Prometheus Operator (s
 the configuration of a `Prometheus` (per test, selecting by `release: kube-prometheus-stack`) from the
 operator's PodMonitor and PrometheusRule (VLM_MONITORING_LABELS carries the release label) and the chart's
 ServiceMonitor, metrics Service and PrometheusRule (helm template), and Prometheus runs on that
-configuration (bench/standin/kube_sd.py: kubernetes_sd emulated by file_sd, the rest as generated).
+configuration (testing/vlm_testing/standin/kube_sd.py: kubernetes_sd emulated by file_sd, the rest as generated).
 The operator runs as a local process: a kwok pod with the chart's selector labels and a `metrics` port
 stands in for its pod, so the chart's Service has Endpoints naming that pod's IP, and the operator listens
 on 0.0.0.0 of the namespace (every pod IP is an address of its lo), hence on that pod IP too."""
@@ -21,19 +21,14 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
-from vlm_operator.api.units import parse_duration
-from vlm_operator.desired import alerts
-
-from bench.standin import prom_operator as po
-from bench.standin.kube_sd import Reloader
-from bench.standin.monitoring import Monitoring
-from bench.standin.podmap import PodMapper
-from tests import binaries
-from tests.cluster import wait_for
-from tests.operator_proc import OperatorProcess, free_port, install_crd, pod_network_here
-
-PROMETHEUS = "kps"  # the Prometheus object (kube-prometheus-stack's is <release>-prometheus)
-ALERTMANAGER = "kps-alertmanager"  # its Alertmanager's Service (kube-prometheus-stack's <release>-alertmanager)
+from vlm_testing import binaries
+from vlm_testing.cluster import wait_for
+from vlm_testing.e2e import ALERTMANAGER, PROMETHEUS, _operator_pod, alert_overrides, operator_env
+from vlm_testing.operator_proc import OperatorProcess, free_port, install_crd, pod_network_here
+from vlm_testing.standin import prom_operator as po
+from vlm_testing.standin.kube_sd import Reloader
+from vlm_testing.standin.monitoring import Monitoring
+from vlm_testing.standin.podmap import PodMapper
 
 _HERE = Path(__file__).resolve().parent
 
@@ -81,17 +76,6 @@ def prometheus_operator(cluster, tmp_path_factory):
     proc.stop()
 
 
-def _operator_pod(name: str, namespace: str, port: int) -> dict:
-    """The operator's pod as the chart's metrics Service selects it (kwok runs nothing in it)."""
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace,
-                         "labels": {"app.kubernetes.io/name": "vlm-operator",
-                                    "app.kubernetes.io/instance": po.CHART_RELEASE,
-                                    "app.kubernetes.io/component": "operator"}},
-            "spec": {"containers": [{"name": "operator", "image": "vlmops/vlm-operator:e2e",
-                                     "ports": [{"name": "metrics", "containerPort": port}]}]}}
-
-
 @pytest.fixture
 def monitoring(request, cluster, kube, namespace, podmap, prometheus_operator, tmp_path):
     """Alertmanager and Prometheus on the configuration the Prometheus Operator generated (see above).
@@ -106,7 +90,7 @@ def monitoring(request, cluster, kube, namespace, podmap, prometheus_operator, t
     Prometheus hack/build-binaries.sh builds with kubernetes_sd (stage `prometheus`, built behind the
     integration tier): the generated configuration as it is, discovering the pods, the Services' Endpoints and
     Alertmanager from the testbed's API server, with only the API server's address and credentials added
-    (bench/standin/kube_sd.py `native`). The others run Debian's Prometheus with each kubernetes_sd replaced by
+    (testing/vlm_testing/standin/kube_sd.py `native`). The others run Debian's Prometheus with each kubernetes_sd replaced by
     a file_sd of what it would discover (`runnable`), so a cold CI's e2e tier need not wait for that build."""
     native = request.node.get_closest_marker("native_sd") is not None
     overrides = alert_overrides(request)
@@ -144,28 +128,6 @@ def monitoring(request, cluster, kube, namespace, podmap, prometheus_operator, t
     mon.stop()
 
 
-def alert_overrides(request) -> dict[str, dict[str, str]]:
-    """The `alert_for(duration)` marker's overrides: that `for` for every shipped alert whose own is longer, as a
-    user tunes them (chart value monitoring.customRules, VLM_ALERT_OVERRIDES); none without the marker."""
-    marker = request.node.get_closest_marker("alert_for")
-    if marker is None:
-        return {}
-    limit = parse_duration(marker.args[0])
-    return {r["alert"]: {"for": marker.args[0]} for r in (*alerts.rules(), *alerts.self_rules())
-            if parse_duration(r["for"]) > limit}
-
-
-def operator_env(mon: Monitoring) -> dict[str, str]:
-    """The operator's settings for the e2e monitoring: its Prometheus, its metrics on the port of its stand-in
-    pod (on every address: that pod's IP included), the release label on its PodMonitor and PrometheusRule, and
-    the alert overrides the chart's PrometheusRule got (`alert_for`)."""
-    env = {"VLM_PROMETHEUS_URL": mon.prometheus_url, "VLM_METRICS_PORT": mon.operator_metrics.rsplit(":", 1)[1],
-           "VLM_METRICS_ADDR": "0.0.0.0", "VLM_MONITORING_LABELS": json.dumps({"release": po.RELEASE})}
-    if getattr(mon, "alert_overrides", None):
-        env["VLM_ALERT_OVERRIDES"] = json.dumps(mon.alert_overrides)
-    return env
-
-
 @pytest.fixture
 def make_operator(cluster, crd, namespace, tmp_path, podmap, prometheus_operator):
     """Start (and restart) the real operator for the test namespace; stopped at teardown."""
@@ -180,3 +142,11 @@ def make_operator(cluster, crd, namespace, tmp_path, podmap, prometheus_operator
     yield start
     for op in started:
         op.stop()
+
+
+@pytest.fixture
+def stack(make_operator, monitoring, podmap):
+    """The operator on the e2e monitoring (conftest: Prometheus on the Prometheus Operator's generated
+    configuration, so the PodMonitor's 15 s scrape), with the short windows of SPEC."""
+    op = make_operator(**operator_env(monitoring))
+    return op, monitoring, podmap

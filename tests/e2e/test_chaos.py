@@ -3,7 +3,7 @@ each service ending with the verdict its undisturbed rollout reaches, no duplica
 objects, and never two replicas acting.
 
 Two replicas run as the chart runs them with peering on (`--peering vlm-operator`, a random priority each,
-the chart's KopfPeering), each through its own ApiRecorder (tests/api_recorder.py), so every request each
+the chart's KopfPeering), each through its own ApiRecorder (testing/vlm_testing/api_recorder.py), so every request each
 one sent is counted, kopf's own included. The active replica is SIGKILLed while five services' rollouts are
 in different phases:
 
@@ -50,12 +50,10 @@ import pytest
 import yaml
 from kubernetes import client
 from vlm_operator.cli.kubectl_vlm import main as kubectl_vlm
-
-from tests.api_recorder import ApiRecorder
-from tests.cluster import REPO, home_network, wait_for
-from tests.e2e.conftest import operator_env
-from tests.e2e.test_canary import SPEC, create, patch, rollout
-from tests.operator_proc import GROUP, PLURAL, VERSION, OperatorProcess, dump, get_vlms, vlms
+from vlm_testing.api_recorder import ApiRecorder
+from vlm_testing.cluster import REPO, home_network, wait_for
+from vlm_testing.e2e import SPEC, create, operator_env, patch, rollout
+from vlm_testing.operator_proc import GROUP, PLURAL, VERSION, OperatorProcess, dump, get_vlms, vlms
 
 PROMOTING, ROLLINGBACK, ANALYSING, PAUSED, PROGRESSING = (
     "chaos-promoting", "chaos-rollingback", "chaos-analysing", "chaos-paused", "chaos-progressing")

@@ -1,7 +1,7 @@
 """The SGLang front end and the IPC cache through the operator, end to end: the real control plane, operator,
 Prometheus on the configuration the Prometheus Operator generated, real sidecars with py-spy sampling the
 scheduler *and* the front end (`telemetry.frontendRoles`), and stand-ins that run SGLang's front end
-(bench/standin/frontend.py: an asyncio HTTP loop that tokenizes, an IO thread pool, a process pool that
+(testing/vlm_testing/standin/frontend.py: an asyncio HTTP loop that tokenizes, an IO thread pool, a process pool that
 resizes and normalizes images, a load generator).
 
 One service, three revisions, each pod's pool with one worker at 5 requests/s of 2 images:
@@ -33,23 +33,19 @@ import pytest
 from kubernetes import client
 from vlm_operator.desired import builders as B
 from vlm_operator.status import conditions as C
-
-from tests.cluster import wait_for
-from tests.e2e import dashboard
-from tests.e2e.test_canary import (
+from vlm_testing import dashboard
+from vlm_testing.cluster import wait_for
+from vlm_testing.e2e import (
     SPEC,
     dump,
     get_vlms,
     patch,
     rollout,
-    stack,
     start_services,
     verdicts,
     warnings,
 )
-from tests.unit.sidecar.test_frontend_gate import SCHED
-
-__all__ = ["stack"]  # the fixture, used by name
+from vlm_testing.signals import SCHED
 
 FRONT = "qwen-front"
 # SCHED: 5 requests/s, 2 images each, 1 pool worker, 25 ms per image. Prefills of 20 ms keep each scheduler

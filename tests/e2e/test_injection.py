@@ -10,11 +10,10 @@ import urllib.request
 import uuid
 
 from kubernetes import client
-
-from bench.standin.podmap import PodMapper
-from tests.cluster import wait_for
-from tests.integration.test_injection import LABEL, _delete_later, webhook_configuration
-from tests.operator_proc import free_port, run_operator
+from vlm_testing.cluster import wait_for
+from vlm_testing.integration import LABEL, _delete_later, webhook_configuration
+from vlm_testing.operator_proc import free_port, run_operator
+from vlm_testing.standin.podmap import PodMapper
 
 
 def test_injected_pod_is_profiled(cluster, kube, crd, namespace, pod_network, tmp_path, request):

@@ -1,6 +1,6 @@
 """The load hook end to end: services whose stand-ins get no traffic of their own (`--standin-request-rate=0`, a
 staging service nobody calls). With `spec.rollout.load` the operator runs a Job (its pod run here as a local
-process by bench/standin/podmap.JobPods: `python -m vlm_operator.jobs.loadgen`) that posts chat completions with
+process by testing/vlm_testing/standin/podmap.JobPods: `python -m vlm_operator.jobs.loadgen`) that posts chat completions with
 images to the canary and the stable pod at one rate; the stand-ins turn them into scheduler work, the gate gets
 windows with traffic and promotes the unchanged canary; the Job is gone after the verdict. Without the hook the
 step waits (NoTraffic, with advice) and pauses at maxDuration: it is never rolled back."""
@@ -12,11 +12,10 @@ import json
 
 import pytest
 from kubernetes import client
-
-from bench.standin.podmap import JobPods
-from tests.cluster import wait_for
-from tests.e2e.test_canary import SPEC, create, patch, ready, rollout, warnings
-from tests.operator_proc import dump
+from vlm_testing.cluster import wait_for
+from vlm_testing.e2e import SPEC, create, patch, ready, rollout, warnings
+from vlm_testing.operator_proc import dump
+from vlm_testing.standin.podmap import JobPods
 
 LOADED, IDLE = "qwen-loaded", "qwen-idle"
 LOAD = {"requestsPerSecond": 5, "imageFraction": 0.5, "imageSize": 64, "maxTokens": 8}

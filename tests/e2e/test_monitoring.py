@@ -15,7 +15,7 @@ the Prometheus built with kubernetes_sd (marker native_sd), which finds the pods
 Alertmanager through the testbed's API server. Then:
 
 (a) every Grafana dashboard panel's PromQL (dashboards/vlm-operator.json, variables substituted as Grafana
-    does, tests/e2e/dashboard.py) returns data from that Prometheus, for NAME (sampling errors: for STALE);
+    does, testing/vlm_testing/dashboard.py) returns data from that Prometheus, for NAME (sampling errors: for STALE);
     the front-end targets, which need pods running SGLang's front end, are test_frontend.py's;
 (b) the shipped alerts the scenario produces fire and reach Alertmanager (found through the generated
     alerting config) with the labels their routing needs: VLMCanaryRolledBack (namespace, vlmservice,
@@ -48,12 +48,21 @@ from vlm_operator.api import units
 from vlm_operator.api import v1alpha1 as api
 from vlm_operator.desired import alerts
 from vlm_operator.desired import builders as B
-
-from tests.cluster import wait_for
-from tests.e2e import dashboard
-from tests.e2e.conftest import PROMETHEUS, operator_env
-from tests.e2e.test_canary import NAME, SHIPPED, create, dump, patch, ready, start_services, verdicts
-from tests.operator_proc import condition, get_vlms
+from vlm_testing import dashboard
+from vlm_testing.cluster import wait_for
+from vlm_testing.e2e import (
+    NAME,
+    PROMETHEUS,
+    SHIPPED,
+    create,
+    dump,
+    operator_env,
+    patch,
+    ready,
+    start_services,
+    verdicts,
+)
+from vlm_testing.operator_proc import condition, get_vlms
 
 pytestmark = pytest.mark.native_sd  # Prometheus with kubernetes_sd on the generated configuration (conftest)
 SCRAPE_S = dashboard.SCRAPE_S

@@ -8,23 +8,32 @@ from __future__ import annotations
 import copy
 import time
 
+import pytest
 from kubernetes import client
-
-from tests.cluster import wait_for
-from tests.e2e.test_canary import SPEC, create, patch, ready, rollout, stack, wait_phase  # noqa: F401 (a fixture)
-from tests.operator_proc import GROUP, PLURAL, VERSION, dump, get_vlms
+from vlm_testing.cluster import gpu_nodes, wait_for
+from vlm_testing.e2e import SPEC, create, patch, ready, rollout, wait_phase
+from vlm_testing.operator_proc import GROUP, PLURAL, VERSION, dump, get_vlms
 
 NAME = "qwen-pairs"
-SLOW, FAST = "gpu-node-0", "gpu-node-1"
-FACTOR = 1.6  # every scheduler stage on gpu-node-0 takes 1.6 times as long
+# Two nodes of this test's own (a GPU product of their own, shaped as the testbed's gpu-node-0/1): tests on other
+# xdist workers, whose pods go to gpu-node-0/1, neither take their GPUs nor lose theirs.
+SLOW, FAST = "pairs-node-0", "pairs-node-1"
+PRODUCT = "NVIDIA-H100-80GB-HBM3-E2E-PAIRS"
+FACTOR = 1.6  # every scheduler stage on pairs-node-0 takes 1.6 times as long
+
+
+@pytest.fixture
+def pair_nodes(kube):
+    with gpu_nodes(kube, [SLOW, FAST], PRODUCT) as names:
+        yield names
 
 
 def test_an_unchanged_canary_on_a_slow_node_is_promoted_and_a_slower_one_rolled_back_in_step_one(
-        kube, namespace, stack, monkeypatch):  # noqa: F811
+        kube, namespace, pair_nodes, stack, monkeypatch):
     op, _, pm = stack
     monkeypatch.setenv("STANDIN_NODE_SPEED", f"{SLOW}={FACTOR},{FAST}=1.0")  # read by each stand-in at its start
     spec = copy.deepcopy(SPEC)
-    spec.update({"replicas": 4, "gpu": {"count": 4}})
+    spec.update({"replicas": 4, "gpu": {"count": 4, "product": PRODUCT}})
     spec["rollout"]["steps"] = [{"replicas": 1, "analysis": "40s"}, {"replicas": 2, "analysis": "40s"}]
     spec["rollout"]["analysis"]["maxDuration"] = "3m"
     create(kube, namespace, spec, name=NAME)

@@ -1,7 +1,7 @@
 """Weights loaded once, end to end: a VLMService with a model cache and a hub id. The operator makes the weights Job;
-the real Job controller runs its pod (here a local process, bench/standin/podmap.JobPods, with the claim's volume a
+the real Job controller runs its pod (here a local process, testing/vlm_testing/standin/podmap.JobPods, with the claim's volume a
 directory) which downloads through the real huggingface_hub client from a small hub endpoint in the testbed's
-network namespace (bench/standin/hub.py, HF_ENDPOINT). The pod is killed half-way; the Job controller starts
+network namespace (testing/vlm_testing/standin/hub.py, HF_ENDPOINT). The pod is killed half-way; the Job controller starts
 another, which resumes the file from its partial part. Meanwhile the service's pods wait behind the scheduling
 gate (no GPU held) with ModelReady False; after the Job they start with HF_HOME on the claim and offline mode."""
 
@@ -13,12 +13,11 @@ import time
 
 import pytest
 from kubernetes import client
-
-from bench.standin.hub import Hub, Repo
-from bench.standin.podmap import JobPods
-from tests.cluster import wait_for
-from tests.e2e.test_canary import SPEC, create
-from tests.operator_proc import dump, get_vlms
+from vlm_testing.cluster import wait_for
+from vlm_testing.e2e import SPEC, create
+from vlm_testing.operator_proc import dump, get_vlms
+from vlm_testing.standin.hub import Hub, Repo
+from vlm_testing.standin.podmap import JobPods
 
 NAME = "qwen-weights"
 REPO_ID = "org/tiny-vl"

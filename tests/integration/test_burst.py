@@ -8,10 +8,9 @@ from __future__ import annotations
 import copy
 
 from kubernetes import client
-
-from tests.cluster import wait_for
-from tests.integration.test_operator import EXAMPLES, create
-from tests.operator_proc import run_operator
+from vlm_testing.cluster import wait_for
+from vlm_testing.integration import EXAMPLES, create
+from vlm_testing.operator_proc import run_operator
 
 COUNT = 6
 

@@ -27,36 +27,12 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from vlm_operator.api import crdgen
-
-from tests.cluster import _namespace_prefix, wait_for
-from tests.operator_proc import GROUP, PLURAL, VERSION, condition, get_vlms, run_operator, vlms
+from vlm_testing.cluster import _namespace_prefix, wait_for
+from vlm_testing.helm import CHART, CRD_NAME, Release, can_i, helm, read_crd
+from vlm_testing.operator_proc import GROUP, PLURAL, VERSION, condition, get_vlms, run_operator, vlms
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "vlm-operator"
-CRD_NAME = f"{PLURAL}.{GROUP}"
 EXAMPLE = yaml.safe_load((REPO / "examples" / "qwen2.5-vl-3b.yaml").read_text())
-
-
-def helm(cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "HELM_CACHE_HOME": "/tmp/vlm-helm-cache",
-           "HELM_CONFIG_HOME": "/tmp/vlm-helm-config", "HELM_DATA_HOME": "/tmp/vlm-helm-data"}
-    proc = subprocess.run([str(cluster.bin_dir / "helm"), *args], capture_output=True, text=True, env=env, timeout=300)
-    if check:
-        assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
-    return proc
-
-
-def can_i(cluster, sa: str, verb: str, resource: str, namespace: str | None) -> bool:
-    """`kubectl auth can-i`; "RESOURCE/SUB" here means the subresource (`--subresource`): kubectl itself
-    reads TYPE/NAME, an object named SUB, which would ask about the resource's own verbs instead."""
-    where = ["--all-namespaces"] if namespace is None else ["-n", namespace]
-    resource, _, sub = resource.partition("/")
-    subresource = [f"--subresource={sub}"] if sub else []
-    proc = subprocess.run([str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", "auth", "can-i",
-                           verb, resource, *subresource, *where, "--as", sa], capture_output=True, text=True, timeout=30)
-    answer = proc.stdout.strip()
-    assert answer in ("yes", "no"), f"can-i {verb} {resource}: {proc.stdout} {proc.stderr}"
-    return answer == "yes"
 
 
 def sar(kube, user: str, verb: str, group: str, resource: str, namespace: str) -> bool:
@@ -64,15 +40,6 @@ def sar(kube, user: str, verb: str, group: str, resource: str, namespace: str) -
         "spec": {"user": user, "groups": ["system:serviceaccounts", "system:authenticated"],
                  "resourceAttributes": {"verb": verb, "group": group, "resource": resource, "namespace": namespace}}})
     return bool(review.status.allowed)
-
-
-def read_crd(kube) -> dict | None:
-    try:
-        return client.ApiextensionsV1Api(kube).read_custom_resource_definition(CRD_NAME).to_dict()
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
 
 
 def spec_properties(crd: dict) -> dict:
@@ -92,54 +59,12 @@ def crd_rv(kube) -> str | None:
 
 
 @pytest.fixture
-def vlm_crd(kube) -> Iterator[None]:
-    """Put the shared VLMService CRD back as it was (or as crdgen writes it) after a test that let a
-    release adopt and upgrade it, so no Helm ownership or test-only field outlives the test."""
-    ext = client.ApiextensionsV1Api(kube)
-    before = ext.read_custom_resource_definition(CRD_NAME) if read_crd(kube) else None
-    yield
-    if read_crd(kube) is None:
-        return
-    current = ext.read_custom_resource_definition(CRD_NAME)
-    if before is not None:
-        body = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-                "metadata": {"name": CRD_NAME, "labels": before.metadata.labels,
-                             "annotations": before.metadata.annotations}, "spec": before.spec}
-    else:
-        body = crdgen.build_crd()
-    body["metadata"]["resourceVersion"] = current.metadata.resource_version
-    ext.replace_custom_resource_definition(CRD_NAME, body)
-
-
-@pytest.fixture
 def other_namespace(kube, request) -> Iterator[str]:
     core = client.CoreV1Api(kube)
     ns = core.create_namespace({"metadata": {"generateName": _namespace_prefix(request.node.name) + "b-",
                                              "labels": {"vlm-testbed/test": "true"}}}).metadata.name
     yield ns
     core.delete_namespace(ns, propagation_policy="Background")
-
-
-class Release:
-    def __init__(self, cluster, name: str, namespace: str):
-        self.cluster, self.name, self.namespace = cluster, name, namespace
-        self.sa = f"system:serviceaccount:{namespace}:{name}-vlm-operator"
-
-    def install(self, *values: str, chart: Path = CHART) -> None:
-        helm(self.cluster, "install", self.name, str(chart), "-n", self.namespace, "--take-ownership", *values)
-
-    def upgrade(self, *values: str, chart: Path = CHART) -> None:
-        helm(self.cluster, "upgrade", self.name, str(chart), "-n", self.namespace, *values)
-
-    def uninstall(self) -> None:
-        helm(self.cluster, "uninstall", self.name, "-n", self.namespace, "--wait", "--timeout", "60s", check=False)
-
-
-@pytest.fixture
-def release(cluster, namespace, vlm_crd) -> Iterator[Release]:
-    r = Release(cluster, namespace.removeprefix("t-")[-20:].strip("-"), namespace)
-    yield r
-    r.uninstall()
 
 
 def test_helm_lint_and_dry_run_against_the_api_server(cluster, namespace):

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from tests.unit.operator.test_api import INVALID
+from vlm_testing.specs import INVALID
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import pytest
 from kubernetes import client
-
-from tests.cluster import wait_for
-from tests.operator_proc import condition, get_vlms, run_operator
-
-from .test_operator import create, wait_condition
+from vlm_testing.cluster import wait_for
+from vlm_testing.integration import create, wait_condition
+from vlm_testing.operator_proc import condition, get_vlms, run_operator
 
 FAULT = "testbed.vlmops.dev/container-fault"
 
@@ -77,7 +75,7 @@ def test_a_crash_loop_killed_for_memory_is_oomkilled_with_the_last_log_line(kube
     obj = assert_failed(kube, namespace, "oom", "OOMKilled", operator, "OOMKilled", "exit code 137", "Killed")
     assert obj["status"]["readyReplicas"] == 0
     # Fixed (the fault annotation removed): the new pod runs, and the service is Ready again.
-    from .test_operator import patch_spec
+    from vlm_testing.integration import patch_spec
 
     patch_spec(kube, namespace, "oom", {"pod": None})
     obj = wait_condition(kube, namespace, "oom", "Ready", "True", timeout=90, op=operator)

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from tests import fetched
-from tests.cluster import wait_for
+from vlm_testing import fetched
+from vlm_testing.cluster import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDES = REPO / "examples" / "guides"

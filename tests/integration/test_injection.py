@@ -9,9 +9,6 @@ The testbed is shared: the configuration selects this test's workload namespace 
 from __future__ import annotations
 
 import base64
-import json
-import os
-import subprocess
 import time
 import uuid
 
@@ -19,38 +16,9 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-from tests.cluster import wait_for
-from tests.operator_proc import REPO, free_port, run_operator
-
-LABEL = "serving.vlmops.dev/profile"
-IMAGE = "vlmops/vlm-sidecar:inject-test"
-
-
-def render_webhook(cluster, release: str, operator_ns: str, namespaces: list[str]) -> list[dict]:
-    """The chart's templates/webhook.yaml (helm template, injection.enabled), its namespaces narrowed to the
-    given ones (an extra matchExpression, ANDed with the chart's own selectors)."""
-    selector = json.dumps([{"key": "kubernetes.io/metadata.name", "operator": "In", "values": namespaces}])
-    out = subprocess.run(
-        [str(cluster.bin_dir / "helm"), "template", release, str(REPO / "charts" / "vlm-operator"), "--namespace",
-         operator_ns, "--kube-version", "1.34.4", "--show-only", "templates/webhook.yaml",
-         "--set", "injection.enabled=true",
-         "--set-json", f"injection.namespaceSelector.matchExpressions={selector}"],
-        capture_output=True, text=True, check=True, timeout=60,
-        env={**os.environ, "HELM_CACHE_HOME": "/tmp/vlm-helm-cache", "HELM_CONFIG_HOME": "/tmp/vlm-helm-config",
-             "HELM_DATA_HOME": "/tmp/vlm-helm-data"}).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
-
-
-def webhook_configuration(cluster, name: str, port: int, operator_ns: str, namespaces: list[str]) -> dict:
-    """The chart's MutatingWebhookConfiguration, renamed, calling 127.0.0.1:port instead of the Service."""
-    (mwc,) = [d for d in render_webhook(cluster, "vlm", operator_ns, namespaces)
-              if d["kind"] == "MutatingWebhookConfiguration"]
-    mwc["metadata"] = {"name": name}
-    for hook in mwc["webhooks"]:
-        assert hook["failurePolicy"] == "Ignore"
-        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}/mutate"}
-    return mwc
+from vlm_testing.cluster import wait_for
+from vlm_testing.integration import IMAGE, LABEL, _delete_later, render_webhook, webhook_configuration
+from vlm_testing.operator_proc import free_port, run_operator
 
 
 def deployment(name: str, labels: dict) -> dict:
@@ -98,17 +66,6 @@ def _bare_pod(name: str, labels: dict) -> dict:
 
 def _names(pod) -> list[str]:
     return [c.name for c in pod.spec.containers]
-
-
-def _delete_later(request, adm, name: str) -> None:
-    """Delete the (cluster-scoped) configuration after the test, whatever happens in it."""
-    def delete() -> None:
-        try:
-            adm.delete_mutating_webhook_configuration(name)
-        except ApiException as e:
-            if e.status != 404:
-                raise
-    request.addfinalizer(delete)
 
 
 def test_webhook_injects_over_tls_and_never_blocks(cluster, kube, crd, namespace, make_ns, tmp_path, request):

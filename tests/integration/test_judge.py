@@ -16,21 +16,15 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-
-from tests.cluster import wait_for
-from tests.jsonhttp import start_json
-from tests.operator_proc import OperatorProcess, free_port
-from tests.unit.operator.test_judge import sidecar_windows
+from vlm_testing.cluster import wait_for
+from vlm_testing.integration import _token
+from vlm_testing.jsonhttp import start_json
+from vlm_testing.operator_proc import OperatorProcess, free_port
+from vlm_testing.signals import sidecar_windows
 
 
 def _sidecar(windows: list[dict]) -> ThreadingHTTPServer:
     return start_json(lambda path, _peer: (200, windows) if path == "/windows.json" else (404, {"error": "not found"}))
-
-
-def _token(kube: client.ApiClient, namespace: str, sa: str) -> str:
-    """A token for the ServiceAccount from the TokenRequest API (what `kubectl create token` asks)."""
-    req = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
-    return client.CoreV1Api(kube).create_namespaced_service_account_token(sa, namespace, req).status.token
 
 
 def _post(url: str, payload: Any, token: str | None) -> tuple[int, dict]:

@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-
-from tests import fetched
-from tests.cluster import wait_for
+from vlm_testing import fetched
+from vlm_testing.cluster import wait_for
+from vlm_testing.integration import _dry_run, _established, _in, _kept
 
 REPO = Path(__file__).resolve().parents[2]
 ARGO = REPO / "examples" / "argo-rollouts"
@@ -31,41 +30,6 @@ def argo_crds(cluster) -> Path:
         wait_for(lambda n=name: _established(json.loads(cluster.kubectl("get", f"crd/{n}.argoproj.io", "-o", "json"))),
                  120, f"CRD {name}.argoproj.io Established")
     return files[0].parent
-
-
-def _established(crd: dict) -> bool:
-    return any(c.get("type") == "Established" and c.get("status") == "True"
-               for c in (crd.get("status") or {}).get("conditions") or [])
-
-
-def _in(namespace: str, path: Path) -> list[dict]:
-    out = []
-    for d in yaml.safe_load_all(path.read_text()):
-        if d:
-            d["metadata"]["namespace"] = namespace
-            for s in (d.get("subjects") or []):
-                s["namespace"] = namespace
-            out.append(d)
-    return out
-
-
-def _dry_run(cluster, obj: dict) -> dict:
-    got = cluster.kubectl("apply", "--server-side", "--dry-run=server", "--field-manager=vlm-test", "-o", "json",
-                          "-f", "-", stdin=json.dumps(obj))
-    return json.loads(got)
-
-
-def _kept(sent: Any, got: Any, where: str = "") -> list[str]:
-    """Paths of `sent` missing or changed in `got` (what the schema pruned or rewrote)."""
-    if isinstance(sent, dict):
-        if not isinstance(got, dict):
-            return [where]
-        return [p for k, v in sent.items() for p in (_kept(v, got[k], f"{where}.{k}") if k in got else [f"{where}.{k}"])]
-    if isinstance(sent, list):
-        if not isinstance(got, list) or len(got) != len(sent):
-            return [where]
-        return [p for i, (a, b) in enumerate(zip(sent, got, strict=True)) for p in _kept(a, b, f"{where}[{i}]")]
-    return [] if sent == got or str(sent) == str(got) else [where]
 
 
 def test_the_argo_examples_pass_argos_own_schemas(cluster, argo_crds, namespace):
@@ -103,7 +67,7 @@ class StandIns:
         import time
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-        from tests.unit.operator.test_gate import shares
+        from vlm_testing.signals import shares
 
         level = 0.02 * (1 + (self.slower if canary else 0.0)) * (1 + 0.004 * (len(self.servers) % 3))
         stages, functions = shares(self.slower if canary else 0.0)
@@ -151,12 +115,11 @@ def test_argo_rollouts_follows_the_judges_verdict(cluster, crd, argo_crds, names
     import time
 
     from kubernetes import client
+    from vlm_testing import binaries
+    from vlm_testing.integration import _token
+    from vlm_testing.operator_proc import OperatorProcess, free_port
 
-    from tests import binaries
-    from tests.integration.test_judge import _token
-    from tests.operator_proc import OperatorProcess, free_port
-
-    binaries.require("argo", "Argo Rollouts' controller")  # built behind the other stages (tests/binaries.py)
+    binaries.require("argo", "Argo Rollouts' controller")  # built behind the other stages (testing/vlm_testing/binaries.py)
     controller = cluster.bin_dir / "rollouts-controller"
     if not controller.exists():
         controller = Path.home() / ".cache" / "vlm-operator" / "bin" / "rollouts-controller"

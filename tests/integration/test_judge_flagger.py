@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests import fetched
-from tests.cluster import wait_for
-from tests.integration.test_judge_argo import _dry_run, _established, _in, _kept
+from vlm_testing import fetched
+from vlm_testing.cluster import wait_for
+from vlm_testing.integration import _dry_run, _established, _in, _kept
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,56 +9,25 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-
-from tests.cluster import wait_for
-from tests.operator_proc import (
+from vlm_testing.cluster import wait_for
+from vlm_testing.integration import EXAMPLES, create, patch_spec, wait_condition
+from vlm_testing.operator_proc import (
     GROUP,
     PLURAL,
     VERSION,
     OperatorProcess,
     condition,
-    dump,
     get_vlms,
     run_operator,
     vlms,
 )
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((REPO / "examples").glob("*.yaml"))}
-
 
 @pytest.fixture
 def operator(cluster, crd, namespace, tmp_path):
     yield from run_operator(cluster.kubeconfig, namespace, tmp_path)
-
-
-def create(kube, namespace: str, doc: dict) -> dict:
-    body = copy.deepcopy(doc)
-    body["metadata"] = {"name": doc["metadata"]["name"]}
-    return vlms(kube).create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
-
-
-def patch_spec(kube, namespace: str, name: str, spec_patch: dict) -> None:
-    vlms(kube).patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"spec": spec_patch})
-
-
-def wait_condition(kube, namespace, name, type_, status, reason=None, timeout=60.0, op=None):
-    def check():
-        obj = get_vlms(kube, namespace, name)
-        c = condition(obj, type_)
-        if c and c["status"] == status and (reason is None or c["reason"] == reason):
-            return obj
-        return None
-
-    try:
-        return wait_for(check, timeout, f"{name} {type_}={status} {reason or ''}")
-    except AssertionError:
-        obj = get_vlms(kube, namespace, name)
-        raise AssertionError(f"{type_}={status}/{reason} not reached; status:\n{dump(obj.get('status'))}\n"
-                             f"operator log:\n{op.log_tail() if op else ''}") from None
 
 
 def deployments(kube, namespace, name):

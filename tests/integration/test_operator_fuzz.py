@@ -2,7 +2,7 @@
 API server, the real operator process reconciling them all at once, then a pod-template change to every
 fifth of them.
 
-The specs are the canary example with one to four of its fields changed at a time (tests/specfuzz.py's
+The specs are the canary example with one to four of its fields changed at a time (testing/vlm_testing/specfuzz.py's
 mutations, each kept only where the pydantic model still accepts the spec), sent until 500 were accepted by
 the API server (the model reads `true` as 1 where the schema wants an integer: those few are refused there). Replica counts are capped at 1 (service and steps) to keep the fake pods within what a
 2-core testbed runs; every other value stays as drawn (GPU counts no node has, tensor parallelism, odd
@@ -27,10 +27,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
-
-from tests.cluster import wait_for
-from tests.operator_proc import GROUP, PLURAL, VERSION, condition, dump, run_operator, vlms
-from tests.specfuzz import BASE, READY_REASONS, model_accepts, mutants, mutate
+from vlm_testing.cluster import wait_for
+from vlm_testing.operator_proc import GROUP, PLURAL, VERSION, condition, dump, run_operator, vlms
+from vlm_testing.specfuzz import BASE, READY_REASONS, model_accepts, mutants, mutate
 
 COUNT = 500
 MAX_REPLICAS = 1

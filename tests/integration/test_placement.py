@@ -23,9 +23,8 @@ import time
 
 import pytest
 from kubernetes import client, watch
-
-from tests.cluster import wait_for
-from tests.operator_proc import GROUP, PLURAL, VERSION, dump, get_vlms, run_operator, vlms
+from vlm_testing.cluster import wait_for
+from vlm_testing.operator_proc import GROUP, PLURAL, VERSION, dump, get_vlms, run_operator, vlms
 
 PRODUCT = "NVIDIA-PAIRED-TEST"
 NODES = {"paired-node-0": "paired-a", "paired-node-1": "paired-a", "paired-node-2": "paired-b",

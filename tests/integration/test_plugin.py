@@ -19,9 +19,8 @@ from pathlib import Path
 
 import yaml
 from kubernetes import client
-
-from tests.cluster import wait_for
-from tests.operator_proc import GROUP, PLURAL, VERSION, get_vlms, run_operator, vlms
+from vlm_testing.cluster import wait_for
+from vlm_testing.operator_proc import GROUP, PLURAL, VERSION, get_vlms, run_operator, vlms
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN_DIR = REPO / "kubectl-plugin"

@@ -23,21 +23,16 @@ from pathlib import Path
 
 import yaml
 from kubernetes import client
-
-from tests.api_recorder import ApiRecorder, Request
-from tests.cluster import wait_for
-from tests.integration import test_chart as chart_tests
-from tests.integration.test_chart import can_i
-from tests.operator_proc import GROUP, PLURAL, VERSION, get_vlms, run_operator, vlms
+from vlm_testing.api_recorder import ApiRecorder, Request
+from vlm_testing.cluster import wait_for
+from vlm_testing.helm import can_i
+from vlm_testing.operator_proc import GROUP, PLURAL, VERSION, get_vlms, run_operator, vlms
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN_DIR = REPO / "kubectl-plugin"
 EXAMPLE = yaml.safe_load((REPO / "examples" / "qwen2.5-vl-3b.yaml").read_text())
 VLM = f"{PLURAL}.{GROUP}"
 
-# The chart's release (installs the aggregated ClusterRoles) and the shared CRD put back afterwards.
-vlm_crd = chart_tests.vlm_crd
-release = chart_tests.release
 
 # What each subcommand may ask of the API server, from kubectl_vlm.py: (verb, resource, subresource).
 NEEDS: dict[str, set[tuple[str, str, str]]] = {

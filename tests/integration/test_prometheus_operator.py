@@ -11,7 +11,7 @@ generates: the scrape configuration (the secret `prometheus-<name>`, prometheus.
 
 Debian's Prometheus (the one hack/install-system-deps.sh installs) is built without kubernetes_sd, so the
 generated configuration is checked and run with one change: each `kubernetes_sd_configs` becomes a
-`file_sd_configs` whose file lists what kubernetes_sd would discover (bench/standin/kube_sd.py, shared with
+`file_sd_configs` whose file lists what kubernetes_sd would discover (testing/vlm_testing/standin/kube_sd.py, shared with
 the e2e tier: from the API server's Pods, Services and Endpoints, with the same __meta_kubernetes_* labels).
 Everything else (relabelings, honor_labels, the rule files) is the generated text, with the
 config-reloader's $(SHARD) and $(POD_NAME) substituted as it does.
@@ -40,12 +40,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from vlm_operator.api import metrics
 from vlm_operator.api.settings import Settings
 from vlm_operator.desired import alerts, builders
-
-from bench.standin import kube_sd, prom_operator
-from tests import binaries
-from tests.cluster import wait_for
-from tests.integration.test_operator import EXAMPLES, create
-from tests.operator_proc import free_port, install_crd
+from vlm_testing import binaries
+from vlm_testing.cluster import wait_for
+from vlm_testing.integration import EXAMPLES, create
+from vlm_testing.operator_proc import free_port, install_crd
+from vlm_testing.standin import kube_sd, prom_operator
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +74,8 @@ def prometheus_operator(cluster, tmp_path_factory):
     # alone would send no credentials.
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [str(binary), f"--web.listen-address=127.0.0.1:{free_port()}", "--log-level=info"],
+            [str(binary), f"--web.listen-address=127.0.0.1:{free_port()}", "--log-level=info",
+             *prom_operator.instance_selector_args()],
             env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: proc.poll() is not None or "successfully synced all caches" in log.read_text(), 60,
@@ -139,7 +139,8 @@ def generated(cluster, kube, namespace, prometheus_operator, tmp_path):
     here = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
     prom = {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",
-        "metadata": {"name": "kps", "namespace": namespace},
+        "metadata": {"name": "kps", "namespace": namespace,
+                     "labels": {prom_operator.INSTANCE_LABEL: prom_operator.INSTANCE}},
         "spec": {"replicas": 1, "version": _prometheus_version(),
                  "serviceMonitorSelector": selector, "podMonitorSelector": selector, "ruleSelector": selector,
                  "serviceMonitorNamespaceSelector": here, "podMonitorNamespaceSelector": here,

@@ -21,8 +21,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 from vlm_operator.api.v1alpha1 import VLMServiceSpec
-
-from tests.specfuzz import BASE, EXAMPLES, MIN_INVALID, PATHS, edge_cases, mutate, values
+from vlm_testing.specfuzz import BASE, EXAMPLES, MIN_INVALID, PATHS, edge_cases, mutate, values
 
 
 def _model_ok(spec: dict[str, Any]) -> tuple[bool, str]:

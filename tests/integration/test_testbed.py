@@ -20,9 +20,8 @@ import urllib.request
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-from tests.cluster import TESTBED, Cluster, home_network, netns, wait_for
-from tests.jsonhttp import serve_json
+from vlm_testing.cluster import TESTBED, Cluster, home_network, netns, wait_for
+from vlm_testing.jsonhttp import serve_json
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 FAKE_NODES = {"gpu-node-0", "gpu-node-1"}

@@ -4,7 +4,7 @@ from it, not from when the request reached the relay)."""
 import json
 from datetime import UTC, datetime
 
-from tests.api_recorder import _peering_stamp
+from vlm_testing.api_recorder import _peering_stamp
 
 PATH = "/apis/kopf.dev/v1/namespaces/ns/kopfpeerings/vlm-operator"
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tests.unit.bench import load_bench
+from vlm_testing.benches import load_bench
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from vlm_testing.benches import load_bench
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench" / "gpu"))
-
-import feature_sizes
-import promtext
-import summary
+feature_sizes = load_bench("gpu/feature_sizes")
+promtext = load_bench("gpu/promtext")
+summary = load_bench("gpu/summary")
 
 
 def test_qwen_tokens_and_bytes_for_720p_and_1080p():

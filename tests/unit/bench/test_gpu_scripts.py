@@ -10,8 +10,7 @@ import subprocess
 import sys
 
 import pytest
-
-from tests.unit.bench import ROOT
+from vlm_testing import REPO as ROOT
 
 GPU = ROOT / "bench" / "gpu"
 

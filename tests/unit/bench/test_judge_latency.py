@@ -2,7 +2,7 @@
 
 import json
 
-from tests.unit.bench import load_bench
+from vlm_testing.benches import load_bench
 
 
 def test_the_judge_latency_bench_answers_and_writes_its_row(tmp_path, capsys, monkeypatch):

@@ -1,4 +1,4 @@
-"""The kubernetes_sd emulation (bench/standin/kube_sd.py) for the alerting section the Prometheus Operator
+"""The kubernetes_sd emulation (testing/vlm_testing/standin/kube_sd.py) for the alerting section the Prometheus Operator
 generates: an Alertmanager found through its Service's Endpoints (role endpoints) or EndpointSlices (role
 endpointslice), selected by the generated keep relabelings, and written as file_sd Prometheus can load.
 
@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client
-
-from bench.standin import kube_sd, prom_operator
+from vlm_testing.standin import kube_sd, prom_operator
 
 NS = "mon"
 AM_PORT = 41234

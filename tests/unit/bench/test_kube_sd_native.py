@@ -1,4 +1,4 @@
-"""The generated configuration for the Prometheus with kubernetes_sd (bench/standin/kube_sd.py `native`):
+"""The generated configuration for the Prometheus with kubernetes_sd (testing/vlm_testing/standin/kube_sd.py `native`):
 the Operator's text as it is, each kubernetes_sd_config given the API server and credentials that
 in-cluster config would supply, and the Reloader that writes it instead of the file_sd emulation.
 
@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client
-
-from bench.standin import kube_sd
+from vlm_testing.standin import kube_sd
 
 NS = "mon"
 SERVER = "https://127.0.0.1:46443"

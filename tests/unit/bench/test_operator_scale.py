@@ -15,9 +15,9 @@ import pytest
 from vlm_operator.analysis import sources
 from vlm_operator.api.settings import Settings
 from vlm_operator.controller import reconcile
-
-from tests.unit.bench import ROOT, load_bench
-from tests.unit.operator.fakekube import FakeKube
+from vlm_testing import REPO as ROOT
+from vlm_testing.benches import load_bench
+from vlm_testing.fakekube import FakeKube
 
 scale = load_bench("operator_scale")
 

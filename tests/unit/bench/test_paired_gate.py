@@ -6,15 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from tests.unit.bench import load_bench
+from vlm_testing.benches import load_bench
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return load_bench("paired_gate")
+    return load_bench("paired_gate", "gate_quality")
 
 
 def test_the_world_and_the_designs_run_through_the_real_gate(bench):

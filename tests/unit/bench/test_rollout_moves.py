@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from tests.unit.bench import load_bench
+from vlm_testing.benches import load_bench
 
 ROOT = Path(__file__).resolve().parents[3]
 

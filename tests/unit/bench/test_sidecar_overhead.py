@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
-from tests.unit.bench import ROOT, load_bench
+from vlm_testing import REPO as ROOT
+from vlm_testing.benches import load_bench
 
 so = load_bench("sidecar_overhead")
 

@@ -15,8 +15,9 @@ import subprocess
 import sys
 import time
 
-from tests.operator_proc import free_port
-from tests.unit.bench import ROOT, load_bench
+from vlm_testing import REPO as ROOT
+from vlm_testing.benches import load_bench
+from vlm_testing.operator_proc import free_port
 
 wa = load_bench("webhook_admission")
 

@@ -9,11 +9,10 @@ import copy
 
 from vlm_operator.api.names import LABEL_REVISION, LABEL_ROLE, LABEL_SERVICE, ROLE_STABLE
 from vlm_operator.desired import builders
+from vlm_testing.fakekube import SPEC, T0, FakeCluster
 
-from .test_reconcile import SPEC, T0, Cluster
 
-
-def legacy_deployment(c: Cluster, replicas: int) -> dict:
+def legacy_deployment(c: FakeCluster, replicas: int) -> dict:
     """The stable Deployment as the previous release built it: named NAME, selector {service, role: stable}, the
     role and revision in its template (the revision of today's template for the same spec)."""
     owner = builders.Owner("svc", "ns", "uid-svc")
@@ -35,7 +34,7 @@ def legacy_deployment(c: Cluster, replicas: int) -> dict:
 
 
 def test_a_previous_release_service_is_adopted_without_a_restart_then_updated_node_by_node():
-    c = Cluster(dict(SPEC, replicas=2))
+    c = FakeCluster(dict(SPEC, replicas=2))
     c.kube.nodes = {"n0": 1, "n1": 1}
     legacy = legacy_deployment(c, 2)
     c.kube.objects[("apps/v1", "Deployment", "ns", "svc")] = legacy

@@ -33,8 +33,7 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 from vlm_operator.api import metrics as om
 from vlm_operator.desired import alerts, builders
-
-from bench.standin.prom_operator import chart_objects
+from vlm_testing.standin.prom_operator import chart_objects
 
 REPO = Path(__file__).resolve().parents[3]
 CASES = REPO / "tests" / "promtool"

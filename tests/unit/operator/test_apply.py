@@ -45,7 +45,7 @@ def test_status_patch_nulls_dropped_keys_inside_nested_objects():
     patch = apply.status_patch(cur, new)
     assert patch == {"phase": "Canary", "rollout": {"step": 1, "phase": "Progressing", "reason": None,
                                                     "analysisStartedAt": None, "signals": None}}
-    from .fakekube import merge_patch
+    from vlm_testing.fakekube import merge_patch
     assert merge_patch(cur, patch) == new
     assert apply.status_patch(new, {"phase": "Canary", "rollout": {"step": 1, "phase": "Progressing"}}) is None
 

@@ -2,7 +2,7 @@
 of them calls it more is named with that caller (`hash_feature -> helper`), from the sidecar's call-edge shares.
 
 The windows are the sidecar's own: `summarize` over simulated py-spy samples of a loop in which `helper` runs
-under hash_feature (process_input_requests) and under decode_batch (run_batch) (tests/unit/sidecar/loopsim.py,
+under hash_feature (process_input_requests) and under decode_batch (run_batch) (testing/vlm_testing/loopsim.py,
 `shared_helper`), served as `/windows.json` entries and read back by `Window.from_sidecar`.
 """
 
@@ -17,8 +17,7 @@ from vlm_operator.analysis.gate.attribution import grown_caller
 from vlm_operator.analysis.gate.samples import make_units
 from vlm_sidecar.estimators import summarize
 from vlm_sidecar.model import ParsedTrace
-
-from tests.unit.sidecar.loopsim import shared_helper
+from vlm_testing.loopsim import shared_helper
 
 T0 = 1_000_000.0
 EVERY = 10.0

@@ -14,37 +14,10 @@ from vlm_operator.analysis.gate.paired import Calibration
 from vlm_operator.analysis.gate.samples import make_units as _units
 from vlm_operator.api import v1alpha1 as api
 from vlm_operator.api.errors import InvalidSpec
+from vlm_testing.signals import STAGES, shares
 
 T0 = 1_000_000.0
 STEP = 300.0
-STAGES = {
-    "recv_requests": 0.04,
-    "process_input_requests": 0.13,
-    "get_next_batch_to_run": 0.06,
-    "run_batch": 0.55,
-    "process_batch_result": 0.12,
-    "idle": 0.05,
-    "other": 0.05,
-}
-
-
-def shares(extra: float) -> tuple[dict, dict]:
-    """Stage and inclusive function shares when input processing costs `extra` more loop time."""
-    t = dict(STAGES)
-    t["process_input_requests"] += extra
-    total = sum(t.values())
-    stages = {k: v / total for k, v in t.items()}
-    pi = stages["process_input_requests"]
-    functions = {
-        "event_loop_overlap": 1 - stages["idle"],
-        "process_input_requests": pi,
-        "handle_generate_request": 0.11 / total + extra / total,
-        "reconstruct_on_target_device": 0.002 / total + extra / total,
-        "hash_feature": 0.05 / total,
-        "run_batch": stages["run_batch"],
-        "forward_batch_generation": 0.5 / total,
-    }
-    return stages, functions
 
 
 def windows(

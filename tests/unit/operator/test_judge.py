@@ -1,11 +1,9 @@
-"""vlm_operator.judge.evaluate and judge_server: parsing and its errors, auth (a fake TokenReview and SubjectAccessReview),
+"""vlm_operator.judge and judge_server: parsing and its errors, auth (a fake TokenReview and SubjectAccessReview),
 the Flagger webhook contract, the HTTP framing, and the agreement with a VLMService's look on the same windows."""
 
 from __future__ import annotations
 
 import json
-import math
-import random
 import threading
 import urllib.error
 import urllib.request
@@ -24,28 +22,12 @@ from vlm_operator.cluster.connection import ApiError
 from vlm_operator.cluster.observed import Observed, PodInfo
 from vlm_operator.judge import evaluate as judge
 from vlm_operator.judge import server as judge_server
+from vlm_testing.signals import EVERY, T0, sidecar_windows
 
-from tests.unit.operator.test_gate import shares
-
-T0 = 1_800_000_000.0
-EVERY = 15.0
 GOOD = "good-token"
 
 
 # ---------------------------------------------------------------- fixtures: pods, sidecars, API server
-
-
-def sidecar_windows(level: float, effect: float, n: int, seed: int, start: float = T0) -> list[dict]:
-    """`n` windows of one pod, one per telemetry interval from `start`, as /windows.json serves them."""
-    rng = random.Random(seed)
-    stages, functions = shares(effect)
-    out = []
-    for k in range(n):
-        loop = level * (1 + effect) * math.exp(rng.gauss(0, 0.01))
-        out.append({"id": k, "tp_rank": 0, "start": start + k * EVERY, "end": start + k * EVERY + 5.0,
-                    "samples": 5000, "loop_mean_seconds": loop, "loop_p95_seconds": loop * 1.6, "iterations": 250,
-                    "stage_shares": stages, "function_shares": functions, "stale": False, "error": None})
-    return out
 
 
 class Fleet:

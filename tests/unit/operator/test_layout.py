@@ -27,9 +27,8 @@ from pathlib import Path
 
 import vlm_operator
 from vlm_operator.cluster.observed import Observed
-
-from .test_reconcile_profiler import Cluster
-from .test_reconcile_steps import STEPS, start
+from vlm_testing.fakekube import SidecarCluster
+from vlm_testing.steps import STEPS, start
 
 PACKAGE = Path(vlm_operator.__file__).resolve().parent
 
@@ -43,7 +42,7 @@ def _module(filename: str) -> str | None:
     return ".".join(p for p in rel.parts if p != "__init__")
 
 
-def walk(c: Cluster, now: float) -> list[tuple[str, str]]:
+def walk(c: SidecarCluster, now: float) -> list[tuple[str, str]]:
     """(module, function) of every operator function that received the reconcile's Observed (the index's, or
     the one `with_roles` made of it: then marked with a "+"), in call order."""
     observed = c.kube.observed("svc")
@@ -89,7 +88,7 @@ def collapse(places: list[tuple[str, str]]) -> list[str]:
 
 
 def test_observed_goes_gather_decide_act_without_returning_to_a_module_it_left():
-    c = Cluster(STEPS, gpus=16)
+    c = SidecarCluster(STEPS, gpus=16)
     c.run(1_800_000_000.0)
     t = start(c)
     places = []
@@ -110,7 +109,7 @@ def test_observed_goes_gather_decide_act_without_returning_to_a_module_it_left()
     assert isinstance(c.kube.observed("svc"), Observed)
 
 
-def deep_walk(c: Cluster, now: float) -> list[tuple[str, str]]:
+def deep_walk(c: SidecarCluster, now: float) -> list[tuple[str, str]]:
     """(module, function) of every operator function outside `cluster.observed` that received the snapshot or one
     of its parts (a pod, a Deployment, the pods or Deployments, a list or tuple of them), in call order."""
     observed = c.kube.observed("svc")
@@ -165,7 +164,7 @@ def test_the_snapshot_and_its_parts_walk_the_layers_with_few_returns():
     controller that started it (the walk before the plan returned replicas and act returned its writes: 9 stays,
     3 returns); by module the writer and the client alternate per object and the rollout's steps call placement
     and carry on."""
-    c = Cluster(STEPS, gpus=16)
+    c = SidecarCluster(STEPS, gpus=16)
     c.run(1_800_000_000.0)
     t = start(c)
     places: list[tuple[str, str]] = []

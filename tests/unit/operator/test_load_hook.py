@@ -24,12 +24,11 @@ from vlm_operator.api import v1alpha1 as api
 from vlm_operator.api.settings import Settings
 from vlm_operator.desired import builders
 from vlm_operator.jobs import loadgen
+from vlm_testing.fakekube import T0, SidecarCluster
+from vlm_testing.steps import CHANGE, STEPS, is_canary, serving_ready, walk
 
-from .test_reconcile_profiler import T0, Cluster
-from .test_reconcile_steps import CHANGE, STEPS, is_canary, serving_ready, walk
 
-
-def start(c: Cluster, spec: dict) -> float:
+def start(c: SidecarCluster, spec: dict) -> float:
     """test_reconcile_steps.start with this spec: 4 Ready stable pods, then a change."""
     c.run(T0)
     c.kube.settle("svc")
@@ -172,7 +171,7 @@ def test_load_job_shape():
     assert other["metadata"]["name"] != job["metadata"]["name"], "another set of pods is another Job"
 
 
-def jobs(c: Cluster) -> dict[str, dict]:
+def jobs(c: SidecarCluster) -> dict[str, dict]:
     return {k[3]: o for k, o in c.kube.objects.items() if k[:2] == ("batch/v1", "Job")}
 
 
@@ -183,7 +182,7 @@ def targets_of(job: dict) -> set[str]:
 
 def test_reconcile_runs_the_load_job_while_analysing_and_removes_it_after():
     spec = {**STEPS, "rollout": {**STEPS["rollout"], "load": LOAD}}
-    c = Cluster(spec, gpus=16)
+    c = SidecarCluster(spec, gpus=16)
     seen: list[tuple[str, int, set[str], set[str]]] = []
 
     def on_look(t: float, r: dict) -> None:
@@ -216,7 +215,7 @@ def test_reconcile_runs_the_load_job_while_analysing_and_removes_it_after():
 def test_a_step_without_traffic_pauses_with_advice_never_rolls_back():
     spec = {**STEPS, "rollout": {**STEPS["rollout"], "steps": [{"replicas": 1, "analysis": "2m"}],
                                  "analysis": {**STEPS["rollout"]["analysis"], "maxDuration": "4m"}}}
-    c = Cluster(spec, gpus=16, extra=lambda pod, k: {"samples": 0} if is_canary(c, pod) else {})
+    c = SidecarCluster(spec, gpus=16, extra=lambda pod, k: {"samples": 0} if is_canary(c, pod) else {})
     t = start(c, spec)
     looks = []
     for _ in range(12):

@@ -5,57 +5,17 @@ from __future__ import annotations
 
 import pytest
 from prometheus_client import REGISTRY
-from vlm_operator.analysis import sources
 from vlm_operator.api import names
 from vlm_operator.api import v1alpha1 as api
 from vlm_operator.api.errors import TemporaryError
 from vlm_operator.api.settings import Settings
 from vlm_operator.controller import handlers, reconcile
 from vlm_operator.desired import builders
-
-from .fakekube import FakeKube
-
-T0 = 1_800_000_000.0
-SPEC = {"model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"}, "replicas": 2}
-
-
-def no_sidecars(url: str, timeout: float):
-    raise ConnectionRefusedError(f"nothing at {url}")
-
-
-class Cluster:
-    """A FakeKube, a Runtime over it, and a helper that runs one reconcile of one service."""
-
-    def __init__(self, spec=SPEC, *, gpus: int = 0, fetch=no_sidecars, settings: Settings | None = None, name="svc"):
-        self.kube = FakeKube(gpus=gpus)
-        self.reader = sources.SidecarReader(timeout_s=0.2, workers=2, fetch=fetch)
-        self.rt = reconcile.Runtime(kube=self.kube, settings=settings or Settings(), sidecars=self.reader)
-        self.name = name
-        self.events: list[tuple[str, str, str]] = []
-        self.kube.create_vlmservice(name, spec)
-
-    def run(self, now: float = T0, *, pods=None):
-        t = self.kube.target(self.name)
-        observed = self.kube.observed(self.name, pods=pods)
-        reconcile.reconcile(self.rt, t, observed, lambda *e: self.events.append(e), now=now)
-
-    def up(self, now: float) -> None:
-        """The pods the Deployments ask for made, placed and Ready: the ReplicaSets make them behind the operator's
-        scheduling gate (settle), a reconcile releases them, and the scheduler and kubelets run them (settle)."""
-        self.kube.settle(self.name)
-        self.run(now)
-        self.kube.settle(self.name)
-
-    @property
-    def status(self) -> dict:
-        return self.kube.vlmservice(self.name)["status"]
-
-    def condition(self, type_: str) -> dict:
-        return next(c for c in self.status["conditions"] if c["type"] == type_)
+from vlm_testing.fakekube import ROLLOUT, SPEC, T0, FakeCluster, FakeKube
 
 
 def test_first_reconcile_creates_service_deployment_and_budget_then_reports_pending():
-    c = Cluster()
+    c = FakeCluster()
     c.run()
     applied = sorted(w.kind for w in c.kube.written("apply"))
     assert applied == ["Deployment", "NetworkPolicy", "PodDisruptionBudget", "Service"]
@@ -76,7 +36,7 @@ def test_first_reconcile_creates_service_deployment_and_budget_then_reports_pend
 
 
 def test_pods_ready_flip_ready_with_one_normal_event_and_a_resync_writes_nothing():
-    c = Cluster()
+    c = FakeCluster()
     c.run()
     c.kube.settle("svc")  # the ReplicaSet's pods, behind the operator's gate
     assert [p.gated for p in c.kube.pods("svc")] == [True, True]
@@ -104,7 +64,7 @@ def test_pods_ready_flip_ready_with_one_normal_event_and_a_resync_writes_nothing
 
 
 def test_transition_time_moves_only_when_a_condition_flips():
-    c = Cluster()
+    c = FakeCluster()
     c.run(T0)
     before = c.condition("Ready")["lastTransitionTime"]
     c.run(T0 + 100)  # nothing changed
@@ -118,7 +78,7 @@ def test_transition_time_moves_only_when_a_condition_flips():
 
 
 def test_invalid_spec_keeps_the_last_good_status_and_touches_no_deployment():
-    c = Cluster()
+    c = FakeCluster()
     c.run()
     c.up(T0 + 5)
     c.run(T0 + 15)
@@ -141,7 +101,7 @@ def test_invalid_spec_keeps_the_last_good_status_and_touches_no_deployment():
 
 
 def test_invalid_spec_with_a_garbled_status_does_not_stall():
-    c = Cluster({"model": {"path": "m"}, "replicas": 1, "sglang": {"args": ["--port=1"]}})
+    c = FakeCluster({"model": {"path": "m"}, "replicas": 1, "sglang": {"args": ["--port=1"]}})
     c.kube.vlmservice("svc")["status"] = {"profiler": {"loopP50": 3}, "stableRevision": "abc", "bogus": 1}
     c.run()
     st = c.status
@@ -150,7 +110,7 @@ def test_invalid_spec_with_a_garbled_status_does_not_stall():
 
 
 def test_scaling_rewrites_the_deployment_and_the_status():
-    c = Cluster()
+    c = FakeCluster()
     c.run()
     c.up(T0 + 5)
     c.run(T0 + 15)
@@ -164,7 +124,7 @@ def test_scaling_rewrites_the_deployment_and_the_status():
 
 
 def test_scaling_to_one_deletes_the_disruption_budget():
-    c = Cluster()
+    c = FakeCluster()
     c.run()
     assert ("policy/v1", "PodDisruptionBudget", "ns", "svc") in c.kube.objects
     c.kube.update_spec("svc", {**SPEC, "replicas": 1})
@@ -173,7 +133,7 @@ def test_scaling_to_one_deletes_the_disruption_budget():
 
 
 def test_paused_changes_no_deployment_but_still_reports():
-    c = Cluster()
+    c = FakeCluster()
     c.run()
     c.kube.update_spec("svc", {**SPEC, "replicas": 4, "paused": True})
     c.kube.reset_writes()
@@ -184,7 +144,7 @@ def test_paused_changes_no_deployment_but_still_reports():
 
 
 def test_unknown_action_is_a_warning_and_a_known_one_is_cleared():
-    c = Cluster()
+    c = FakeCluster()
     c.kube.annotate("svc", names.ANNOTATION_ROLLOUT_ACTION, "launch")
     c.run()
     assert ("Warning", "UnknownAction") in [(e[0], e[1]) for e in c.events]
@@ -196,7 +156,7 @@ def test_unknown_action_is_a_warning_and_a_known_one_is_cleared():
 
 
 def test_a_temporary_api_error_propagates_and_the_next_reconcile_recovers():
-    c = Cluster()
+    c = FakeCluster()
     c.kube.fail_next.append(TemporaryError("apply Deployment ns/svc: 503 unavailable", reason="Http503"))
     with pytest.raises(TemporaryError):
         c.run()
@@ -205,14 +165,7 @@ def test_a_temporary_api_error_propagates_and_the_next_reconcile_recovers():
     assert c.status["phase"] == "Pending"
 
 
-ROLLOUT = {
-    **SPEC,
-    "rollout": {"steps": [{"replicas": 1, "analysis": "2m"}],
-                "analysis": {"interval": "1m", "maxDuration": "10m", "minSamples": 3}},
-}
-
-
-def start_canary(c: Cluster) -> str:
+def start_canary(c: FakeCluster) -> str:
     c.run(T0)
     c.up(T0 + 5)
     c.run(T0 + 15)
@@ -223,7 +176,7 @@ def start_canary(c: Cluster) -> str:
 
 def test_a_new_revision_starts_a_canary_with_a_fresh_baseline_when_gpus_are_free():
     fresh = {**ROLLOUT, "rollout": {**ROLLOUT["rollout"], "baseline": "Fresh"}}  # the default is now Stable
-    c = Cluster(fresh, gpus=8)
+    c = FakeCluster(fresh, gpus=8)
     c.run(T0)
     c.up(T0 + 5)
     c.run(T0 + 15)
@@ -252,7 +205,7 @@ def sample(name: str, **labels: str) -> float | None:
 
 
 def test_reconcile_publishes_per_service_metrics_and_delete_forgets_them():
-    c = Cluster(ROLLOUT, gpus=8, name="metered")
+    c = FakeCluster(ROLLOUT, gpus=8, name="metered")
     start_canary(c)
     svc = {"namespace": "ns", "vlmservice": "metered"}
     assert sample("vlm_operator_ipc_cache_active", **svc) == 0.0  # the canary's spec turned the cache Off
@@ -269,7 +222,7 @@ def test_reconcile_publishes_per_service_metrics_and_delete_forgets_them():
 
 
 def test_a_failing_reconcile_is_counted_as_an_error():
-    c = Cluster(name="failing")
+    c = FakeCluster(name="failing")
     c.kube.fail_next.append(TemporaryError("503", reason="Http503"))
     n = sample("vlm_operator_reconcile_duration_seconds_count", result="error") or 0.0
     with pytest.raises(TemporaryError):
@@ -280,7 +233,7 @@ def test_a_failing_reconcile_is_counted_as_an_error():
 def test_rollout_events_follow_the_status_so_a_failed_write_never_posts_them_twice():
     """The rollout's Events are posted after its status is written: a status write that fails (or an operator
     stopped before it) posts nothing, and the retry, planned from the status it finds, posts them once."""
-    c = Cluster(ROLLOUT, gpus=8)
+    c = FakeCluster(ROLLOUT, gpus=8)
     c.run(T0)
     c.up(T0 + 5)
     c.run(T0 + 15)
@@ -304,7 +257,7 @@ def test_a_stale_copy_queued_before_a_write_is_skipped():
     """kopf queues the create (or update) handler and the resync timer with the body each had: the one that
     runs second must not start from the status before the first one's write (a second CanaryStarted, a
     rollout restarted)."""
-    c = Cluster(ROLLOUT, gpus=8)
+    c = FakeCluster(ROLLOUT, gpus=8)
     c.run(T0)
     c.up(T0 + 5)
     c.run(T0 + 15)
@@ -326,7 +279,7 @@ def test_a_copy_older_than_another_writers_change_never_writes_its_status_or_eve
     """Another replica (or any other writer) changed the object after this copy was read: the status write
     is conditional on the copy's resourceVersion, the API server refuses it, nothing is posted, and the
     retry on a fresh copy plans from what the other writer recorded."""
-    c = Cluster(ROLLOUT, gpus=8)
+    c = FakeCluster(ROLLOUT, gpus=8)
     c.run(T0)
     c.up(T0 + 5)
     c.run(T0 + 15)
@@ -350,7 +303,7 @@ def test_a_reconcile_on_an_index_behind_our_own_writes_does_not_apply_them_again
     """The owned objects' index follows the watch, which lags behind the operator's own writes (most in a burst of
     creations): a reconcile that runs after the first one's writes but before the index shows them must not send
     the same Deployment and Service again (400 services created at once: 548 Deployment and 545 Service applies)."""
-    c = Cluster()
+    c = FakeCluster()
     lagging = c.kube.observed(c.name)  # nothing yet, and the index will not catch up before the next run
     c.run(T0)
     first = sorted(w.kind for w in c.kube.written("apply"))
@@ -367,7 +320,7 @@ def test_a_reconcile_on_an_index_behind_our_own_writes_does_not_apply_them_again
 
 
 def test_what_the_index_never_showed_is_applied_again_after_the_ttl_and_a_delete_forgets_it():
-    c = Cluster()
+    c = FakeCluster()
     obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": "ns", "name": "x"}, "data": {"a": "1"}}
     assert c.rt.writer.apply("u", obj, None, now=100.0)
     assert not c.rt.writer.apply("u", obj, None, now=130.0)  # the same object, moments later: not sent
@@ -382,7 +335,7 @@ def test_what_the_index_never_showed_is_applied_again_after_the_ttl_and_a_delete
 
 
 def test_a_new_service_deletes_nothing_it_never_made_but_a_changed_spec_still_cleans_up():
-    c = Cluster({**SPEC, "replicas": 1})
+    c = FakeCluster({**SPEC, "replicas": 1})
     deletes = []
     real_delete = c.kube.delete
     c.kube.delete = lambda *a: deletes.append(a) or real_delete(*a)  # the fake records only deletes that hit
@@ -390,7 +343,7 @@ def test_a_new_service_deletes_nothing_it_never_made_but_a_changed_spec_still_cl
     assert deletes == [] and ("policy/v1", "PodDisruptionBudget", "ns", "svc") not in c.kube.objects
     # A first reconcile that made a budget (replicas 2) and died before its status write; the spec then went to
     # one replica: the next reconcile, at generation 2, still removes the budget.
-    c = Cluster()
+    c = FakeCluster()
     t = c.kube.target(c.name)
     reconcile.reconcile(c.rt, t, c.kube.observed(c.name), lambda *e: None, now=T0)
     c.kube.objects[(f"{api.GROUP}/{api.VERSION}", api.KIND, "ns", c.name)].pop("status", None)
@@ -405,7 +358,7 @@ def test_an_object_the_api_server_refuses_is_an_invalid_spec_reported_once_and_n
     service says so (Ready=False/InvalidSpec with the API server's message, one Warning Event), the resync
     does not send the same objects again (it used to fail every resync: a handler error loop), and a new
     spec is tried at once."""
-    c = Cluster()
+    c = FakeCluster()
     c.kube.refuse = lambda obj: ("spec.template.spec.tolerations[0].effect: Invalid value: \"\": effect must be "
                                  "'NoExecute' when `tolerationSeconds` is set") if obj["kind"] == "Deployment" else None
     c.run(T0)
@@ -438,7 +391,7 @@ def test_an_apply_refused_outside_the_spec_is_a_condition_and_is_tried_again_at_
     error loop to read in the operator's log: the service says Ready=False/ApplyRefused and
     Degraded=True/ApplyRefused with the API server's answer, one Warning Event; every resync applies again,
     and once the quota frees the objects are made (those made once per generation too) without a spec change."""
-    c = Cluster()
+    c = FakeCluster()
     c.kube.refuse = lambda obj: QUOTA if obj["kind"] == "Deployment" else None
     c.run(T0)
     ready, degraded = c.condition("Ready"), c.condition("Degraded")
@@ -465,7 +418,7 @@ def test_an_apply_refused_outside_the_spec_is_a_condition_and_is_tried_again_at_
 
 def test_a_refused_change_to_a_serving_service_keeps_it_ready_and_marks_it_degraded():
     """The pods serve on while a change to them is refused: Ready stays True, Degraded=True/ApplyRefused."""
-    c = Cluster()
+    c = FakeCluster()
     c.run(T0)
     c.up(T0 + 5)
     c.run(T0 + 15)
@@ -480,7 +433,7 @@ def test_a_refused_change_to_a_serving_service_keeps_it_ready_and_marks_it_degra
     assert [(e[0], e[1]) for e in c.events] == [("Warning", "ApplyRefused")], c.events
 
 
-def monitored(c: Cluster) -> list[str]:
+def monitored(c: FakeCluster) -> list[str]:
     return sorted(w.kind for w in c.kube.writes if w.verb == "apply" and w.kind in builders.MONITORING_KINDS)
 
 
@@ -501,7 +454,7 @@ def test_backlog_counts_generations_seen_and_not_yet_reconciled():
 
 
 def test_monitoring_objects_wait_out_a_burst_then_come_with_the_next_resync():
-    c = Cluster()
+    c = FakeCluster()
     c.rt.monitoring = True
     for i in range(c.rt.settings.handler_threads + 1):  # more new services queued than handler threads
         c.rt.saw(f"queued-{i}", 1)
@@ -523,7 +476,7 @@ def test_monitoring_objects_wait_out_a_burst_then_come_with_the_next_resync():
 
 
 def test_the_policy_is_written_before_the_deployment_and_the_service_after_it():
-    c = Cluster()
+    c = FakeCluster()
     c.run()
     assert [w.kind for w in c.kube.written("apply")] == [
         "NetworkPolicy", "PodDisruptionBudget", "Deployment", "Service"]
@@ -532,7 +485,7 @@ def test_the_policy_is_written_before_the_deployment_and_the_service_after_it():
 def test_a_service_edited_by_hand_is_repaired_even_in_a_burst():
     """Only a new service's Service waits out a burst: one the index showed is compared and repaired as ever
     (here: its selector edited by hand)."""
-    c = Cluster()
+    c = FakeCluster()
     c.run()
     c.run(T0 + 15)  # the index shows it
     key = ("v1", "Service", "ns", "svc")
@@ -546,7 +499,7 @@ def test_a_service_edited_by_hand_is_repaired_even_in_a_burst():
 
 
 def test_monitoring_objects_come_at_once_without_a_burst_and_a_deleted_one_is_recreated():
-    c = Cluster()
+    c = FakeCluster()
     c.rt.monitoring = True
     c.run()
     assert monitored(c) == ["PodMonitor", "PrometheusRule"]
@@ -560,7 +513,7 @@ def test_monitoring_objects_come_at_once_without_a_burst_and_a_deleted_one_is_re
 
 
 def test_a_spec_change_reapplies_existing_monitoring_objects_even_in_a_burst():
-    c = Cluster()
+    c = FakeCluster()
     c.rt.monitoring = True
     c.run()
     for i in range(c.rt.settings.handler_threads + 1):

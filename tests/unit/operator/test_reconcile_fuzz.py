@@ -1,5 +1,5 @@
 """Valid but unusual specs through the reconcile (fake Kube wrapper): one field of the full canary example
-changed at a time (tests/specfuzz.py), kept only where the model accepts it, then reconciled with and
+changed at a time (testing/vlm_testing/specfuzz.py), kept only where the model accepts it, then reconciled with and
 without GPUs to spare on the node, pods made, released and settled, a template change made and reconciled again. Never an exception,
 and the service always ends with a Ready condition whose reason says what happened."""
 
@@ -8,10 +8,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from vlm_operator.api import v1alpha1 as api
-
-from tests.specfuzz import BASE, READY_REASONS, model_accepts, mutants, mutate
-
-from .test_reconcile import T0, Cluster
+from vlm_testing.fakekube import T0, FakeCluster
+from vlm_testing.specfuzz import BASE, READY_REASONS, model_accepts, mutants, mutate
 
 
 @settings(max_examples=500, deadline=None, database=None,
@@ -21,7 +19,7 @@ def test_unusual_valid_specs_reconcile_to_a_condition(case, gpus):
     path, value, action = case
     spec = mutate(BASE, path, value, action)
     assume(model_accepts(spec))
-    c = Cluster(spec, gpus=gpus)
+    c = FakeCluster(spec, gpus=gpus)
     model = api.parse_spec(spec)
     c.kube.nodes = {"node-0": model.replicas * model.gpus_per_replica + gpus}  # `gpus` to spare once all run
     c.run(T0)

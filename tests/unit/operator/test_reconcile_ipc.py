@@ -11,9 +11,7 @@ from prometheus_client import REGISTRY
 from vlm_operator.analysis import gate
 from vlm_operator.analysis import profile as P
 from vlm_operator.status import conditions as C
-
-from .test_reconcile import SPEC
-from .test_reconcile_profiler import Cluster, ready
+from vlm_testing.fakekube import SPEC, SidecarCluster, ready
 
 
 def traffic(state: dict):
@@ -30,7 +28,7 @@ def traffic(state: dict):
     return extra
 
 
-def ipc(c: Cluster) -> dict:
+def ipc(c: SidecarCluster) -> dict:
     return next(x for x in c.status["conditions"] if x["type"] == C.IPC_CACHE_ACTIVE)
 
 
@@ -40,7 +38,7 @@ def verified(name: str = "svc") -> float | None:
 
 def test_flags_reason_until_feature_traffic_then_observed_in_profile_and_kept_through_quiet_windows():
     state = {"features": False, "reopen": set()}
-    c = Cluster(extra=traffic(state))
+    c = SidecarCluster(extra=traffic(state))
     t = ready(c)
     assert (ipc(c)["status"], ipc(c)["reason"]) == ("True", "Enabled")  # text only: nothing seen yet
     assert verified() is None
@@ -62,7 +60,7 @@ def test_flags_reason_until_feature_traffic_then_observed_in_profile_and_kept_th
 
 def test_a_pod_told_to_cache_that_reopens_handles_is_not_observed_with_one_warning():
     state = {"features": True, "reopen": {2}}
-    c = Cluster(extra=traffic(state))
+    c = SidecarCluster(extra=traffic(state))
     t = ready(c)
     good, bad = (p.name for p in c.kube.pods("svc"))
     assert bad.endswith("-2") and not good.endswith("-2")
@@ -85,7 +83,7 @@ def test_a_pod_told_to_cache_that_reopens_handles_is_not_observed_with_one_warni
 
 
 def test_cache_switched_off_by_spec_keeps_the_flags_reason_whatever_the_profile():
-    c = Cluster({**SPEC, "sglang": {"ipcCache": {"mode": "Off"}}}, extra=traffic({"features": True, "reopen": {1}}))
+    c = SidecarCluster({**SPEC, "sglang": {"ipcCache": {"mode": "Off"}}}, extra=traffic({"features": True, "reopen": {1}}))
     t = ready(c)
     c.run(t + 15)
     assert (ipc(c)["status"], ipc(c)["reason"]) == ("False", "DisabledBySpec")
@@ -93,7 +91,7 @@ def test_cache_switched_off_by_spec_keeps_the_flags_reason_whatever_the_profile(
 
 
 def test_sidecars_without_the_ipc_fields_leave_the_flags_reason():
-    c = Cluster()  # today's windows: no IPC keys at all
+    c = SidecarCluster()  # today's windows: no IPC keys at all
     t = ready(c)
     c.run(t + 15)
     assert ipc(c)["reason"] == "Enabled"

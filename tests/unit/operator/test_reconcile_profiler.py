@@ -4,100 +4,18 @@ profiler status is rewritten only when what a user sees changes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from prometheus_client import REGISTRY
-from vlm_operator.analysis import sources
 from vlm_operator.api.settings import Settings
-from vlm_operator.controller import reconcile
 from vlm_operator.desired import builders
-
-from .fakekube import FakeKube
-from .test_reconcile import ROLLOUT, SPEC, T0
-
-INTERVAL = 15.0
+from vlm_testing.fakekube import ROLLOUT, T0, SidecarCluster, place, ready
 
 
-def window(k: int, loop: float, *, top: tuple[str, float] = ("run_batch", 0.6), jitter: float = 0.01) -> dict:
-    wobble = 1 + jitter * ((k * 7) % 5 - 2) / 2  # deterministic +-jitter
-    fn = {"event_loop_overlap": 0.99, "process_input_requests": 0.2, top[0]: top[1]}
-    return {
-        "id": k, "end": k * INTERVAL, "samples": 5000, "iterations": 250,
-        "loop_mean_seconds": loop * wobble, "loop_p95_seconds": loop * 1.3 * wobble,
-        "stage_shares": {"recv_requests": 0.05, "process_input_requests": 0.2, "get_next_batch_to_run": 0.05,
-                         "run_batch": 0.6, "process_batch_result": 0.05, "idle": 0.05},
-        "function_shares": fn,
-    }
-
-
-class Sidecars:
-    """Answers /windows.json for the pods FakeKube runs; `loop(pod)` gives a pod's loop time, `dead` pods
-    time out. Every call is counted per pod."""
-
-    def __init__(self, kube: FakeKube, loop: Callable[[str], float] = lambda pod: 0.020, top=None, extra=None):
-        self.kube, self.loop, self.top = kube, loop, top
-        self.extra: Callable[[str, int], dict] | None = extra  # (pod, window) -> more keys of the window
-        self.now = T0
-        self.dead: set[str] = set()
-        self.calls: dict[str, int] = {}
-
-    def fetch(self, url: str, timeout: float):
-        ip = url.split("//", 1)[1].split(":", 1)[0]
-        pod = next(p for p in self.kube.pods("svc") if p.ip == ip)
-        self.calls[pod.name] = self.calls.get(pod.name, 0) + 1
-        if pod.name in self.dead:
-            raise TimeoutError("timed out")
-        last = int(self.now // INTERVAL)
-        return [{**window(k, self.loop(pod.name), **({"top": self.top(k)} if self.top else {})),
-                 **(self.extra(pod.name, k) if self.extra else {})}
-                for k in range(last - 63, last + 1)]
-
-
-class Cluster:
-    def __init__(self, spec=SPEC, *, gpus=0, settings=None, **sidecar_kw):
-        self.kube = FakeKube(gpus=gpus)
-        self.sidecars = Sidecars(self.kube, **sidecar_kw)
-        self.reader = sources.SidecarReader(timeout_s=0.2, workers=2, fetch=self.sidecars.fetch)
-        self.rt = reconcile.Runtime(kube=self.kube, settings=settings or Settings(), sidecars=self.reader)
-        self.events: list = []
-        self.kube.create_vlmservice("svc", spec)
-
-    def run(self, now: float):
-        self.sidecars.now = now
-        reconcile.reconcile(self.rt, self.kube.target("svc"), self.kube.observed("svc"),
-                            lambda *e: self.events.append(e), now=now)
-        self.reader.wait_idle()  # retries of failed pods run in the background
-
-    @property
-    def status(self) -> dict:
-        return self.kube.vlmservice("svc")["status"]
-
-    def profiler_writes(self) -> int:
-        return sum(1 for w in self.kube.written("status") if "profiler" in w.body)
-
-
-def ready(c: Cluster, t: float = T0) -> float:
-    c.run(t - 30)
-    place(c, t - 20)  # (a round before the pods have IPs: the next profiler read is one interval later)
-    c.run(t + 1)
-    return t + 1
-
-
-def place(c: Cluster, t: float) -> None:
-    """The ReplicaSets' pods made (behind the operator's gate), released by a reconcile, then scheduled and Ready.
-    That reconcile, the first with a stable revision, reads no sidecar (no pod has an IP yet) but spends the
-    service's profiler read of the interval."""
-    c.kube.settle("svc")
-    c.run(t)
-    c.kube.settle("svc")
-
-
-def names(c: Cluster) -> list[str]:
+def names(c: SidecarCluster) -> list[str]:
     return [p.name for p in c.kube.pods("svc")]
 
 
 def test_profiler_summary_is_written_once_and_a_steady_service_writes_nothing_after():
-    c = Cluster()
+    c = SidecarCluster()
     t = ready(c)
     p = c.status["profiler"]
     assert p["loopP50"] == "20.0ms" and p["loopP95"] == "26.0ms" and p["topFunction"] == "run_batch"
@@ -111,7 +29,7 @@ def test_profiler_summary_is_written_once_and_a_steady_service_writes_nothing_af
 
 def test_a_real_change_is_written_within_one_interval_and_at_most_once_per_interval():
     slow = {"on": False}
-    c = Cluster(loop=lambda pod: 0.030 if slow["on"] else 0.020)
+    c = SidecarCluster(loop=lambda pod: 0.030 if slow["on"] else 0.020)
     t = ready(c)
     c.kube.reset_writes()
     slow["on"] = True
@@ -126,7 +44,7 @@ def test_a_real_change_is_written_within_one_interval_and_at_most_once_per_inter
 
 def test_two_close_functions_do_not_flap_topfunction():
     # The hottest function alternates between two that differ by 1 point of loop time.
-    c = Cluster(top=lambda k: ("run_batch", 0.30) if k % 2 else ("hash_feature", 0.31))
+    c = SidecarCluster(top=lambda k: ("run_batch", 0.30) if k % 2 else ("hash_feature", 0.31))
     t = ready(c)
     first = c.status["profiler"]["topFunction"]
     c.kube.reset_writes()
@@ -136,7 +54,7 @@ def test_two_close_functions_do_not_flap_topfunction():
 
 
 def test_lastsampletime_is_refreshed_at_the_refresh_setting():
-    c = Cluster(settings=Settings(profiler_refresh_seconds=120))
+    c = SidecarCluster(settings=Settings(profiler_refresh_seconds=120))
     t = ready(c)
     c.kube.reset_writes()
     for i in range(1, 21):  # 300 s
@@ -145,7 +63,7 @@ def test_lastsampletime_is_refreshed_at_the_refresh_setting():
 
 
 def test_dead_sidecars_cost_one_timeout_per_window_then_back_off_and_the_status_says_nothing_new():
-    c = Cluster()
+    c = SidecarCluster()
     c.run(T0 - 30)
     place(c, T0 - 20)
     c.sidecars.dead = set(names(c))
@@ -158,7 +76,7 @@ def test_dead_sidecars_cost_one_timeout_per_window_then_back_off_and_the_status_
 
 
 def test_a_dead_pod_does_not_hide_the_live_one_and_comes_back_after_its_backoff():
-    c = Cluster(loop=lambda pod: 0.020)
+    c = SidecarCluster(loop=lambda pod: 0.020)
     c.run(T0 - 30)
     place(c, T0 - 20)
     first, second = names(c)
@@ -173,7 +91,7 @@ def test_a_dead_pod_does_not_hide_the_live_one_and_comes_back_after_its_backoff(
     assert c.sidecars.calls == {first: 5, second: 5}
 
 
-def start_analysis(c: Cluster) -> float:
+def start_analysis(c: SidecarCluster) -> float:
     """Stable ready, then a new revision: the canary pod up next to the stable pods (a free GPU on their node:
     a surge; compared with the stable pods, the default baseline) and analysing. Returns the time."""
     t = ready(c)
@@ -188,14 +106,14 @@ def start_analysis(c: Cluster) -> float:
     return t + 20
 
 
-def canary_pod(c: Cluster, pod: str) -> bool:
+def canary_pod(c: SidecarCluster, pod: str) -> bool:
     """Is `pod` one of the canary revision's (its Deployment's name, then the pod's number)?"""
     rev = c.status.get("canaryRevision") or (c.status.get("rollout") or {}).get("revision")
     return bool(rev) and pod.rsplit("-", 1)[0] == f"svc-{rev}"
 
 
 def test_unreachable_canary_sidecars_are_signals_unavailable_never_a_pass():
-    c = Cluster(ROLLOUT, gpus=8)
+    c = SidecarCluster(ROLLOUT, gpus=8)
     t = start_analysis(c)
     c.sidecars.dead = {p.name for p in c.kube.pods("svc") if p.role == builders.ROLE_CANARY}
     (dead,) = c.sidecars.dead
@@ -208,7 +126,7 @@ def test_unreachable_canary_sidecars_are_signals_unavailable_never_a_pass():
 
 
 def test_a_slower_canary_is_rolled_back_through_reconcile():
-    c = Cluster(ROLLOUT, gpus=8)
+    c = SidecarCluster(ROLLOUT, gpus=8)
     c.sidecars.loop = lambda pod: 0.030 if canary_pod(c, pod) else 0.020
     t = start_analysis(c)
     for i in range(1, 11):

@@ -5,79 +5,8 @@ step is just a look too soon, and a regression that only shows in a later step i
 
 from __future__ import annotations
 
-from vlm_operator.desired import builders
-
-from .test_reconcile import SPEC
-from .test_reconcile_profiler import T0, Cluster
-
-STEPS = {
-    **SPEC,
-    "replicas": 4,
-    "rollout": {"baseline": "Fresh",
-                "steps": [{"replicas": 1, "analysis": "2m"}, {"replicas": 2, "analysis": "2m"},
-                          {"replicas": 3, "analysis": "2m"}],
-                "analysis": {"interval": "1m", "maxDuration": "10m", "minSamples": 5}},
-}
-CHANGE = {"sglang": {"env": [{"name": "HARMLESS", "value": "1"}]}}
-
-
-def canary_revision(c: Cluster) -> str | None:
-    return (c.status.get("rollout") or {}).get("revision")
-
-
-def is_canary(c: Cluster, pod: str) -> bool:
-    rev = canary_revision(c)
-    return bool(rev) and pod.startswith(f"svc-{rev}-")
-
-
-def walk(c: Cluster, start: float, limit: int = 80, on_look=None) -> list[dict]:
-    """A reconcile every minute, the cluster settling after each (gated pods released the round after they are
-    made, placed pods Ready), until a verdict: each look's (step, phase, reason, canary replicas,
-    analysisStartedAt, Ready serving pods)."""
-    looks = []
-    t = start
-    for _ in range(limit):
-        t += 60
-        c.run(t)
-        r = c.status["rollout"]
-        if on_look:
-            on_look(t, r)
-        canary = c.kube.deployments("ns", "svc").get(r["revision"])
-        looks.append({"t": t - start, "step": r.get("step"), "phase": r["phase"], "reason": r.get("reason"),
-                      "canary": canary["spec"]["replicas"] if canary else None,
-                      "started": r.get("analysisStartedAt"), "ready": serving_ready(c)})
-        if r["phase"] in ("Promoted", "RolledBack", "Aborted"):
-            return looks
-        c.kube.settle("svc")
-    raise AssertionError(f"no verdict after {limit} looks: {looks[-5:]}")
-
-
-def serving_ready(c: Cluster) -> int:
-    return sum(1 for p in c.kube.pods("svc") if p.ready and p.labelled_role != builders.ROLE_BASELINE)
-
-
-def finish(c: Cluster, t: float, limit: int = 10) -> float:
-    """Reconciles after the verdict until the service runs one revision (a rollback replaces the canary's pods
-    first; a drained Deployment goes the round after its last pod)."""
-    for _ in range(limit):
-        c.kube.settle("svc")
-        t += 60
-        c.run(t)
-        if len(c.kube.deployments("ns", "svc")) == 1 and all(p.ready for p in c.kube.pods("svc")):
-            return t
-    raise AssertionError(f"still {sorted(c.kube.deployments('ns', 'svc'))} after {limit} rounds")
-
-
-def start(c: Cluster) -> float:
-    c.run(T0)
-    c.kube.settle("svc")  # the pods made, gated
-    c.run(T0 + 1)  # released
-    c.kube.settle("svc")  # placed and Ready
-    c.run(T0 + 2)
-    assert serving_ready(c) == 4
-    c.kube.update_spec("svc", {**STEPS, **CHANGE})
-    c.run(T0 + 10)
-    return T0 + 10
+from vlm_testing.fakekube import T0, SidecarCluster
+from vlm_testing.steps import STEPS, canary_revision, finish, is_canary, start, walk
 
 
 def test_three_steps_each_with_its_own_pods_and_clock_end_promoted():
@@ -96,7 +25,7 @@ def test_three_steps_each_with_its_own_pods_and_clock_end_promoted():
     def traffic(pod: str, k: int) -> dict:
         return {"samples": 0} if is_canary(c, pod) and quiet and quiet["from"] <= k * 15.0 <= quiet["until"] else {}
 
-    c = Cluster(spec, gpus=16, extra=traffic)
+    c = SidecarCluster(spec, gpus=16, extra=traffic)
     c.run(T0)
     old_rev = c.status["stableRevision"]
     looks = walk(c, start(c), on_look=on_look)
@@ -163,7 +92,7 @@ def test_a_regression_that_shows_only_in_step_two_is_rolled_back_there():
             first.append(pod)
         return 0.020 if pod == first[0] else 0.032
 
-    c = Cluster(two, gpus=16, loop=loop)
+    c = SidecarCluster(two, gpus=16, loop=loop)
     c.run(T0)
     old_rev = c.status["stableRevision"]
     looks = walk(c, start(c))

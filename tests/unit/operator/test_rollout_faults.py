@@ -8,8 +8,7 @@ before the fixes in placement.py.)"""
 from __future__ import annotations
 
 from vlm_operator.controller import act
-
-from .test_rollout import CHANGE, T0, TIGHT, World, spec
+from vlm_testing.rollout_world import CHANGE, T0, TIGHT, World, spec
 
 
 def _stale_pods(w: World, pods):
@@ -158,7 +157,7 @@ def test_regression_replicas_lowered_mid_promoting_finishes_at_the_new_count():
               nodes={"n0": 1, "n1": 1, "n2": 1, "n3": 1})
     w.deploy()
     new_rev = w.change(spec(replicas=4, rollout={"steps": [{"replicas": 1}, {"replicas": 2}]}, **CHANGE))
-    from .test_rollout import decision
+    from vlm_testing.rollout_world import decision
     t = w.until(T0, lambda w: w.rollout.phase == "Analysing")
     w.step(t + 1, decision=decision("Promote"))
     t = w.until(t + 10, lambda w: w.rollout.phase == "Analysing")
@@ -187,7 +186,7 @@ def test_replicas_raised_mid_canary_step_are_served_before_the_promotion():
 
 
 def test_regression_rollback_while_surge_pairs_stand():
-    from .test_rollout import decision, fail_signal
+    from vlm_testing.rollout_world import decision, fail_signal
     roomy = {"node-0": 2, "node-1": 2, "node-2": 2}
     w = World(spec(rollout={"steps": [{"replicas": 1}, {"replicas": 2}]}), nodes=dict(roomy))
     old = w.deploy()

@@ -7,8 +7,7 @@ import json
 import pytest
 from vlm_operator.analysis import sources
 from vlm_operator.analysis.sources import sidecars
-
-from tests.jsonhttp import serve_json
+from vlm_testing.jsonhttp import serve_json
 
 WINDOWS = [
     {"id": 1, "end": 1000.0, "samples": 500, "loop_mean_seconds": 0.02, "stage_shares": {"run_batch": 0.5}},

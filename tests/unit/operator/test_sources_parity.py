@@ -43,8 +43,7 @@ from vlm_sidecar.parser import function_name, parse_chrometrace
 from vlm_sidecar.runner import Runner
 from vlm_sidecar.sampler import SampleOutcome
 from vlm_sidecar.server import SidecarHTTP
-
-from tests.unit.sidecar.helpers import GOLDEN
+from vlm_testing.sidecar import GOLDEN
 
 T0 = 1_750_000_000.0
 INTERVAL, DURATION, FRONTEND_DURATION, SCRAPE = 15.0, 5.0, 2.0, 7.5

@@ -11,8 +11,7 @@ import time
 import pytest
 from vlm_operator.analysis import sources
 from vlm_operator.analysis.sources import sidecars
-
-from tests.jsonhttp import serve_json
+from vlm_testing.jsonhttp import serve_json
 
 INTERVAL = 15.0
 NOW = 10_000.0

@@ -1,5 +1,5 @@
 """Weights loaded once (model.cache.download): the download Job's program with the real huggingface_hub client
-against a local hub endpoint (bench/standin/hub.py), killed half-way and resumed; the Job; ModelReady and the pods
+against a local hub endpoint (testing/vlm_testing/standin/hub.py), killed half-way and resumed; the Job; ModelReady and the pods
 that wait for it, through reconcile.
 
 The end-to-end run (the Job through the testbed's Job controller, its pod killed and retried) is
@@ -20,10 +20,8 @@ import pytest
 from vlm_operator.api import v1alpha1 as api
 from vlm_operator.api.settings import Settings
 from vlm_operator.desired import builders
-
-from bench.standin.hub import Hub, Repo
-
-from .test_reconcile_profiler import T0, Cluster
+from vlm_testing.fakekube import T0, SidecarCluster
+from vlm_testing.standin.hub import Hub, Repo
 
 REPO_ID = "org/tiny-vl"
 # 32 MB of weights: the client writes in 10 MiB chunks (huggingface_hub's DOWNLOAD_CHUNK_SIZE), so a kill after
@@ -110,7 +108,7 @@ CACHED = {"model": {"path": REPO_ID, "revision": "v1",
 
 
 def spec_with(**over) -> api.VLMServiceSpec:
-    from .test_reconcile import SPEC
+    from vlm_testing.fakekube import SPEC
     return api.parse_spec({**SPEC, **over})
 
 
@@ -147,11 +145,11 @@ def test_weights_job_and_pod_env():
         assert "HF_HUB_OFFLINE" not in {e["name"] for e in sg.get("env", [])}
 
 
-def cond(c: Cluster, type_: str) -> dict:
+def cond(c: SidecarCluster, type_: str) -> dict:
     return next(x for x in c.status["conditions"] if x["type"] == type_)
 
 
-def finish_job(c: Cluster, ok: bool = True) -> str:
+def finish_job(c: SidecarCluster, ok: bool = True) -> str:
     (key, job), = [(k, o) for k, o in c.kube.objects.items() if k[:2] == ("batch/v1", "Job")]
     kind = "Complete" if ok else "Failed"
     job["status"] = {"conditions": [{"type": kind, "status": "True",
@@ -161,13 +159,13 @@ def finish_job(c: Cluster, ok: bool = True) -> str:
     return key[3]
 
 
-def gated(c: Cluster) -> int:
+def gated(c: SidecarCluster) -> int:
     return sum(1 for p in c.kube.pods("svc") if p.gated)
 
 
 def test_pods_wait_behind_the_gate_for_the_weights_and_start_after():
-    from .test_reconcile import SPEC
-    c = Cluster({**SPEC, **CACHED, "replicas": 2}, gpus=8)
+    from vlm_testing.fakekube import SPEC
+    c = SidecarCluster({**SPEC, **CACHED, "replicas": 2}, gpus=8)
     c.run(T0)
     c.kube.settle("svc")
     c.run(T0 + 1)
@@ -190,8 +188,8 @@ def test_pods_wait_behind_the_gate_for_the_weights_and_start_after():
 
 
 def test_a_new_model_changes_nothing_until_its_weights_are_there():
-    from .test_reconcile import SPEC
-    c = Cluster({**SPEC, **CACHED, "replicas": 2}, gpus=8)
+    from vlm_testing.fakekube import SPEC
+    c = SidecarCluster({**SPEC, **CACHED, "replicas": 2}, gpus=8)
     c.run(T0)
     c.kube.settle("svc")
     finish_job(c)

@@ -1,4 +1,4 @@
-"""tests/binaries.py and the stages of hack/build-binaries.sh that it runs behind the tests."""
+"""testing/vlm_testing/binaries.py and the stages of hack/build-binaries.sh that it runs behind the tests."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from tests import binaries
+from vlm_testing import binaries
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -57,8 +56,8 @@ def test_an_unknown_stage_is_refused(stage: str) -> None:
 
 def test_a_foreground_build_runs_outside_the_testbeds_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
     """A build a test starts (inside the testbed's network namespace, where no registry answers) runs in the
-    session's own namespace: tests/cluster.py hands its home_network to ensure()."""
-    from tests import cluster
+    session's own namespace: vlm_testing.cluster hands its home_network to ensure()."""
+    from vlm_testing import cluster
 
     assert binaries.outside is cluster.home_network
     entered: list[bool] = []
@@ -71,3 +70,41 @@ def test_a_foreground_build_runs_outside_the_testbeds_namespace(monkeypatch: pyt
     monkeypatch.setattr(binaries, "outside", outside)
     done = binaries.ensure("no-such-stage", timeout_s=60)  # refused at once (exit 2): nothing is built
     assert done.returncode == 2 and entered == [True], done.stderr
+
+
+@pytest.mark.parametrize(("worker", "behind", "collected", "want"), [
+    (None, None, True, True),  # a plain session with integration tests
+    (None, None, False, False),  # unit tests only
+    (None, "1", False, True),  # hack/run-tests.sh's unit pass builds for the passes after it
+    ("gw0", None, True, True),  # the first xdist worker builds
+    ("gw1", None, True, False),  # the others wait on its locks
+    ("gw2", "1", False, False),
+])
+def test_one_process_starts_the_background_build(monkeypatch: pytest.MonkeyPatch, worker: str | None,
+                                                 behind: str | None, collected: bool, want: bool) -> None:
+    for name, value in (("PYTEST_XDIST_WORKER", worker), ("VLM_BUILD_BEHIND", behind)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert binaries.wanted(collected) is want
+
+
+def test_a_build_left_behind_outlives_the_session(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """VLM_BUILD_BEHIND=1: the build's process group id is written down and the session's end leaves it running."""
+    monkeypatch.setenv("VLM_BUILD_BEHIND", "1")
+    monkeypatch.setattr(binaries, "PGID", tmp_path / "build-behind.pgid")
+    monkeypatch.setattr(binaries, "LOG", tmp_path / "build.log")
+    monkeypatch.setattr(binaries, "SCRIPT", tmp_path / "build.sh")
+    (tmp_path / "build.sh").write_text("sleep 60\n")
+    monkeypatch.setattr(binaries, "_background", None)
+    binaries.start_background()
+    proc = binaries._background
+    try:
+        assert proc is not None
+        assert (tmp_path / "build-behind.pgid").read_text().strip() == str(proc.pid)
+        binaries.stop_background()
+        assert proc.poll() is None  # still building for the next pass
+    finally:
+        subprocess.run(["pkill", "-g", str(proc.pid)], check=False)
+        proc.wait(10)

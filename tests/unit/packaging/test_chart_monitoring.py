@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 
 from vlm_operator.desired import alerts
-
-from tests.unit.packaging.test_chart import CHART, by_kind, docs, template
+from vlm_testing.chart import CHART, by_kind, docs, template
 
 ON = ("--set", "metrics.serviceMonitor.enabled=true")
 

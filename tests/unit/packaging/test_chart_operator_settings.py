@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 from vlm_operator.analysis.sources.base import PrometheusAuth
 from vlm_operator.api.settings import Settings
-
-from tests.unit.packaging.test_chart import GOLDEN, by_kind, docs, helm, template
+from vlm_testing.chart import GOLDEN, by_kind, docs, helm, template
 
 URL = "https://mimir-gateway.monitoring.svc:8080/prometheus"
 

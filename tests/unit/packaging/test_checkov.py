@@ -26,8 +26,7 @@ from vlm_operator.api import names
 from vlm_operator.api import v1alpha1 as api
 from vlm_operator.api.settings import DEFAULT_PROFILER_PEERS, Settings
 from vlm_operator.desired import builders
-
-from tests.unit.packaging.test_chart import (
+from vlm_testing.chart import (
     CHART,
     GOLDEN,
     KUBE_VERSION,

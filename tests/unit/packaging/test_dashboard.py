@@ -53,7 +53,7 @@ def exported_names() -> set[str]:
     labels = {"namespace": "n", "vlmservice": "v", "pod": "p", "revision": "r"}
     for fam in build_families(StoreSnapshot({}, {}, {}, []), labels, now=0.0, stale_after_s=60.0):
         names |= _expose(fam.name, fam.type)
-    standin = (REPO / "bench" / "standin" / "sglang_standin.py").read_text()
+    standin = (REPO / "testing" / "vlm_testing" / "standin" / "sglang_standin.py").read_text()
     for name in set(re.findall(r'"(sglang:[a-z_]+)"', standin)):
         kind = "histogram" if re.search(rf'hist\("{re.escape(name)}"', standin) else "gauge"
         names |= _expose(name, kind)

@@ -16,9 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from tests import fetched
-from tests.compat import wheels
+from vlm_testing import fetched, wheels
 
 REPO = Path(__file__).resolve().parents[3]
 MAKEFILE = (REPO / "Makefile").read_text()

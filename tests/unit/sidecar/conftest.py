@@ -6,15 +6,14 @@ import os
 import time
 
 import pytest
-
-from tests import binaries
-from tests.unit.sidecar.helpers import Standin
+from vlm_testing import binaries
+from vlm_testing.sidecar import Standin
 
 
 @pytest.fixture
 def quiet_cpu():
     """The control plane's background build (a cold `make test`) held while the test measures timing against
-    live processes (tests/binaries.py `paused`); True when one was running."""
+    live processes (testing/vlm_testing/binaries.py `paused`); True when one was running."""
     with binaries.paused() as held:
         yield held
 

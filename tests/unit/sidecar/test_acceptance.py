@@ -1,6 +1,6 @@
 """Acceptance with real py-spy on the version-shaped stand-in, at the sidecar's default rate and window.
 
-On the 0.5.10 and 0.5.23 loop shapes (bench/standin: no decorators vs ingest_requests + two `wrapper`
+On the 0.5.10 and 0.5.23 loop shapes (testing/vlm_testing/standin: no decorators vs ingest_requests + two `wrapper`
 frames; image prefills of 60 ms between 12 ms decodes; and, with SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP,
 the previous result processed before run_batch), against the stand-in's own accounting of the same window:
 - stage shares within 3 percentage points (every window);
@@ -27,8 +27,7 @@ from vlm_sidecar.config import SidecarConfig
 from vlm_sidecar.discovery import discover
 from vlm_sidecar.runner import Runner
 from vlm_sidecar.sampler import PySpySampler
-
-from tests.unit.sidecar.helpers import free_port
+from vlm_testing.sidecar import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -6,14 +6,7 @@ import time
 
 import pytest
 from vlm_sidecar.discovery import discover, tp_rank
-
-
-def fake_proc(root, pid, ppid, cmdline: bytes, comm: str, start: int = 100):
-    d = root / str(pid)
-    d.mkdir()
-    (d / "cmdline").write_bytes(cmdline)
-    (d / "comm").write_text(comm + "\n")
-    (d / "stat").write_text(f"{pid} ({comm}) S {ppid} 1 1 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 {start} 0 0\n")
+from vlm_testing.sidecar import fake_proc
 
 
 def test_titles_padding_suffixes_and_others(tmp_path):

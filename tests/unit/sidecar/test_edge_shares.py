@@ -9,9 +9,8 @@ from vlm_sidecar.collector import ProfileStore, build_families
 from vlm_sidecar.estimators import EDGE_CALLERS, edge_shares, function_shares, select_edges, summarize
 from vlm_sidecar.model import EDGE_SEP, ParsedTrace, Segment
 from vlm_sidecar.parser import function_name, parse_chrometrace
-
-from tests.unit.sidecar.helpers import GOLDEN
-from tests.unit.sidecar.loopsim import shared_helper
+from vlm_testing.loopsim import shared_helper
+from vlm_testing.sidecar import GOLDEN
 
 LOOP = ("<module> (<string>)", "Scheduler.event_loop_overlap (scheduler.py)")
 WATCH = ("process_input_requests", "hash_feature", "reconstruct_on_target_device", "run_batch")

@@ -1,4 +1,4 @@
-"""Loop estimator against simulated SGLang loops whose truth is known (tests/unit/sidecar/loopsim.py).
+"""Loop estimator against simulated SGLang loops whose truth is known (testing/vlm_testing/loopsim.py).
 
 At py-spy's defaults here (1000 Hz, 5 s windows): loop mean within 5% and p95 within 10% on every
 named shape (on the stand-in's acceptance shapes, whose ~2 ms input stages hide a few percent of the
@@ -18,8 +18,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from vlm_sidecar.estimators import classify, estimate_loop, stage_shares
 from vlm_sidecar.parser import function_name
-
-from tests.unit.sidecar.loopsim import SHAPES, Shape, random_shape, simulate
+from vlm_testing.loopsim import SHAPES, Shape, random_shape, simulate
 
 PROPS = settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 

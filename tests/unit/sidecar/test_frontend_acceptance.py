@@ -1,4 +1,4 @@
-"""Front-end signals with real py-spy on the stand-in's front end (bench/standin/frontend.py), against its own
+"""Front-end signals with real py-spy on the stand-in's front end (testing/vlm_testing/standin/frontend.py), against its own
 accounting of the same window (the intervals its loop, pool and detokenizer recorded):
 
 - discovery finds every role of the stand-in's process tree, the pids it announced;

@@ -1,5 +1,5 @@
 """A front-end regression caught by the canary gate, end to end without a cluster: two stand-ins with their
-front ends (bench/standin/frontend.py) side by side, the baseline's image preprocessing as shipped and the
+front ends (testing/vlm_testing/standin/frontend.py) side by side, the baseline's image preprocessing as shipped and the
 canary's with a further step per image (`--standin-image-convert-ms`: a release that adds a colour
 conversion), their scheduler loops identical. Real py-spy and the real sidecar windows (Runner), alternating
 between the two, go to `gate.decide` as the operator hands them over from `/windows.json`, which looks after six window pairs and,
@@ -22,15 +22,10 @@ from vlm_sidecar.config import SidecarConfig
 from vlm_sidecar.discovery import discover_roles
 from vlm_sidecar.runner import Runner
 from vlm_sidecar.sampler import PySpySampler
+from vlm_testing.signals import SCHED
 
 pytestmark = pytest.mark.slow
 
-# A scheduler that idles unless fed, 5 requests/s of 2 images each, one pool worker: 25 ms per image keeps the
-# pool a quarter busy; 20 ms more in convert_color makes it 45% busy. Two such stand-ins fit on two cores.
-SCHED = ["--standin-output-tokens", "2", "--standin-features-per-image", "1", "--standin-prefill-ms", "4",
-         "--standin-batch-ms", "2", "--standin-result-ms", "0.3", "--standin-recv-ms", "0.05",
-         "--standin-schedule-ms", "0.05", "--standin-idle-ms", "2", "--standin-request-rate", "5",
-         "--standin-arrivals", "fixed", "--standin-cpu-workers", "1", "--standin-image-cost-ms", "25"]
 WINDOWS = 6
 LOOKS = 5  # maxDuration / interval below
 # Two lone stand-ins on a shared two-core host differ in loop time by more than the shipped 3%: the scheduler

@@ -15,9 +15,7 @@ from vlm_sidecar.model import ParsedTrace, Segment, Target
 from vlm_sidecar.runner import Runner
 from vlm_sidecar.sampler import SampleOutcome
 from vlm_sidecar.server import SidecarHTTP
-
-from tests.unit.sidecar.test_discovery import fake_proc
-from tests.unit.sidecar.test_server import LABELS, get
+from vlm_testing.sidecar import LABELS, fake_proc, get
 
 LAUNCH = b"python3\x00-m\x00sglang.launch_server\x00--model-path\x00m\x00"
 SPAWN = b"python3\x00-c\x00from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)\x00--multiprocessing-fork\x00"

@@ -20,8 +20,7 @@ import os
 import pytest
 from vlm_sidecar.estimators import summarize
 from vlm_sidecar.parser import function_name, parse_chrometrace, parse_collapsed
-
-from tests.unit.sidecar.helpers import GOLDEN
+from vlm_testing.sidecar import GOLDEN
 
 REGEN = os.environ.get("VLM_REGEN_GOLDEN") == "1"
 

@@ -17,8 +17,7 @@ from vlm_sidecar.discovery import discover
 from vlm_sidecar.model import Segment
 from vlm_sidecar.runner import Runner
 from vlm_sidecar.sampler import PySpySampler
-
-from tests.unit.sidecar.helpers import load_standin
+from vlm_testing.sidecar import load_standin
 
 LOOP = ("event_loop_overlap (scheduler.py)", "process_input_requests (scheduler.py)",
         "handle_generate_request (scheduler.py)", "reconstruct (schedule_batch.py)")

@@ -15,8 +15,7 @@ from vlm_sidecar.parser import (
     parse_chrometrace,
     parse_collapsed,
 )
-
-from tests.unit.sidecar.helpers import GOLDEN
+from vlm_testing.sidecar import GOLDEN
 
 GOLD = (GOLDEN / "cache_off.chrometrace.json").read_bytes()
 

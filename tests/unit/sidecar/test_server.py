@@ -3,32 +3,16 @@
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from vlm_sidecar.collector import ProfileStore, is_stale
-from vlm_sidecar.estimators import summarize
-from vlm_sidecar.parser import format_collapsed, parse_chrometrace
+from vlm_sidecar.parser import format_collapsed
 from vlm_sidecar.server import SidecarHTTP
+from vlm_testing.sidecar import LABELS, fill, get
 
-from tests.unit.sidecar.helpers import GOLDEN
-
-LABELS = {"namespace": "ml", "vlmservice": "qwen", "pod": "qwen-abc", "revision": "r2"}
 WINDOW_KEYS = {"id", "tp_rank", "start", "end", "samples", "loop_mean_seconds", "loop_p50_seconds",
                "loop_p95_seconds", "iterations", "stage_shares", "function_shares", "top_function", "stale", "error"}
-
-
-def fill(store: ProfileStore, names=("cache_on", "cache_off"), rank: int = 0) -> list:
-    out = []
-    for i, name in enumerate(names):
-        trace = parse_chrometrace((GOLDEN / f"{name}.chrometrace.json").read_bytes())
-        w, stacks = summarize(trace, window_id=store.new_id(), tp_rank=rank, pid=100, start=1000.0 + 10 * i,
-                              end=1001.0 + 10 * i, samples=500, watch=("hash_feature",), top_n=3)
-        store.add_window(w, stacks, 500.0, {"run_batch": 0.01} if i else None)
-        out.append(w)
-    return out
 
 
 @pytest.fixture
@@ -38,14 +22,6 @@ def server():
     httpd = app.serve("127.0.0.1", 0)
     yield store, f"http://127.0.0.1:{httpd.server_address[1]}"
     app.shutdown()
-
-
-def get(url: str, data: bytes | None = None):
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=5) as r:
-            return r.status, r.headers.get("Content-Type"), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers.get("Content-Type"), e.read()
 
 
 def test_empty_sidecar_serves_probes_and_stale_metrics(server):

@@ -10,8 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vlm_sidecar.collector import ProfileStore
 from vlm_sidecar.server import SidecarHTTP
-
-from tests.unit.sidecar.test_server import LABELS, fill
+from vlm_testing.sidecar import LABELS, fill
 
 PATHS = ["/metrics", "/healthz", "/readyz", "/windows.json", "/profile/latest.svg", "/profile/latest.json",
          "/profile/diff.svg", "/", "/windows.json/", "//metrics"]

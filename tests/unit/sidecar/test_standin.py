@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 from vlm_sidecar import sglang_metrics
-
-from bench.standin.sglang_standin import (
+from vlm_testing.standin.sglang_standin import (
     N_STAGES,
     RANK_SLOTS,
     RING_FIELDS,
@@ -264,7 +263,7 @@ def test_sglang_metrics_helpers():
 
 
 def test_the_node_speed_factor_is_read_by_node_name():
-    from bench.standin.sglang_standin import StandinConfigError, node_speed
+    from vlm_testing.standin.sglang_standin import StandinConfigError, node_speed
 
     table = {"STANDIN_NODE_SPEED": "node-a=1.08, node-b=0.97"}
     assert build_config([], {**table, "STANDIN_NODE_NAME": "node-a"}).speed == 1.08

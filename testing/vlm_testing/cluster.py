@@ -16,6 +16,7 @@ session started in (`_home_network` below), so a unit test never sees the testbe
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import re
@@ -28,17 +29,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from tests import binaries
+from vlm_testing import binaries
+from vlm_testing.testbed import netns  # the testbed's own helpers, standard library only
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TESTBED = REPO / "hack" / "testbed"
-if str(REPO / "hack") not in sys.path:
-    sys.path.insert(0, str(REPO / "hack"))
-
-from testbed_lib import netns  # noqa: E402 - the testbed's own helpers, standard library only
 
 UP_TIMEOUT_S = float(os.environ.get("VLM_TESTBED_UP_TIMEOUT", "240"))
 
@@ -166,7 +165,7 @@ binaries.outside = home_network  # a build a test starts reaches the Go module p
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Tests that need the control plane were collected: build its binaries behind the unit tier."""
-    if any("cluster" in getattr(item, "fixturenames", ()) for item in session.items):
+    if binaries.wanted(any("cluster" in getattr(item, "fixturenames", ()) for item in session.items)):
         binaries.start_background()
 
 
@@ -288,3 +287,42 @@ def namespace(kube: client.ApiClient, request: pytest.FixtureRequest) -> Iterato
     except ApiException as e:
         if e.status != 404:
             raise
+
+
+KWOK_NODES = REPO / "hack" / "kwok-nodes.yaml"
+
+
+def fake_gpu_node(name: str, product: str, zone: str | None = None) -> dict[str, Any]:
+    """A kwok node shaped as the testbed's gpu-node-0 (hack/kwok-nodes.yaml: 8 GPUs), named `name`, of its own
+    GPU product. A VLMService with `gpu.product: <product>` runs only there, and the operator's capacity reads
+    (nodes by product label) see only these nodes: a test that fills its nodes can run beside other tests."""
+    node = copy.deepcopy(next(d for d in yaml.safe_load_all(KWOK_NODES.read_text()) if d and d["kind"] == "Node"))
+    labels = node["metadata"]["labels"]
+    node["metadata"]["name"] = labels["kubernetes.io/hostname"] = name
+    labels["nvidia.com/gpu.product"] = product
+    if zone:
+        labels["topology.kubernetes.io/zone"] = zone
+    # kwok reports the node's info itself; the client's model of a Node asks for every nodeInfo field.
+    node["status"].pop("nodeInfo", None)
+    return node
+
+
+@contextlib.contextmanager
+def gpu_nodes(kube: client.ApiClient, names: list[str], product: str) -> Iterator[list[str]]:
+    """Fake GPU nodes of a product of their own (`fake_gpu_node`), Ready; deleted afterwards."""
+    core = client.CoreV1Api(kube)
+    for name in names:
+        try:
+            core.create_node(fake_gpu_node(name, product))
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    try:
+        wait_for(lambda: all(any(c.type == "Ready" and c.status == "True"
+                                 for c in (core.read_node(n).status.conditions or [])) for n in names),
+                 60, f"the nodes {names} Ready", interval=0.5)
+        yield names
+    finally:
+        for name in names:
+            with contextlib.suppress(ApiException):
+                core.delete_node(name)

@@ -18,7 +18,7 @@ It mimics what the profiler sidecar and the canary gate look at, and nothing els
 - its true time accounting at ``/standin/accounting`` (JSON: per-iteration ring -> stage seconds and shares,
   loop mean and quantiles of any window), so tests can check the sidecar's estimates.
 
-Run: ``python bench/standin/sglang_standin.py --model-path X --tp 2 --port 30000 --enable-metrics``
+Run: ``python testing/vlm_testing/standin/sglang_standin.py --model-path X --tp 2 --port 30000 --enable-metrics``
 plus ``--standin-*`` flags (``--help`` lists them). Unknown SGLang flags are accepted and ignored.
 """
 
@@ -405,7 +405,7 @@ def ipc_module(version: str) -> dict:
 
 
 def load_cuda_transport(cache: bool, feature_bytes: int, device: int):
-    """Import bench/standin/cuda_transport.py lazily: torch is only needed on a GPU machine."""
+    """Import testing/vlm_testing/standin/cuda_transport.py lazily: torch is only needed on a GPU machine."""
     path = Path(__file__).with_name("cuda_transport.py")
     spec = importlib.util.spec_from_file_location("standin_cuda_transport", path)
     if spec is None or spec.loader is None:
@@ -1471,8 +1471,10 @@ class StandinServer:
 
     def start_frontend(self) -> dict:
         """The front end's pool (forked from this process), detokenizer and load generator; what to announce."""
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import frontend  # next to this file; imported by name so the pool and spawned helpers can find its code
+        if __package__:  # imported as vlm_testing.standin.sglang_standin: the pool's children import that package
+            from . import frontend
+        else:  # run as a script: its folder is on sys.path, for this process and the pool's spawned helpers
+            import frontend
 
         c = self.cfg
         fcfg = frontend.FrontendConfig(

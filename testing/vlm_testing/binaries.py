@@ -9,6 +9,12 @@ plane waits for the cluster stage; the Prometheus Operator (monitoring) and Prom
 (`require`). On a machine where everything is cached the background run finishes in a second. On a cold
 one it overlaps the 15-20 minute Go build with the tests instead of running them one after the other.
 
+`hack/run-tests.sh` runs the unit tier in a session of its own, before the testbed starts: it sets
+VLM_BUILD_BEHIND=1, and that session starts the same background build whatever it collected and leaves it
+running at its end (its process group id in CACHE/build-behind.pgid) for the integration and e2e passes,
+whose `ensure` calls wait on its locks; the script stops it when the run ends. Under pytest-xdist only the
+first worker (gw0) starts one.
+
 `ensure(stage)` runs that stage once more in the foreground: it waits on the stage's lock while the
 background run builds it, then is a no-op after a good build (the script skips what is built); it is the
 real build where none ran (a plain `pytest tests/integration`), and the build's own error when the
@@ -27,10 +33,23 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "hack" / "build-binaries.sh"
 CACHE = Path(os.environ.get("VLM_CACHE") or Path.home() / ".cache" / "vlm-operator")
 LOG = CACHE / "build-cluster.log"
+PGID = CACHE / "build-behind.pgid"
+STAGES = "cluster,monitoring,prometheus,argo"
+
+
+def behind() -> bool:
+    """Whether this session starts the background build for later sessions and leaves it running (VLM_BUILD_BEHIND=1)."""
+    return os.environ.get("VLM_BUILD_BEHIND") == "1"
+
+
+def wanted(collected_cluster_tests: bool) -> bool:
+    """Whether this process should start the background build: it collected tests that need the control plane
+    (or runs the unit tier for later passes, `behind`), and it is no xdist worker but the first."""
+    return (collected_cluster_tests or behind()) and os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0"
 
 # Where a foreground build runs: tests/cluster.py sets this to its `home_network`, so that a build started from a
 # test inside the testbed's network namespace (no registry there) runs in the session's own namespace.
@@ -48,10 +67,11 @@ def start_background() -> None:
             return
         CACHE.mkdir(parents=True, exist_ok=True)
         with LOG.open("wb") as out:
-            _background = subprocess.Popen(["nice", "-n", "19", "bash", str(SCRIPT), "--stage",
-                                            "cluster,monitoring,prometheus,argo"],
+            _background = subprocess.Popen(["nice", "-n", "19", "bash", str(SCRIPT), "--stage", STAGES],
                                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                            start_new_session=True)
+        if behind():
+            PGID.write_text(f"{_background.pid}\n")
 
 
 def ensure(stage: str = "cluster", timeout_s: float = 3600) -> subprocess.CompletedProcess[str]:
@@ -105,9 +125,10 @@ def paused() -> Iterator[bool]:
 
 def stop_background() -> None:
     """At the session's end: a build still running (the session stopped early) is stopped; the Go build cache
-    keeps what it compiled, and the script rebuilds only what has no finished binary."""
+    keeps what it compiled, and the script rebuilds only what has no finished binary. Left running when this
+    session builds for later ones (`behind`)."""
     with _lock:
-        if _background is not None and _background.poll() is None:
+        if _background is not None and not behind() and _background.poll() is None:
             try:
                 os.killpg(_background.pid, signal.SIGTERM)
                 _background.wait(30)

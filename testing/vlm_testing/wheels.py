@@ -5,6 +5,7 @@ naming the command."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,3 +29,22 @@ def fetch_wheels(versions: Sequence[str]) -> dict[str, Path]:
         pytest.fail(f"the SGLang wheels {', '.join(missing)} are not in {WHEELS}: run `make fetch` "
                     f"({FETCH.relative_to(ROOT)}) before the tests; they do not download them", pytrace=False)
     return found
+
+
+SUPPORTED = ("0.5.10", "0.5.23")  # inclusive range the operator supports
+
+
+def _v(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+def _fetched_versions() -> tuple[str, ...]:
+    m = re.search(r"^DEFAULT_VERSIONS=\(([^)]*)\)", FETCH.read_text(), re.M)
+    assert m, f"no DEFAULT_VERSIONS=(...) in {FETCH}"
+    return tuple(m[1].split())
+
+
+VERSIONS = _fetched_versions()
+
+
+SUPPORTED_VERSIONS = tuple(v for v in VERSIONS if _v(SUPPORTED[0]) <= _v(v) <= _v(SUPPORTED[1]))

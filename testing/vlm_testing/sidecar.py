@@ -11,9 +11,13 @@ import sys
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+from vlm_sidecar.collector import ProfileStore
+from vlm_sidecar.estimators import summarize
+from vlm_sidecar.parser import parse_chrometrace
+
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "sidecar"
-STANDIN = ROOT / "bench" / "standin" / "sglang_standin.py"
+STANDIN = ROOT / "testing" / "vlm_testing" / "standin" / "sglang_standin.py"
 
 
 def load_standin():
@@ -66,3 +70,31 @@ class Standin:
                 self.proc.wait()
 
 
+def fake_proc(root, pid, ppid, cmdline: bytes, comm: str, start: int = 100):
+    d = root / str(pid)
+    d.mkdir()
+    (d / "cmdline").write_bytes(cmdline)
+    (d / "comm").write_text(comm + "\n")
+    (d / "stat").write_text(f"{pid} ({comm}) S {ppid} 1 1 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 {start} 0 0\n")
+
+
+LABELS = {"namespace": "ml", "vlmservice": "qwen", "pod": "qwen-abc", "revision": "r2"}
+
+
+def fill(store: ProfileStore, names=("cache_on", "cache_off"), rank: int = 0) -> list:
+    out = []
+    for i, name in enumerate(names):
+        trace = parse_chrometrace((GOLDEN / f"{name}.chrometrace.json").read_bytes())
+        w, stacks = summarize(trace, window_id=store.new_id(), tp_rank=rank, pid=100, start=1000.0 + 10 * i,
+                              end=1001.0 + 10 * i, samples=500, watch=("hash_feature",), top_n=3)
+        store.add_window(w, stacks, 500.0, {"run_batch": 0.01} if i else None)
+        out.append(w)
+    return out
+
+
+def get(url: str, data: bytes | None = None):
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=5) as r:
+            return r.status, r.headers.get("Content-Type"), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type"), e.read()

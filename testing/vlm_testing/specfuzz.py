@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from vlm_operator.api.v1alpha1 import VLMServiceSpec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((REPO / "crds" / "serving.vlmops.dev_vlmservices.yaml").read_text())
 SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
 BASE = yaml.safe_load((REPO / "examples" / "qwen2.5-vl-canary.yaml").read_text())["spec"]

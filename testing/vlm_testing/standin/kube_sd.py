@@ -26,7 +26,7 @@ its service account (in-cluster config); outside the cluster each one gets the `
 and `authorization` of the API server the tests talk to (`api_access`), which is what in-cluster config
 amounts to. `Reloader(native=...)` picks the mode (by default: native when that binary exists).
 
-Used by tests/integration/test_prometheus_operator.py and the e2e monitoring (bench/standin/monitoring.py).
+Used by tests/integration/test_prometheus_operator.py and the e2e monitoring (testing/vlm_testing/standin/monitoring.py).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ import yaml
 from kubernetes import client
 
 SHARD = "0"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def built_prometheus() -> Path | None:

@@ -10,7 +10,7 @@ writes). Stacks are tuples of `parser.frame_label` strings, root first.
 
 Pure Python, seeded, no clocks: a 5 s window at 1000 Hz takes a few tens of milliseconds.
 
-    python -m tests.unit.sidecar.loopsim [RATE_HZ]   # error table per shape (docs/sidecar.md)
+    python -m vlm_testing.loopsim [RATE_HZ]   # error table per shape (docs/sidecar.md)
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ SHAPES: dict[str, Shape] = {
     "v0_5_17": Shape("v0_5_17", version="0.5.17", prefill_every=5, reorder_every=4),
     "v0_5_23": Shape("v0_5_23", version="0.5.23", prefill_every=5, reorder_every=4),
     "idle_heavy": Shape("idle_heavy", idle_share=0.5, prefill_every=6),
-    # The stand-in's golden shapes (bench/standin, tests/golden/sidecar): one stack per stage.
+    # The stand-in's golden shapes (testing/vlm_testing/standin, tests/golden/sidecar): one stack per stage.
     "standin_v0_5_17": Shape("standin_v0_5_17", version="0.5.17", recv_ms=0.75, input_ms=2.5, schedule_ms=0.8,
                              result_ms=2.5, prefill_every=2, prefill_ms=12.0, single_stack=True),
     "standin_v0_5_23": Shape("standin_v0_5_23", version="0.5.23", recv_ms=0.9, input_ms=1.7, schedule_ms=1.0,

@@ -16,7 +16,7 @@ difference from a pod remains: the pods share one loopback, so the sidecar reads
 
 - `targets.json`: Prometheus file_sd targets <pod IP>:9400 (sidecar) and <pod IP>:30000 (SGLang),
   labelled like the pods (the demo's hand-written config; the e2e tier runs the Prometheus Operator's
-  generated one, bench/standin/kube_sd.py);
+  generated one, testing/vlm_testing/standin/kube_sd.py);
 - `pods.json`: pod -> {ip, sidecar, sglang} (for people: where to point curl).
 """
 

@@ -1,4 +1,4 @@
-"""A fake of the operator's own `Kube` wrapper (vlm_operator.cluster.client), so `reconcile.reconcile` runs without
+"""The one fake cluster of the unit tier (and bench/rollout_moves.py): a fake of the operator's own `Kube` wrapper (vlm_operator.cluster.client), so `reconcile.reconcile` runs without
 an API server.
 
 It keeps objects in a dict, applies and patches with the same no-op rules as `Kube` (`is_subset` against the
@@ -11,14 +11,17 @@ pods Ready with a pod IP).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vlm_operator.analysis import sources
 from vlm_operator.api import v1alpha1 as api
 from vlm_operator.api.errors import PermanentError, TemporaryError
+from vlm_operator.api.settings import Settings
 from vlm_operator.cluster.client import is_subset, status_patch
 from vlm_operator.cluster.observed import JobInfo, Observed, PodInfo
+from vlm_operator.controller import reconcile
 from vlm_operator.controller.reconcile import Target
 from vlm_operator.desired import builders
 
@@ -325,3 +328,125 @@ class FakeKube:
 
     def reset_writes(self) -> None:
         self.writes.clear()
+
+
+T0 = 1_800_000_000.0
+
+
+SPEC = {"model": {"path": "Qwen/Qwen2.5-VL-3B-Instruct"}, "replicas": 2}
+
+
+def no_sidecars(url: str, timeout: float):
+    raise ConnectionRefusedError(f"nothing at {url}")
+
+
+ROLLOUT = {
+    **SPEC,
+    "rollout": {"steps": [{"replicas": 1, "analysis": "2m"}],
+                "analysis": {"interval": "1m", "maxDuration": "10m", "minSamples": 3}},
+}
+
+
+INTERVAL = 15.0
+
+
+def window(k: int, loop: float, *, top: tuple[str, float] = ("run_batch", 0.6), jitter: float = 0.01) -> dict:
+    wobble = 1 + jitter * ((k * 7) % 5 - 2) / 2  # deterministic +-jitter
+    fn = {"event_loop_overlap": 0.99, "process_input_requests": 0.2, top[0]: top[1]}
+    return {
+        "id": k, "end": k * INTERVAL, "samples": 5000, "iterations": 250,
+        "loop_mean_seconds": loop * wobble, "loop_p95_seconds": loop * 1.3 * wobble,
+        "stage_shares": {"recv_requests": 0.05, "process_input_requests": 0.2, "get_next_batch_to_run": 0.05,
+                         "run_batch": 0.6, "process_batch_result": 0.05, "idle": 0.05},
+        "function_shares": fn,
+    }
+
+
+class Sidecars:
+    """Answers /windows.json for the pods FakeKube runs; `loop(pod)` gives a pod's loop time, `dead` pods
+    time out. Every call is counted per pod."""
+
+    def __init__(self, kube: FakeKube, loop: Callable[[str], float] = lambda pod: 0.020, top=None, extra=None):
+        self.kube, self.loop, self.top = kube, loop, top
+        self.extra: Callable[[str, int], dict] | None = extra  # (pod, window) -> more keys of the window
+        self.now = T0
+        self.dead: set[str] = set()
+        self.calls: dict[str, int] = {}
+
+    def fetch(self, url: str, timeout: float):
+        ip = url.split("//", 1)[1].split(":", 1)[0]
+        pod = next(p for p in self.kube.pods("svc") if p.ip == ip)
+        self.calls[pod.name] = self.calls.get(pod.name, 0) + 1
+        if pod.name in self.dead:
+            raise TimeoutError("timed out")
+        last = int(self.now // INTERVAL)
+        return [{**window(k, self.loop(pod.name), **({"top": self.top(k)} if self.top else {})),
+                 **(self.extra(pod.name, k) if self.extra else {})}
+                for k in range(last - 63, last + 1)]
+
+
+class FakeCluster:
+    """The one fake cluster of the unit tier: a FakeKube, the operator's Runtime over it, and one reconcile of one
+    service at a time. `sidecars=True` puts fake sidecars (`Sidecars`, given `sidecar_kw`) behind the
+    SidecarReader and waits for its background retries after each reconcile; otherwise `fetch` answers the
+    reader (default: nothing listens)."""
+
+    def __init__(self, spec=SPEC, *, gpus: int = 0, fetch=no_sidecars, settings: Settings | None = None, name="svc",
+                 sidecars: bool = False, **sidecar_kw):
+        self.kube = FakeKube(gpus=gpus)
+        self.sidecars = Sidecars(self.kube, **sidecar_kw) if sidecars else None
+        self.reader = sources.SidecarReader(timeout_s=0.2, workers=2,
+                                            fetch=self.sidecars.fetch if self.sidecars else fetch)
+        self.rt = reconcile.Runtime(kube=self.kube, settings=settings or Settings(), sidecars=self.reader)
+        self.name = name
+        self.events: list = []
+        self.kube.create_vlmservice(name, spec)
+
+    def run(self, now: float = T0, *, pods=None):
+        if self.sidecars is not None:
+            self.sidecars.now = now
+        t = self.kube.target(self.name)
+        observed = self.kube.observed(self.name, pods=pods)
+        reconcile.reconcile(self.rt, t, observed, lambda *e: self.events.append(e), now=now)
+        if self.sidecars is not None:
+            self.reader.wait_idle()  # retries of failed pods run in the background
+
+    def up(self, now: float) -> None:
+        """The pods the Deployments ask for made, placed and Ready: the ReplicaSets make them behind the operator's
+        scheduling gate (settle), a reconcile releases them, and the scheduler and kubelets run them (settle)."""
+        self.kube.settle(self.name)
+        self.run(now)
+        self.kube.settle(self.name)
+
+    @property
+    def status(self) -> dict:
+        return self.kube.vlmservice(self.name)["status"]
+
+    def condition(self, type_: str) -> dict:
+        return next(c for c in self.status["conditions"] if c["type"] == type_)
+
+    def profiler_writes(self) -> int:
+        return sum(1 for w in self.kube.written("status") if "profiler" in w.body)
+
+
+class SidecarCluster(FakeCluster):
+    """FakeCluster with fake sidecars behind the reader (`sidecar_kw`: Sidecars' loop, top, extra)."""
+
+    def __init__(self, spec=SPEC, *, gpus: int = 0, settings: Settings | None = None, **sidecar_kw):
+        super().__init__(spec, gpus=gpus, settings=settings, sidecars=True, **sidecar_kw)
+
+
+def ready(c: SidecarCluster, t: float = T0) -> float:
+    c.run(t - 30)
+    place(c, t - 20)  # (a round before the pods have IPs: the next profiler read is one interval later)
+    c.run(t + 1)
+    return t + 1
+
+
+def place(c: SidecarCluster, t: float) -> None:
+    """The ReplicaSets' pods made (behind the operator's gate), released by a reconcile, then scheduled and Ready.
+    That reconcile, the first with a stable revision, reads no sidecar (no pod has an IP yet) but spends the
+    service's profiler read of the interval."""
+    c.kube.settle("svc")
+    c.run(t)
+    c.kube.settle("svc")

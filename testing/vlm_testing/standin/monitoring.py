@@ -11,7 +11,7 @@ alerts to Alertmanager. Prometheus listens on the namespace's 127.0.0.1, Alertma
   ServiceMonitor and PrometheusRule, reloaded when the Operator rewrites it. Where hack/build-binaries.sh
   built Prometheus (3.x, kubernetes_sd compiled in), that one runs it as generated, its kubernetes_sd
   against the testbed's API server (only `api_server` and credentials added); otherwise Debian's runs it
-  with each kubernetes_sd replaced by a file_sd with what it would discover (bench/standin/kube_sd.py),
+  with each kubernetes_sd replaced by a file_sd with what it would discover (testing/vlm_testing/standin/kube_sd.py),
   kept current as pods come and go.
   Scrape intervals are the objects' own (the PodMonitor's 15 s). Alertmanager is found as the generated
   `alerting` section says (the Prometheus object's spec.alerting: its Service's Endpoints); a static one is
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import yaml
 
-from bench.standin.kube_sd import Reloader
+from vlm_testing.standin.kube_sd import Reloader
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RULES = REPO / "alerts" / "vlm-operator.rules.yaml"
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FETCH = REPO / "hack" / "fetch-crds.sh"
 CRD_CACHE = Path(os.environ.get("VLM_CRD_CACHE")
                  or Path(os.environ.get("VLM_CACHE") or Path.home() / ".cache" / "vlm-operator") / "crds")

@@ -17,12 +17,11 @@ from pathlib import Path
 
 from kubernetes import client
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO / "hack") not in sys.path:
-    sys.path.insert(0, str(REPO / "hack"))
+from vlm_testing.testbed import layout, netns
 
-from testbed_lib import netns  # noqa: E402
-from testbed_lib.layout import POD_CIDR  # noqa: E402
+POD_CIDR = layout.POD_CIDR
+
+REPO = Path(__file__).resolve().parents[2]
 
 CRD = REPO / "crds" / "serving.vlmops.dev_vlmservices.yaml"
 GROUP, VERSION, PLURAL = "serving.vlmops.dev", "v1alpha1", "vlmservices"

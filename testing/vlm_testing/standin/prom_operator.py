@@ -7,7 +7,7 @@ ServiceMonitor, metrics Service and PrometheusRule (helm template). Test and dem
 
 The operator runs outside the cluster with the admin kubeconfig (it reads KUBECONFIG); what it generates
 for a Prometheus (the secret `prometheus-<name>` and the ConfigMaps `prometheus-<name>-rulefiles-N`) is
-what bench/standin/kube_sd.py turns into a running Prometheus.
+what testing/vlm_testing/standin/kube_sd.py turns into a running Prometheus.
 """
 
 from __future__ import annotations
@@ -22,12 +22,22 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CACHE = Path(os.environ.get("VLM_CACHE", Path.home() / ".cache" / "vlm-operator"))
 CRDS = CACHE / "prometheus-operator-crds"
 RELEASE = "kube-prometheus-stack"  # the release label kube-prometheus-stack's default selectors ask for
 CHART_RELEASE = "vlm"
 CHART_TEMPLATES = ("templates/servicemonitor.yaml", "templates/service.yaml", "templates/prometheusrule.yaml")
+# One testbed serves several pytest processes at once (xdist workers, two sessions): each process's Prometheus
+# Operator reconciles only the `Prometheus` objects that this process labelled, so two operators never write
+# the same generated secret or StatefulSet.
+INSTANCE_LABEL = "vlm-testbed/prometheus-operator"
+INSTANCE = f"p{os.getpid()}"
+
+
+def instance_selector_args() -> list[str]:
+    """The Prometheus Operator's flag that keeps it to this process's `Prometheus` objects."""
+    return [f"--prometheus-instance-selector={INSTANCE_LABEL}={INSTANCE}"]
 
 
 def _free_port() -> int:
@@ -62,7 +72,8 @@ class PrometheusOperator:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(
-                [str(self.binary), f"--web.listen-address=127.0.0.1:{_free_port()}", "--log-level=info"],
+                [str(self.binary), f"--web.listen-address=127.0.0.1:{_free_port()}", "--log-level=info",
+                 *instance_selector_args()],
                 env={**os.environ, "KUBECONFIG": str(self.kubeconfig)}, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True)
         deadline = time.time() + timeout
@@ -110,7 +121,7 @@ def prometheus_object(name: str, namespace: str, release: str = RELEASE, only_na
     where = {"matchLabels": {"kubernetes.io/metadata.name": namespace}} if only_namespace else {}
     return {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace, "labels": {INSTANCE_LABEL: INSTANCE}},
         "spec": {"replicas": 1, "version": prometheus_version(),
                  "serviceMonitorSelector": selector, "podMonitorSelector": selector, "ruleSelector": selector,
                  "serviceMonitorNamespaceSelector": where, "podMonitorNamespaceSelector": where,

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Every test tier, as `make test` and .ci/run run them, in three pytest passes (docs/testbed.md, "Test tiers and
+# their budgets"):
+#   1. unit + compat, alone: the py-spy measurements need a quiet CPU. This session starts the control plane's
+#      build in the background (nice 19, paused while they measure) and leaves it running for the next passes.
+#   2. integration + e2e on $VLM_TEST_WORKERS pytest-xdist workers (default 3; --dist loadfile: a module's
+#      fixtures stay on one worker) sharing ONE testbed, each test in its own namespace: `-m "not serial"`.
+#   3. the tests that must have the testbed to themselves (tests/conftest.py SERIAL), one at a time: `-m serial`.
+# The testbed is started once before pass 2 (reused when one is already up) and stopped at the end when this
+# script started it. Each pass prints its wall time against its budget; every pass runs even when one fails,
+# and the exit status is non-zero when any did. Extra arguments go to every pytest run.
+# VLM_TEST_TIERS=unit,parallel,serial picks passes (all three by default).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+WORKERS=${VLM_TEST_WORKERS:-3}
+TIERS=${VLM_TEST_TIERS:-unit,parallel,serial}
+# Budgets in seconds on the 2-core CI machine, warm (binaries built); docs/testbed.md states them and why.
+declare -A BUDGET=([unit]=${VLM_BUDGET_UNIT:-780} [parallel]=${VLM_BUDGET_PARALLEL:-720} [serial]=${VLM_BUDGET_SERIAL:-540})
+CACHE=${VLM_CACHE:-$HOME/.cache/vlm-operator}
+rc=0
+summary=()
+started_testbed=0
+
+tier() {  # tier NAME pytest-args...
+  local name=$1 t0 t rcode
+  shift
+  echo "[tiers] $name: pytest $(printf '%q ' "$@")"
+  t0=$(date +%s)
+  "$PY" -m pytest "$@"
+  rcode=$?
+  t=$(( $(date +%s) - t0 ))
+  # 5: no tests collected (a -k that selects none of a pass): not a failure of the run.
+  if [[ $rcode -ne 0 && $rcode -ne 5 ]]; then rc=1; fi
+  local verdict="within budget"
+  if (( t > BUDGET[$name] )); then verdict="OVER BUDGET by $(( t - BUDGET[$name] ))s"; fi
+  summary+=("$(printf '%-9s %5ds (%4.1f min), budget %4ds: %s, pytest exit %d' "$name" "$t" "$(awk "BEGIN{print $t/60}")" "${BUDGET[$name]}" "$verdict" "$rcode")")
+  echo "[tiers] $name took ${t}s (budget ${BUDGET[$name]}s): $verdict"
+}
+
+finish() {
+  if (( started_testbed )); then
+    echo "[tiers] stopping the testbed this run started"
+    "$PY" hack/testbed down >/dev/null 2>&1 || true
+  fi
+  # The background build the unit pass left running (a run cut short, or a stage no test waited for).
+  if [[ -s "$CACHE/build-behind.pgid" ]]; then
+    pgid=$(cat "$CACHE/build-behind.pgid")
+    kill -TERM -- "-$pgid" 2>/dev/null || true
+    rm -f "$CACHE/build-behind.pgid"
+  fi
+  echo "[tiers] wall time per pass (budgets: docs/testbed.md, \"Test tiers and their budgets\"):"
+  for line in "${summary[@]}"; do echo "[tiers]   $line"; done
+}
+trap finish EXIT
+
+if [[ ,$TIERS, == *,unit,* ]]; then
+  VLM_BUILD_BEHIND=1 tier unit tests/unit tests/compat "$@"
+fi
+
+if [[ ,$TIERS, == *,parallel,* || ,$TIERS, == *,serial,* ]]; then
+  # The cluster stage (waits on the background build's lock, a no-op when built), then one testbed for both passes.
+  if ! bash hack/build-binaries.sh --stage cluster >/dev/null 2>"$CACHE/run-tests-build.err"; then
+    echo "[tiers] the cluster stage did not build (the tests' cluster fixture fails with the build's error):"
+    tail -20 "$CACHE/run-tests-build.err"
+  elif ! "$PY" hack/testbed status >/dev/null 2>&1; then
+    if "$PY" hack/testbed up; then
+      started_testbed=1
+    else
+      echo "[tiers] hack/testbed up failed; the cluster fixture retries it and fails each test with the logs"
+      "$PY" hack/testbed down --keep >/dev/null 2>&1 || true
+    fi
+  fi
+fi
+
+if [[ ,$TIERS, == *,parallel,* ]]; then
+  tier parallel -n "$WORKERS" --dist loadfile -m "not serial" tests/integration tests/e2e "$@"
+fi
+if [[ ,$TIERS, == *,serial,* ]]; then
+  tier serial -m serial tests/integration tests/e2e "$@"
+fi
+exit $rc
