@@ -19,7 +19,7 @@ The front-end series (vlm_sidecar.roles) carry tp_rank="" and a `role`:
 
 Every field of a /windows.json entry the operator reads has a series (the per-window gauges describe the
 window `vlm_profiler_last_window_timestamp_seconds` names), so the operator's Prometheus source builds the
-same windows as its sidecar source (tests/unit/operator/test_sources_parity.py).
+same windows as its sidecar source (tests/unit/operator/analysis/test_sources_parity.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Shared by tests (moved out of tests/unit/operator/test_rollout.py, so no test imports another test module)."""
+"""Shared by tests (moved out of tests/unit/operator/rollout/test_rollout.py, so no test imports another test module)."""
 
 from __future__ import annotations
 

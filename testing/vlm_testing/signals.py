@@ -1,4 +1,4 @@
-"""Shared by tests (moved out of tests/unit/operator/test_gate.py, so no test imports another test module)."""
+"""Shared by tests (moved out of tests/unit/operator/analysis/test_gate.py, so no test imports another test module)."""
 
 import math
 import random

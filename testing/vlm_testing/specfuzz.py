@@ -1,5 +1,5 @@
 """Spec mutations for fuzzing VLMService specs (tests/integration/test_spec_fuzz.py against the API
-server, tests/unit/operator/test_reconcile_fuzz.py through the reconcile): one field of a full, valid
+server, tests/unit/operator/controller/test_reconcile_fuzz.py through the reconcile): one field of a full, valid
 spec changed at a time, with paths and bounds read from the generated CRD schema."""
 
 from __future__ import annotations

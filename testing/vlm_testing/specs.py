@@ -1,4 +1,4 @@
-"""Shared by tests (moved out of tests/unit/operator/test_api.py, so no test imports another test module)."""
+"""Shared by tests (moved out of tests/unit/operator/api/test_api.py, so no test imports another test module)."""
 
 from __future__ import annotations
 

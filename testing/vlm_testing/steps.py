@@ -1,4 +1,4 @@
-"""Shared by tests (moved out of tests/unit/operator/test_reconcile_steps.py, so no test imports another test module)."""
+"""Shared by tests (moved out of tests/unit/operator/controller/test_reconcile_steps.py, so no test imports another test module)."""
 
 from __future__ import annotations
 

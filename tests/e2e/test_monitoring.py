@@ -29,7 +29,7 @@ Alertmanager through the testbed's API server. Then:
     at the end). Their shipped `for` (2-15 min) is shortened to 30 s the way a user tunes it (the chart's
     monitoring.customRules and the operator's VLM_ALERT_OVERRIDES, marker alert_for), and the loaded rules
     are checked to carry it; that each fires after its shipped `for` and not on a near miss is promtool's
-    proof on the shipped rule files (tests/unit/operator/test_alert_rules.py). None is active where it must
+    proof on the shipped rule files (tests/unit/operator/desired/test_alert_rules.py). None is active where it must
     not be. The others are in ALERTS_NOT_PRODUCED with the reason, and are loaded and evaluated without error
     here;
 (c) the gate's Prometheus source reads the same windows, and the same verdict, as its sidecar source.
@@ -73,7 +73,7 @@ FAST, TTFT, BLOCKED, STALE, HOT = "qwen-fast", "qwen-ttft", "qwen-blocked", "qwe
 PANEL_SERVICE = {("Stale profilers / sampling errors", "B"): STALE}
 # Alerts this scenario does not produce, and why. Each is still checked here as loaded from the generated rule
 # files and evaluated without error; that it fires on its condition (and not on a near miss) with its labels is
-# proven by `promtool test rules` on the shipped rule files (tests/unit/operator/test_alert_rules.py, cases in
+# proven by `promtool test rules` on the shipped rule files (tests/unit/operator/desired/test_alert_rules.py, cases in
 # tests/promtool/<topic>.yaml).
 ALERTS_NOT_PRODUCED = {
     "VLMServiceNotServing": "needs pods that cannot serve for 10 minutes (image pull, crash loop, refused by "

@@ -2,7 +2,7 @@
 authenticate with ServiceAccount tokens from the TokenRequest API, checked by TokenReview, and need `create
 judgements.serving.vlmops.dev` in the namespace (SubjectAccessReview); pods are listed by label selector and their
 sidecars (local stand-ins, VLM_SIDECAR_ENDPOINTS) read. The verdicts themselves are unit-tested
-(tests/unit/operator/test_judge.py); here: the wiring, the auth and the errors on the wire."""
+(tests/unit/operator/judge/test_judge.py); here: the wiring, the auth and the errors on the wire."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ durations, margins at their bounds, telemetry off, ...). What must hold, for eve
   template change (a hundred of them: canaries and in-place rolls);
 - the operator never crashes and never loops on a handler error: it stays up, logs no traceback and no
   handler failure, and counts no error but the API server's conflicts (429/409, retried by design).
-(`tests/unit/operator/test_reconcile_fuzz.py` runs the same mutations through the reconcile without an API
+(`tests/unit/operator/controller/test_reconcile_fuzz.py` runs the same mutations through the reconcile without an API
 server; `test_spec_fuzz.py` checks that the API server refuses exactly the invalid ones.)
 """
 

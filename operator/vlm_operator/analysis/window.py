@@ -3,7 +3,7 @@
 The sidecar's `/windows.json` is the wire contract (docs/sidecar.md lists its fields); `Window.from_sidecar`
 reads one entry of it leniently, and the Prometheus source builds the same record from the sidecar's
 per-window gauges (`vlm_operator.analysis.sources.prometheus`). Both give the gate the same fields, so a decision
-never depends on which source was read (tests/unit/operator/test_sources_parity.py).
+never depends on which source was read (tests/unit/operator/analysis/test_sources_parity.py).
 
 Also here: the one rule for a loop-wide frame (a function around nearly all of the loop's time), which
 the gate's attribution and the profiler summary both apply.

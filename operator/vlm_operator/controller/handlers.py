@@ -115,7 +115,7 @@ def keepalive_every_third_of(lifetime: int) -> None:
     keep-alive pauses the standby again, and the standby removes the active one from the KopfPeering. With a
     keep-alive every third of the lifetime, two in a row must be lost first (40 s late at the chart's 60 s).
     kopf has no setting for this: its peering module's `random` is replaced (pinned against kopf's
-    keep-alive loop by tests/unit/operator/test_handlers.py)."""
+    keep-alive loop by tests/unit/operator/controller/test_handlers.py)."""
     from kopf._core.engines import peering
 
     peering.random = _KeepaliveCadence(lifetime)  # type: ignore[assignment]
@@ -282,7 +282,7 @@ def _without_finalizer(registry: kopf.OperatorRegistry, fn: Any) -> int:
     VLMService deleted while the operator is down stays Terminating until it is back, and uninstalling the
     operator with its CRD left every VLMService and the CRD Terminating for good. kopf removes the finalizer
     it no longer needs from services that carry one. Returns how many handlers changed (kopf's registry
-    has no public way to say this: checked by tests/unit/operator/test_handlers.py)."""
+    has no public way to say this: checked by tests/unit/operator/controller/test_handlers.py)."""
     spawning = registry._spawning
     changed = 0
     for i, h in enumerate(spawning._handlers):

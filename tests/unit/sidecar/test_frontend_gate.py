@@ -8,7 +8,7 @@ while it asks for more evidence, after each further pair, up to the five looks i
 The canary must be rolled back for the image processor pool's busy share (`FrontendBusyRegressed`), naming
 `convert_color`, a function only the canary's sidecar exports (compared through the baseline's bound for
 what its export left out), while the scheduler signals pass or stay undecided, never fail. (That a front
-end that did not change, or got faster, is not rolled back is tests/unit/operator/test_gate.py's.)
+end that did not change, or got faster, is not rolled back is tests/unit/operator/analysis/test_gate.py's.)
 """
 
 from __future__ import annotations

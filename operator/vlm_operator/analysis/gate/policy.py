@@ -177,7 +177,7 @@ class GatePolicy:
     @classmethod
     def from_spec(cls, spec: api.VLMServiceSpec) -> GatePolicy:
         """The policy of a validated spec. The API model carries every constraint this class checks, so
-        a spec the API server accepted never fails here (tests/unit/operator/test_gate.py fuzzes that)."""
+        a spec the API server accepted never fails here (tests/unit/operator/analysis/test_gate.py fuzzes that)."""
         if spec.rollout is None:
             raise InvalidSpec("no rollout block", field="spec.rollout")
         return cls.from_rollout(spec.rollout, spec.rollout.schedule(spec.replicas), spec.telemetry.interval)

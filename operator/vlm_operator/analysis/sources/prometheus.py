@@ -9,7 +9,7 @@ self function shares with the bound for the functions left out of the export
 (`vlm_scheduler_unexported_self_share_max_ratio`), the call-edge shares (`vlm_scheduler_edge_share_ratio`), the
 IPC transport fields, and per front-end role the busy share, the function shares and its bound. So the gate
 decides and attributes the same through both sources
-(tests/unit/operator/test_sources_parity.py). A bad point (not a number, not finite, a malformed series) is
+(tests/unit/operator/analysis/test_sources_parity.py). A bad point (not a number, not finite, a malformed series) is
 dropped, never raised.
 """
 

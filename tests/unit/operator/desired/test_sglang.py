@@ -3,7 +3,7 @@
 The expectations here are written out by hand from the released wheels
 (tests/compat/test_sglang_wheels.py re-reads the wheels); the golden file
 pins the exact messages. Regenerate it with
-UPDATE_GOLDEN=1 pytest tests/unit/operator/test_sglang.py.
+UPDATE_GOLDEN=1 pytest tests/unit/operator/desired/test_sglang.py.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from vlm_operator.desired.sglang import (
     version_from_image,
 )
 
-GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "sglang" / "ipc_plans.yaml"
+GOLDEN = Path(__file__).resolve().parents[3] / "golden" / "sglang" / "ipc_plans.yaml"
 FLAG = (FLAG_TRANSPORT, "cuda_ipc")
 ENV_ERA = {ENV_TRANSPORT: "1", ENV_CACHE: "1"}  # 0.5.10 - 0.5.15
 FLAG_ERA = {ENV_CACHE: "1"}  # 0.5.16 and later, with FLAG
@@ -440,7 +440,7 @@ def _golden_plans() -> dict:
 
 
 def test_golden():
-    """Regenerate with UPDATE_GOLDEN=1 pytest tests/unit/operator/test_sglang.py."""
+    """Regenerate with UPDATE_GOLDEN=1 pytest tests/unit/operator/desired/test_sglang.py."""
     text = yaml.safe_dump(_golden_plans(), sort_keys=False, width=120)
     if os.environ.get("UPDATE_GOLDEN"):
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)

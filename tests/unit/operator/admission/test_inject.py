@@ -18,7 +18,7 @@ from vlm_operator.api import v1alpha1 as api
 from vlm_operator.api.settings import Settings
 from vlm_operator.desired import builders
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 IMAGE = "vlmops/vlm-sidecar:test"
 CONFIG = inject.InjectionConfig(image=IMAGE, pull_secrets=("regcred",),
                                 excluded_namespaces=inject.SYSTEM_NAMESPACES | {"vlm-system"})

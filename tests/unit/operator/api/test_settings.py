@@ -16,7 +16,7 @@ from vlm_operator.__main__ import JsonFormatter, QuietSuccess
 from vlm_operator.api.settings import DEFAULT_PROFILER_PEERS, Settings, SettingsError, env_name
 from vlm_operator.desired import alerts
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 # Read by other modules, not Settings (signals.py, __main__.py).
 ELSEWHERE = {"VLM_SIDECAR_ENDPOINTS", "VLM_METRICS_ADDR"}
 

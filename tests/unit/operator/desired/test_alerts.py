@@ -10,7 +10,7 @@ import pytest
 import yaml
 from vlm_operator.desired import alerts
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def test_rules_file_is_current():

@@ -14,7 +14,7 @@ new Observed): the walk follows that one too. The index's snapshot goes only to 
 goes analysis -> rollout -> status -> act.
 
 The deeper walk (`deep_walk`) follows the snapshot's parts too (its pods, its Deployments, lists of them): every
-operator function outside `cluster.observed` that receives one. `python -m pytest tests/unit/operator/test_layout.py
+operator function outside `cluster.observed` that receives one. `python -m pytest tests/unit/operator/controller/test_layout.py
 -s` prints it; docs/architecture.md reports it. Counted by module and by package (the layers): a stay is a run
 of places in one module (package), a return a stay in a module (package) the walk had left before.
 """

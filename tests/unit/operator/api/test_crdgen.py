@@ -8,12 +8,12 @@ from pathlib import Path
 import yaml
 from vlm_operator.api import crdgen
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 GOLDEN = ROOT / "tests" / "golden" / "crd" / crdgen.CRD_FILE
 
 
 def test_golden():
-    """Regenerate with UPDATE_GOLDEN=1 pytest tests/unit/operator/test_crdgen.py."""
+    """Regenerate with UPDATE_GOLDEN=1 pytest tests/unit/operator/api/test_crdgen.py."""
     text = crdgen.render()
     if os.environ.get("UPDATE_GOLDEN"):
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ from vlm_operator.api import metrics as om
 from vlm_operator.desired import alerts, builders
 from vlm_testing.standin.prom_operator import chart_objects
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 CASES = REPO / "tests" / "promtool"
 NAMESPACE, SERVICE = "ml", "qwen"  # the VLMService the cases' series belong to
 EVALUATION_INTERVAL = "30s"  # the Prometheus Operator's default (kube-prometheus-stack leaves it)

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from vlm_operator.api import v1alpha1 as api
 from vlm_testing.specs import INVALID, MINIMAL
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 

@@ -17,7 +17,7 @@ from vlm_operator.api.errors import InvalidSpec
 from vlm_operator.api.settings import Settings
 from vlm_operator.desired import builders, sglang
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 GOLDEN = ROOT / "tests" / "golden" / "builders"
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 # Golden inputs that are not examples (they name objects a bare cluster lacks); same output format.
