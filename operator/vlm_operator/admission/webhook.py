@@ -23,9 +23,10 @@ from typing import Any
 
 from vlm_operator.admission import certs, inject
 from vlm_operator.api import metrics
+from vlm_operator.api.names import OPERATOR
 from vlm_operator.api.settings import Settings
 from vlm_operator.api.v1alpha1 import TelemetrySpec
-from vlm_operator.cluster.connection import ApiError, Connection
+from vlm_operator.cluster.client import ApiError, Connection, Kube
 
 log = logging.getLogger("vlm_operator.admission.webhook")
 PATH = "/mutate"
@@ -141,7 +142,7 @@ class CertKeeper:
     (self-signed mode), and the server's context current. cert-manager mode only reads the Secret."""
 
     def __init__(self, conn: Connection, settings: Settings, now: Callable[[], dt.datetime] | None = None):
-        self.conn = conn
+        self.kube = Kube(conn, OPERATOR)  # every API call through the operator's one client
         self.s = settings
         self.now = now or (lambda: dt.datetime.now(dt.UTC))
         self.hosts = certs.service_hosts(settings.webhook_service, settings.webhook_namespace,
@@ -152,7 +153,7 @@ class CertKeeper:
 
     def _read(self) -> tuple[certs.Bundle | None, dict[str, Any] | None]:
         try:
-            secret = json.loads(self.conn.request("GET", self.secret_path))
+            secret = self.kube.request_json("GET", self.secret_path) or {}
         except ApiError as e:
             if e.status == 404:
                 return None, None
@@ -175,15 +176,14 @@ class CertKeeper:
             try:
                 if secret is None:
                     path = self.secret_path.rsplit("/", 1)[0]
-                    self.conn.request("POST", path, body=json.dumps(body).encode(),
-                                      headers={"Content-Type": "application/json"})
+                    self.kube.request_json("POST", path, body=body)
                     log.info("Created Secret %s/%s (%s)", self.s.webhook_namespace, self.s.webhook_secret, why)
                 else:
                     # A merge patch carrying the resourceVersion read: 409 when another replica wrote first.
                     patch = {"metadata": {"resourceVersion": secret["metadata"]["resourceVersion"]},
                              "data": {**dict.fromkeys(secret.get("data") or {}), **body["data"]}}
-                    self.conn.request("PATCH", self.secret_path, body=json.dumps(patch).encode(),
-                                      headers={"Content-Type": "application/merge-patch+json"})
+                    self.kube.request_json("PATCH", self.secret_path, body=patch,
+                                           content_type="application/merge-patch+json")
                     log.info("Updated Secret %s/%s (%s)", self.s.webhook_namespace, self.s.webhook_secret, why)
             except ApiError as e:
                 if e.status in (409, 422):  # someone else wrote it first (422: a create racing a create)
@@ -200,7 +200,7 @@ class CertKeeper:
         written. A configuration not there (yet) is left to the next check."""
         want = base64.b64encode(ca).decode()
         try:
-            mwc = json.loads(self.conn.request("GET", self.mwc_path))
+            mwc = self.kube.request_json("GET", self.mwc_path) or {}
         except ApiError as e:
             if e.status == 404:
                 log.warning("MutatingWebhookConfiguration %s not found: caBundle not written",
@@ -214,8 +214,7 @@ class CertKeeper:
                         {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": want}]
         if not ops:
             return False
-        self.conn.request("PATCH", self.mwc_path, body=json.dumps(ops).encode(),
-                          headers={"Content-Type": "application/json-patch+json"})
+        self.kube.request_json("PATCH", self.mwc_path, body=ops, content_type="application/json-patch+json")
         log.info("Patched MutatingWebhookConfiguration %s caBundle", self.s.webhook_configuration)
         return True
 

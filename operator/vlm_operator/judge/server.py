@@ -30,10 +30,9 @@ from typing import Any, Protocol
 
 from vlm_operator.analysis import sources
 from vlm_operator.analysis.window import Window
-from vlm_operator.api.names import GROUP
+from vlm_operator.api.names import GROUP, OPERATOR
 from vlm_operator.api.units import parse_duration
-from vlm_operator.cluster.client import Connection
-from vlm_operator.cluster.connection import ApiError
+from vlm_operator.cluster.client import ApiError, Connection, Kube
 from vlm_operator.judge import evaluate as judge
 
 log = logging.getLogger("vlm_operator.judge.evaluate")
@@ -69,7 +68,7 @@ class KubeAuth:
     `create` on tokenreviews and subjectaccessreviews: the chart's ClusterRole has them)."""
 
     def __init__(self, conn: Connection, audiences: Sequence[str] = (), clock: Callable[[], float] = time.monotonic):
-        self.conn = conn
+        self.kube = Kube(conn, OPERATOR)  # every API call through the operator's one client
         self.audiences = list(audiences)
         self.clock = clock
         self._lock = threading.Lock()
@@ -77,10 +76,7 @@ class KubeAuth:
 
     def _post(self, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
         try:
-            data = self.conn.request("POST", path, headers={"Content-Type": "application/json",
-                                                            "Accept": "application/json"},
-                                     body=json.dumps(body).encode())
-            out = json.loads(data or b"{}")
+            out = self.kube.request_json("POST", path, body=body)
         except (ApiError, OSError, ValueError) as e:
             raise AuthUnavailable(f"{path}: {e}") from e
         return out if isinstance(out, dict) else {}
@@ -139,7 +135,7 @@ class Judge:
 
     def __init__(self, conn: Connection, reader: sources.SidecarReader, *, auth: Auth,
                  prometheus_url: str | None = None, clock: Callable[[], float] = time.time):
-        self.conn = conn
+        self.kube = Kube(conn, OPERATOR)
         self.reader = reader
         self.auth = auth
         self.prometheus_url = prometheus_url or None
@@ -236,9 +232,8 @@ class Judge:
         seen: dict[str, str] = {}
         for side, sel in ((judge.BASELINE, req.baseline), (judge.CANARY, req.canary)):
             try:
-                data = json.loads(self.conn.request("GET", f"/api/v1/namespaces/{req.namespace}/pods",
-                                                    query=[("labelSelector", sel)],
-                                                    headers={"Accept": "application/json"}) or b"{}")
+                data = self.kube.request_json("GET", f"/api/v1/namespaces/{req.namespace}/pods",
+                                              query=[("labelSelector", sel)]) or {}
             except ApiError as e:
                 raise sources.SignalsUnavailable(f"pods of the {side} selector not listed: {e}") from e
             except (OSError, ValueError) as e:
