@@ -13,12 +13,203 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from vlm_operator.api import names
+from vlm_operator.api.core import (
+    _ONE_SOURCE_MSG as _ONE_SOURCE_MSG,
+)
+from vlm_operator.api.core import (
+    _SELECTOR_VALUES_MSG as _SELECTOR_VALUES_MSG,
+)
+from vlm_operator.api.core import (
+    _SYS_ADMIN as _SYS_ADMIN,
+)
+from vlm_operator.api.core import (
+    CONFIG_KEY_PATTERN as CONFIG_KEY_PATTERN,
+)
+from vlm_operator.api.core import (
+    DNS_LABEL_PATTERN as DNS_LABEL_PATTERN,
+)
+from vlm_operator.api.core import (
+    DNS_SUBDOMAIN_PATTERN as DNS_SUBDOMAIN_PATTERN,
+)
+from vlm_operator.api.core import (
+    ENV_NAME_PATTERN as ENV_NAME_PATTERN,
+)
+from vlm_operator.api.core import (
+    FUNCTION_PATTERN as FUNCTION_PATTERN,
+)
+from vlm_operator.api.core import (
+    IMAGE_PATTERN as IMAGE_PATTERN,
+)
+from vlm_operator.api.core import (
+    LABEL_VALUE_PATTERN as LABEL_VALUE_PATTERN,
+)
+from vlm_operator.api.core import (
+    OPERATOR_LABELS as OPERATOR_LABELS,
+)
+from vlm_operator.api.core import (
+    OPERATOR_PREFIX as OPERATOR_PREFIX,
+)
+from vlm_operator.api.core import (
+    QUALIFIED_NAME_PATTERN as QUALIFIED_NAME_PATTERN,
+)
+from vlm_operator.api.core import (
+    RESERVED_VOLUMES as RESERVED_VOLUMES,
+)
+from vlm_operator.api.core import (
+    SELECTOR_VALUES_CEL as SELECTOR_VALUES_CEL,
+)
+from vlm_operator.api.core import (
+    SHM_PATH as SHM_PATH,
+)
+from vlm_operator.api.core import (
+    VERSION_PATTERN as VERSION_PATTERN,
+)
+from vlm_operator.api.core import (
+    VOLUME_SOURCES as VOLUME_SOURCES,
+)
+
+# The core Kubernetes types (re-exported: api.EnvVar, api.Volume, ...).
+from vlm_operator.api.core import (
+    Affinity as Affinity,
+)
+from vlm_operator.api.core import (
+    Capabilities as Capabilities,
+)
+from vlm_operator.api.core import (
+    Capability as Capability,
+)
+from vlm_operator.api.core import (
+    ConfigMapVolumeSource as ConfigMapVolumeSource,
+)
+from vlm_operator.api.core import (
+    CSIVolumeSource as CSIVolumeSource,
+)
+from vlm_operator.api.core import (
+    DownwardAPIVolumeSource as DownwardAPIVolumeSource,
+)
+from vlm_operator.api.core import (
+    Duration as Duration,
+)
+from vlm_operator.api.core import (
+    EmptyDirVolumeSource as EmptyDirVolumeSource,
+)
+from vlm_operator.api.core import (
+    EnvFromRef as EnvFromRef,
+)
+from vlm_operator.api.core import (
+    EnvFromSource as EnvFromSource,
+)
+from vlm_operator.api.core import (
+    EnvVar as EnvVar,
+)
+from vlm_operator.api.core import (
+    EnvVarSource as EnvVarSource,
+)
+from vlm_operator.api.core import (
+    EphemeralVolumeSource as EphemeralVolumeSource,
+)
+from vlm_operator.api.core import (
+    FieldSelector as FieldSelector,
+)
+from vlm_operator.api.core import (
+    HostPathVolumeSource as HostPathVolumeSource,
+)
+from vlm_operator.api.core import (
+    ImageVolumeSource as ImageVolumeSource,
+)
+from vlm_operator.api.core import (
+    KeySelector as KeySelector,
+)
+from vlm_operator.api.core import (
+    KeyToPaths as KeyToPaths,
+)
+from vlm_operator.api.core import (
+    KubeModel as KubeModel,
+)
+from vlm_operator.api.core import (
+    LabelSelector as LabelSelector,
+)
+from vlm_operator.api.core import (
+    LabelSelectorRequirement as LabelSelectorRequirement,
+)
+from vlm_operator.api.core import (
+    LabelValue as LabelValue,
+)
+from vlm_operator.api.core import (
+    LocalObjectReference as LocalObjectReference,
+)
+from vlm_operator.api.core import (
+    NFSVolumeSource as NFSVolumeSource,
+)
+from vlm_operator.api.core import (
+    NodeAffinity as NodeAffinity,
+)
+from vlm_operator.api.core import (
+    NodeSelector as NodeSelector,
+)
+from vlm_operator.api.core import (
+    NodeSelectorRequirement as NodeSelectorRequirement,
+)
+from vlm_operator.api.core import (
+    NodeSelectorTerm as NodeSelectorTerm,
+)
+from vlm_operator.api.core import (
+    OpenKubeModel as OpenKubeModel,
+)
+from vlm_operator.api.core import (
+    PersistentVolumeClaimVolumeSource as PersistentVolumeClaimVolumeSource,
+)
+from vlm_operator.api.core import (
+    PodAffinity as PodAffinity,
+)
+from vlm_operator.api.core import (
+    PodAffinityTerm as PodAffinityTerm,
+)
+from vlm_operator.api.core import (
+    PreferredSchedulingTerm as PreferredSchedulingTerm,
+)
+from vlm_operator.api.core import (
+    ProfileRef as ProfileRef,
+)
+from vlm_operator.api.core import (
+    ProjectedVolumeSource as ProjectedVolumeSource,
+)
+from vlm_operator.api.core import (
+    Quantity as Quantity,
+)
+from vlm_operator.api.core import (
+    SecretVolumeSource as SecretVolumeSource,
+)
+from vlm_operator.api.core import (
+    SecurityContext as SecurityContext,
+)
+from vlm_operator.api.core import (
+    SELinuxOptions as SELinuxOptions,
+)
+from vlm_operator.api.core import (
+    Toleration as Toleration,
+)
+from vlm_operator.api.core import (
+    TopologySpreadConstraint as TopologySpreadConstraint,
+)
+from vlm_operator.api.core import (
+    Volume as Volume,
+)
+from vlm_operator.api.core import (
+    VolumeMount as VolumeMount,
+)
+from vlm_operator.api.core import (
+    WeightedPodAffinityTerm as WeightedPodAffinityTerm,
+)
+from vlm_operator.api.core import (
+    _check_values as _check_values,
+)
 
 # Re-exported (api.GROUP, api.PLURAL, ...): the API's names, defined in vlm_operator.api.names.
 from vlm_operator.api.names import GROUP as GROUP
@@ -27,7 +218,9 @@ from vlm_operator.api.names import PLURAL as PLURAL
 from vlm_operator.api.names import SHORT_NAMES as SHORT_NAMES
 from vlm_operator.api.names import SINGULAR as SINGULAR
 from vlm_operator.api.names import VERSION as VERSION
-from vlm_operator.api.units import DURATION_PATTERN, QUANTITY_PATTERN, parse_duration
+from vlm_operator.api.units import DURATION_PATTERN as DURATION_PATTERN
+from vlm_operator.api.units import QUANTITY_PATTERN as QUANTITY_PATTERN
+from vlm_operator.api.units import parse_duration
 
 # Literal types built from the shared names (pydantic and the CRD's enums see the same values).
 FrontendRole = Literal[names.FRONTEND_ROLES]
@@ -46,38 +239,6 @@ MANAGED_ARGS_CEL = r"^--(model-path|model|tp|tp-size|tensor-parallel-size|host|p
 # Env the operator owns when ipcCache.mode is On or Off.
 IPC_ENV = ("SGLANG_USE_CUDA_IPC_TRANSPORT", "SGLANG_USE_IPC_POOL_HANDLE_CACHE")
 
-IMAGE_PATTERN = (
-    r"^([a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?/)?[a-z0-9]+([._/-][a-z0-9]+)*"
-    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
-)
-VERSION_PATTERN = r"^[0-9]+\.[0-9]+\.[0-9]+([.-]?(post|rc|dev)[0-9]+)?$"
-DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-FUNCTION_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.<>]*$"
-DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-CONFIG_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
-# Label and annotation keys: an optional DNS-subdomain prefix and a name of at most 63 characters.
-QUALIFIED_NAME_PATTERN = (
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-)
-LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
-# Pod labels the operator sets itself (builders.common_labels; the watch filters on managed-by); keys under
-# the operator's prefix (selector, revision and role labels, the ipc-cache annotation) are refused as well.
-OPERATOR_PREFIX = f"{names.PREFIX}/"
-OPERATOR_LABELS = names.OPERATOR_LABELS
-
-Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)]
-Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=32)]
-
-
-class KubeModel(BaseModel):
-    """camelCase aliases, unknown fields rejected (the API server would prune them)."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", validate_default=True
-    )
-    # CEL rules attached to this object in the CRD: (rule, message, fieldPath or None).
-    cel: ClassVar[tuple[tuple[str, str, str | None], ...]] = ()
 
 
 # ---------------------------------------------------------------- spec
@@ -145,185 +306,6 @@ class IPCCache(KubeModel):
         ge=64,
         le=65536,
     )
-
-
-class KeySelector(KubeModel):
-    name: str = Field(description="Name of the object in the service's namespace.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
-    key: str = Field(description="Key in the object's data.", pattern=CONFIG_KEY_PATTERN, max_length=253)
-    optional: bool | None = Field(None, description="Start the container even when the object or key is missing.")
-
-
-class FieldSelector(KubeModel):
-    field_path: str = Field(
-        description="Pod field, e.g. metadata.name, metadata.namespace, status.podIP, spec.nodeName, "
-        "metadata.labels['key'].",
-        min_length=1,
-        max_length=256,
-    )
-    api_version: str | None = Field(None, description="Schema version of fieldPath (v1).", max_length=32)
-
-
-class EnvVarSource(KubeModel):
-    cel = (
-        (
-            "(has(self.secretKeyRef) ? 1 : 0) + (has(self.configMapKeyRef) ? 1 : 0) + (has(self.fieldRef) ? 1 : 0) == 1",
-            "valueFrom needs exactly one of secretKeyRef, configMapKeyRef, fieldRef",
-            None,
-        ),
-    )
-
-    secret_key_ref: KeySelector | None = Field(None, description="A key of a Secret (e.g. a Hugging Face token).")
-    config_map_key_ref: KeySelector | None = Field(None, description="A key of a ConfigMap.")
-    field_ref: FieldSelector | None = Field(None, description="A field of the pod (downward API).")
-
-    @model_validator(mode="after")
-    def _one(self) -> EnvVarSource:
-        if sum(x is not None for x in (self.secret_key_ref, self.config_map_key_ref, self.field_ref)) != 1:
-            raise ValueError("valueFrom needs exactly one of secretKeyRef, configMapKeyRef, fieldRef")
-        return self
-
-
-class EnvVar(KubeModel):
-    cel = (("has(self.value) != has(self.valueFrom)", "env needs exactly one of value and valueFrom", None),)
-
-    name: str = Field(description="Environment variable name.", pattern=ENV_NAME_PATTERN, max_length=256)
-    value: str | None = Field(None, description="Value (exactly one of value and valueFrom).", max_length=4096)
-    value_from: EnvVarSource | None = Field(
-        None, description="Take the value from a Secret, a ConfigMap or a pod field; the spec never holds it."
-    )
-
-    @model_validator(mode="after")
-    def _one(self) -> EnvVar:
-        if (self.value is None) == (self.value_from is None):
-            raise ValueError(f"env {self.name}: needs exactly one of value and valueFrom")
-        return self
-
-
-class EnvFromRef(KubeModel):
-    name: str = Field(description="Name of the object in the service's namespace.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
-    optional: bool | None = Field(None, description="Start the container even when the object is missing.")
-
-
-class EnvFromSource(KubeModel):
-    cel = (
-        (
-            "has(self.secretRef) != has(self.configMapRef)",
-            "envFrom needs exactly one of secretRef and configMapRef",
-            None,
-        ),
-    )
-
-    prefix: str | None = Field(None, description="Prepended to every key.", pattern=ENV_NAME_PATTERN, max_length=128)
-    secret_ref: EnvFromRef | None = Field(None, description="Every key of a Secret becomes a variable.")
-    config_map_ref: EnvFromRef | None = Field(None, description="Every key of a ConfigMap becomes a variable.")
-
-    @model_validator(mode="after")
-    def _one(self) -> EnvFromSource:
-        if (self.secret_ref is None) == (self.config_map_ref is None):
-            raise ValueError("envFrom needs exactly one of secretRef and configMapRef")
-        return self
-
-
-# ---------------------------------------------------------------- container: volume mounts and the security context
-# (Kubernetes' own types, typed so that the API server checks them at apply time; the pod API's own rules mirrored
-# where a spec would otherwise make a Deployment the API server refuses).
-
-# Volumes the operator adds itself (builders): a spec's own volumes may not take these names.
-RESERVED_VOLUMES = ("dshm", "profiler-tmp", "model-cache")
-SHM_PATH = "/dev/shm"
-
-
-class VolumeMount(KubeModel):
-    cel = (("!has(self.subPath) || !has(self.subPathExpr)", "subPath and subPathExpr are mutually exclusive",
-            ".subPathExpr"),
-           (f"self.mountPath != '{SHM_PATH}'", f"{SHM_PATH} is the operator's (resources.shmSize)", ".mountPath"))
-
-    name: str = Field(description="Name of a volume in spec.pod.volumes.", pattern=DNS_LABEL_PATTERN, max_length=63)
-    mount_path: str = Field(description="Where the volume is mounted in the SGLang container.", pattern=r"^/.*",
-                            max_length=1024)
-    read_only: bool | None = Field(None, description="Mount read-only.")
-    sub_path: str | None = Field(None, description="Path within the volume to mount instead of its root.",
-                                 max_length=1024)
-    sub_path_expr: str | None = Field(None, description="subPath with $(VAR) expansion from the container's env.",
-                                      max_length=1024)
-    mount_propagation: Literal["None", "HostToContainer", "Bidirectional"] | None = None
-    recursive_read_only: Literal["Disabled", "IfPossible", "Enabled"] | None = None
-
-    @model_validator(mode="after")
-    def _checks(self) -> VolumeMount:
-        if self.sub_path is not None and self.sub_path_expr is not None:
-            raise ValueError("subPath and subPathExpr are mutually exclusive")
-        if self.mount_path == SHM_PATH:
-            raise ValueError(f"mountPath: {SHM_PATH} is the operator's (resources.shmSize)")
-        return self
-
-
-Capability = Annotated[str, Field(pattern=r"^[A-Z][A-Z0-9_]*$", max_length=64)]
-_SYS_ADMIN = ("SYS_ADMIN", "CAP_SYS_ADMIN")
-
-
-class Capabilities(KubeModel):
-    add: list[Capability] | None = Field(None, max_length=64)
-    drop: list[Capability] | None = Field(None, max_length=64)
-
-
-class ProfileRef(KubeModel):
-    """A seccomp or AppArmor profile: Localhost needs localhostProfile, the others take none."""
-
-    cel = (("self.type == 'Localhost' ? has(self.localhostProfile) : !has(self.localhostProfile)",
-            "localhostProfile is required with type Localhost and forbidden otherwise", ".localhostProfile"),)
-
-    type: Literal["RuntimeDefault", "Unconfined", "Localhost"]
-    localhost_profile: str | None = Field(None, min_length=1, max_length=4096)
-
-    @model_validator(mode="after")
-    def _localhost(self) -> ProfileRef:
-        if (self.type == "Localhost") != (self.localhost_profile is not None):
-            raise ValueError("localhostProfile is required with type Localhost and forbidden otherwise")
-        return self
-
-
-class SELinuxOptions(KubeModel):
-    user: str | None = Field(None, max_length=256)
-    role: str | None = Field(None, max_length=256)
-    type: str | None = Field(None, max_length=256)
-    level: str | None = Field(None, max_length=256)
-
-
-class SecurityContext(KubeModel):
-    """The SGLang container's securityContext; each field set here replaces the operator's default for it
-    (allowPrivilegeEscalation false, seccompProfile RuntimeDefault)."""
-
-    cel = (
-        ("!(has(self.allowPrivilegeEscalation) && !self.allowPrivilegeEscalation && "
-         "((has(self.privileged) && self.privileged) || (has(self.capabilities) && has(self.capabilities.add) "
-         "&& self.capabilities.add.exists(c, c in " + str(list(_SYS_ADMIN)).replace('"', "'") + "))))",
-         "allowPrivilegeEscalation cannot be false with privileged or CAP_SYS_ADMIN", ".allowPrivilegeEscalation"),
-    )
-
-    allow_privilege_escalation: bool | None = Field(None, description="Default false (no_new_privs).")
-    capabilities: Capabilities | None = None
-    privileged: bool | None = None
-    proc_mount: Literal["Default", "Unmasked"] | None = None
-    read_only_root_filesystem: bool | None = None
-    run_as_user: int | None = Field(None, ge=0, le=2147483647)
-    run_as_group: int | None = Field(None, ge=0, le=2147483647)
-    run_as_non_root: bool | None = None
-    se_linux_options: SELinuxOptions | None = None
-    seccomp_profile: ProfileRef | None = Field(None, description="Default {type: RuntimeDefault}.")
-    app_armor_profile: ProfileRef | None = None
-
-    @property
-    def escalates(self) -> bool:
-        """privileged or CAP_SYS_ADMIN: the pod API refuses allowPrivilegeEscalation false with either."""
-        return bool(self.privileged) or any(
-            c in _SYS_ADMIN for c in ((self.capabilities.add or []) if self.capabilities else []))
-
-    @model_validator(mode="after")
-    def _as_the_pod_api(self) -> SecurityContext:
-        if self.allow_privilege_escalation is False and self.escalates:
-            raise ValueError("allowPrivilegeEscalation cannot be false with privileged or CAP_SYS_ADMIN")
-        return self
 
 
 class SGLangSpec(KubeModel):
@@ -433,234 +415,6 @@ class SGLangSpec(KubeModel):
         return self
 
 
-# ---------------------------------------------------------------- pod: the Kubernetes types, as KServe and
-# Argo Rollouts inline them (same names, same meaning), typed so that the API server checks them at apply time.
-
-SELECTOR_VALUES_CEL = (
-    "self.operator in ['In', 'NotIn'] ? (has(self.values) && size(self.values) > 0) "
-    ": (self.operator in ['Gt', 'Lt'] ? (has(self.values) && size(self.values) == 1 "
-    "&& self.values[0].matches('^-?[0-9]+$')) : (!has(self.values) || size(self.values) == 0))"
-)
-_SELECTOR_VALUES_MSG = "values must be non-empty for In and NotIn, one integer for Gt and Lt, and empty for Exists and DoesNotExist"
-
-
-def _check_values(operator: str, values: list[str] | None) -> None:
-    n = len(values or [])
-    if operator in ("In", "NotIn"):
-        ok = n > 0
-    elif operator in ("Gt", "Lt"):
-        ok = n == 1 and re.match(r"^-?[0-9]+$", (values or [""])[0]) is not None
-    else:
-        ok = n == 0
-    if not ok:
-        raise ValueError(f"operator {operator}: {_SELECTOR_VALUES_MSG}")
-
-
-LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
-
-
-class LabelSelectorRequirement(KubeModel):
-    cel = ((SELECTOR_VALUES_CEL, _SELECTOR_VALUES_MSG, ".values"),)
-
-    key: str = Field(pattern=QUALIFIED_NAME_PATTERN, max_length=316)
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[Annotated[str, Field(max_length=63)]] | None = Field(None, max_length=64)
-
-    @model_validator(mode="after")
-    def _values(self) -> LabelSelectorRequirement:
-        _check_values(self.operator, self.values)
-        return self
-
-
-class LabelSelector(KubeModel):
-    match_labels: dict[str, LabelValue] | None = Field(None, max_length=32)
-    match_expressions: list[LabelSelectorRequirement] | None = Field(None, max_length=16)
-
-
-class NodeSelectorRequirement(KubeModel):
-    cel = ((SELECTOR_VALUES_CEL, _SELECTOR_VALUES_MSG, ".values"),)
-
-    key: str = Field(min_length=1, max_length=316)
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
-    values: list[Annotated[str, Field(max_length=63)]] | None = Field(None, max_length=64)
-
-    @model_validator(mode="after")
-    def _values(self) -> NodeSelectorRequirement:
-        _check_values(self.operator, self.values)
-        return self
-
-
-class NodeSelectorTerm(KubeModel):
-    match_expressions: list[NodeSelectorRequirement] | None = Field(None, max_length=16)
-    match_fields: list[NodeSelectorRequirement] | None = Field(None, max_length=16)
-
-
-class NodeSelector(KubeModel):
-    node_selector_terms: list[NodeSelectorTerm] = Field(min_length=1, max_length=16)
-
-
-class PreferredSchedulingTerm(KubeModel):
-    weight: int = Field(ge=1, le=100)
-    preference: NodeSelectorTerm
-
-
-class NodeAffinity(KubeModel):
-    required_during_scheduling_ignored_during_execution: NodeSelector | None = None
-    preferred_during_scheduling_ignored_during_execution: list[PreferredSchedulingTerm] | None = Field(None, max_length=16)
-
-
-class PodAffinityTerm(KubeModel):
-    label_selector: LabelSelector | None = None
-    namespace_selector: LabelSelector | None = None
-    namespaces: list[Annotated[str, Field(pattern=DNS_LABEL_PATTERN, max_length=63)]] | None = Field(None, max_length=32)
-    topology_key: str = Field(min_length=1, max_length=316, pattern=QUALIFIED_NAME_PATTERN)
-    match_label_keys: list[Annotated[str, Field(max_length=316)]] | None = Field(None, max_length=16)
-    mismatch_label_keys: list[Annotated[str, Field(max_length=316)]] | None = Field(None, max_length=16)
-
-
-class WeightedPodAffinityTerm(KubeModel):
-    weight: int = Field(ge=1, le=100)
-    pod_affinity_term: PodAffinityTerm
-
-
-class PodAffinity(KubeModel):
-    """Used for both podAffinity and podAntiAffinity (Kubernetes' two types have the same fields)."""
-
-    required_during_scheduling_ignored_during_execution: list[PodAffinityTerm] | None = Field(None, max_length=16)
-    preferred_during_scheduling_ignored_during_execution: list[WeightedPodAffinityTerm] | None = Field(None, max_length=16)
-
-
-class Affinity(KubeModel):
-    node_affinity: NodeAffinity | None = Field(None, description="Node affinity (beyond gpu.product and gpu.nodeSelector).")
-    pod_affinity: PodAffinity | None = None
-    pod_anti_affinity: PodAffinity | None = Field(None, description="E.g. spread replicas over nodes.")
-
-
-class TopologySpreadConstraint(KubeModel):
-    max_skew: int = Field(ge=1)
-    topology_key: str = Field(min_length=1, max_length=316, pattern=QUALIFIED_NAME_PATTERN)
-    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
-    label_selector: LabelSelector | None = Field(
-        None, description=f"Pods counted; the service's own pods ({names.LABEL_SERVICE}) when absent."
-    )
-    min_domains: int | None = Field(None, ge=1)
-    node_affinity_policy: Literal["Honor", "Ignore"] | None = None
-    node_taints_policy: Literal["Honor", "Ignore"] | None = None
-    match_label_keys: list[Annotated[str, Field(max_length=316)]] | None = Field(None, max_length=16)
-
-
-class LocalObjectReference(KubeModel):
-    name: str = Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
-
-
-class OpenKubeModel(KubeModel):
-    """A Kubernetes type passed through: the fields named here are typed and checked; the API server keeps any
-    other field (x-kubernetes-preserve-unknown-fields) and checks it when the operator applies the Deployment."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow", validate_default=True)
-
-
-KeyToPaths = list[dict[str, Any]]
-
-
-class ConfigMapVolumeSource(OpenKubeModel):
-    name: str = Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
-    optional: bool | None = None
-    default_mode: int | None = Field(None, ge=0, le=0o777)
-    items: KeyToPaths | None = Field(None, max_length=64)
-
-
-class SecretVolumeSource(OpenKubeModel):
-    secret_name: str = Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
-    optional: bool | None = None
-    default_mode: int | None = Field(None, ge=0, le=0o777)
-    items: KeyToPaths | None = Field(None, max_length=64)
-
-
-class EmptyDirVolumeSource(KubeModel):
-    medium: Literal["", "Memory"] | None = None
-    size_limit: Quantity | None = None
-
-
-class PersistentVolumeClaimVolumeSource(KubeModel):
-    claim_name: str = Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
-    read_only: bool | None = None
-
-
-class HostPathVolumeSource(KubeModel):
-    path: str = Field(pattern=r"^/.*", max_length=4096)
-    type: Literal["", "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice",
-                  "BlockDevice"] | None = None
-
-
-class NFSVolumeSource(KubeModel):
-    server: str = Field(min_length=1, max_length=253)
-    path: str = Field(pattern=r"^/.*", max_length=4096)
-    read_only: bool | None = None
-
-
-class CSIVolumeSource(OpenKubeModel):
-    driver: str = Field(min_length=1, max_length=63)
-    read_only: bool | None = None
-    volume_attributes: dict[str, Annotated[str, Field(max_length=4096)]] | None = Field(None, max_length=64)
-
-
-class EphemeralVolumeSource(OpenKubeModel):
-    volume_claim_template: dict[str, Any] = Field(description="A PersistentVolumeClaimTemplate (metadata, spec).")
-
-
-class ProjectedVolumeSource(OpenKubeModel):
-    sources: list[dict[str, Any]] = Field(max_length=32)
-    default_mode: int | None = Field(None, ge=0, le=0o777)
-
-
-class DownwardAPIVolumeSource(OpenKubeModel):
-    items: list[dict[str, Any]] = Field(max_length=64)
-    default_mode: int | None = Field(None, ge=0, le=0o777)
-
-
-class ImageVolumeSource(KubeModel):
-    reference: str = Field(min_length=1, max_length=512)
-    pull_policy: Literal["Always", "Never", "IfNotPresent"] | None = None
-
-
-VOLUME_SOURCES = ("configMap", "secret", "emptyDir", "persistentVolumeClaim", "hostPath", "nfs", "csi", "ephemeral",
-                  "projected", "downwardAPI", "image")
-_ONE_SOURCE_MSG = f"a volume needs exactly one source of {', '.join(VOLUME_SOURCES)}"
-
-
-class Volume(KubeModel):
-    """A pod volume, as in a PodSpec (the in-tree cloud-disk sources Kubernetes deprecated are left out: use csi
-    or a persistentVolumeClaim). Mounted into the SGLang container by spec.sglang.volumeMounts."""
-
-    cel = (
-        (" + ".join(f"(has(self.{v}) ? 1 : 0)" for v in VOLUME_SOURCES) + " == 1", _ONE_SOURCE_MSG, None),
-        ("!(self.name in " + str(list(RESERVED_VOLUMES)).replace('"', "'") + ")",
-         f"volume names {', '.join(RESERVED_VOLUMES)} are the operator's", ".name"),
-    )
-
-    name: str = Field(pattern=DNS_LABEL_PATTERN, max_length=63)
-    config_map: ConfigMapVolumeSource | None = None
-    secret: SecretVolumeSource | None = None
-    empty_dir: EmptyDirVolumeSource | None = None
-    persistent_volume_claim: PersistentVolumeClaimVolumeSource | None = None
-    host_path: HostPathVolumeSource | None = None
-    nfs: NFSVolumeSource | None = None
-    csi: CSIVolumeSource | None = None
-    ephemeral: EphemeralVolumeSource | None = None
-    projected: ProjectedVolumeSource | None = None
-    downward_api: DownwardAPIVolumeSource | None = Field(None, alias="downwardAPI")
-    image: ImageVolumeSource | None = None
-
-    @model_validator(mode="after")
-    def _checks(self) -> Volume:
-        if sum(getattr(self, f) is not None for f in Volume.model_fields if f != "name") != 1:
-            raise ValueError(_ONE_SOURCE_MSG)
-        if self.name in RESERVED_VOLUMES:
-            raise ValueError(f"volume name {self.name!r}: {', '.join(RESERVED_VOLUMES)} are the operator's")
-        return self
-
-
 def _reserved_label(key: str) -> bool:
     return key.startswith(OPERATOR_PREFIX) or key in OPERATOR_LABELS
 
@@ -761,37 +515,6 @@ class PodSpec(KubeModel):
             for k in keys:
                 if k.startswith(OPERATOR_PREFIX) or (what == "labels" and k in OPERATOR_LABELS):
                     raise ValueError(f"{what}: {k!r} is the operator's own (prefix {OPERATOR_PREFIX})")
-        return self
-
-
-class Toleration(KubeModel):
-    """A toleration as the pod's API validates it: the same rules here, so a spec the API server takes never
-    makes a Deployment it refuses (the operator could only report that after the fact, every resync)."""
-
-    cel = (
-        ("(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
-         "a toleration without a key matches every taint: its operator must be Exists", ".operator"),
-        ("!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
-         "value must be empty when operator is Exists", ".value"),
-        ("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
-         "tolerationSeconds needs effect NoExecute", ".tolerationSeconds"),
-    )
-
-    key: str | None = Field(None, description="Taint key: a qualified name (prefix/name); empty matches every key.",
-                            pattern=f"^$|{QUALIFIED_NAME_PATTERN}", max_length=316)
-    operator: Literal["Exists", "Equal"] | None = None
-    value: LabelValue | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = Field(None, ge=0)
-
-    @model_validator(mode="after")
-    def _as_the_pod_api(self) -> Toleration:
-        if not self.key and self.operator != "Exists":
-            raise ValueError("a toleration without a key matches every taint: its operator must be Exists")
-        if self.operator == "Exists" and self.value:
-            raise ValueError("value must be empty when operator is Exists")
-        if self.toleration_seconds is not None and self.effect != "NoExecute":
-            raise ValueError("tolerationSeconds needs effect NoExecute")
         return self
 
 
