@@ -69,10 +69,10 @@ def allocator_exec(mode: str, argv: list[str], environ: dict[str, str] | None = 
     """The command and environment to re-execute the operator under jemalloc with, or None to go on as is.
 
     Why: a thousand services created at once leave pymalloc's arenas fragmented, and CPython never hands an
-    arena with one live object back: the operator kept ~330 MiB after the burst, with under 100 MiB of live
-    objects. With every allocation in jemalloc (PYTHONMALLOC=malloc, preloaded) the same bench keeps ~220
-    MiB at the same CPU (docs/benchmarks.md). LD_PRELOAD only works from the start of a process, hence the
-    exec (same PID: nothing watching it notices). `mode`: VLM_ALLOCATOR (auto, jemalloc, pymalloc)."""
+    arena with one live object back, so the operator kept several times its live objects after the burst. With
+    every allocation in jemalloc (PYTHONMALLOC=malloc, preloaded) the same bench keeps much less at the same CPU
+    (docs/benchmarks.md, "jemalloc under the operator"). LD_PRELOAD only works from the start of a process,
+    hence the exec (same PID: nothing watching it notices). `mode`: VLM_ALLOCATOR (auto, jemalloc, pymalloc)."""
     env = dict(os.environ if environ is None else environ)
     if mode == "pymalloc" or env.get(_UNDER_JEMALLOC) or not sys.platform.startswith("linux"):
         return None
@@ -82,8 +82,8 @@ def allocator_exec(mode: str, argv: list[str], environ: dict[str, str] | None = 
     preload = env.get("LD_PRELOAD", "")
     env["LD_PRELOAD"] = f"{lib}:{preload}" if preload else lib
     env["PYTHONMALLOC"] = "malloc"
-    # jemalloc's own defaults (a user's MALLOC_CONF passes through): one arena with 1 s decay and a background
-    # thread kept more, not less, in the same bench (378 / 242 MiB peak / steady against 344 / 219).
+    # jemalloc's own defaults (a user's MALLOC_CONF passes through): one arena with decay and a background thread
+    # kept more, not less, in the same bench (docs/benchmarks.md, "jemalloc under the operator").
     env[_UNDER_JEMALLOC] = lib
     return [sys.executable, "-m", "vlm_operator", *argv], env
 
@@ -128,7 +128,7 @@ def _trim_malloc_periodically(every_s: float) -> bool:
 
 def _census(f: Any, top: int = 40) -> None:
     """Live objects by type (count and shallow bytes) and pymalloc's arena statistics: cheap enough to take
-    at 1000 services, where tracing every allocation is not."""
+    at the operator's full scale, where tracing every allocation is not."""
     import gc
     from collections import Counter
 
@@ -156,7 +156,8 @@ def _memory_dumps(path: str | None) -> bool:
     """VLM_TRACEMALLOC_DUMP=PATH, a diagnostic for benchmarks: on SIGUSR1, write the RSS, a census of live
     objects by type, pymalloc's statistics and, while tracing, the largest allocation sites (size, count,
     file:line; then the largest tracebacks when VLM_TRACEMALLOC_FRAMES > 1) to PATH.<n>. Tracing costs
-    memory and CPU (about 5x slower at 400 services): VLM_TRACEMALLOC_FRAMES=0 takes the census only."""
+    memory and several times the CPU (docs/benchmarks.md, "Memory census instead of tracing"):
+    VLM_TRACEMALLOC_FRAMES=0 takes the census only."""
     if not path:
         return False
     import signal
@@ -191,9 +192,10 @@ def _memory_dumps(path: str | None) -> bool:
 
 class QuietSuccess(logging.Filter):
     """Drops kopf's INFO line for every handler and timer run that succeeded ("Timer 'reconcile_vlmservice'
-    succeeded.", "Creation is processed: 1 succeeded; 0 failed."): at 1000 services that was 66 lines a second
-    in a steady state where nothing happens, and 17 of every 22 lines of a burst. The operator's own lines say
-    what it changed (objects created, conditions); kopf's failures and retries (WARNING and above) stay."""
+    succeeded.", "Creation is processed: 1 succeeded; 0 failed."): with many services that is a steady stream of
+    lines in a steady state where nothing happens, and most of the lines of a burst (docs/benchmarks.md, "kopf's
+    success lines left out"). The operator's own lines say what it changed (objects created, conditions); kopf's
+    failures and retries (WARNING and above) stay."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno != logging.INFO:
@@ -233,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from vlm_operator.cluster.connection import keep_client_library_out
 
-        # kopf imports the kubernetes library when it is installed (20-30 MiB); the operator does not use it.
+        # kopf imports the kubernetes library when it is installed (tens of MiB of generated models); the operator
+        # does not use it (docs/benchmarks.md, "The kubernetes library kept out of the process").
         keep_client_library_out()
         import kopf
         from prometheus_client import start_http_server

@@ -337,11 +337,11 @@ def _split_hidden_batch_boundaries(runs: Sequence[_Run], bound_idx: Sequence[int
     The chance that an iteration's input stages go unsampled, p, is read off the boundaries that would show
     either way (R): the share of them found by a second visit. Of the boundaries that needed their input
     stages (B, not R), p / (1 - p) as many more hid: a capture-recapture estimate, which needs no model
-    of py-spy's sampling gaps (on this shape a quarter of the boundaries are not R, and at 1000 Hz the
-    input stages of a decode iteration, ~2 ms, go unsampled in 5-20% of iterations as py-spy's gaps vary).
+    of py-spy's sampling gaps (a decode iteration's input stages are short enough that py-spy's varying gaps
+    leave some of them unsampled: docs/benchmarks.md, "Hidden batch boundaries by capture-recapture").
     It assumes the two signs go unsampled independently: long gaps (a busy host) swallow both at once and
-    the correction errs short; near-regular gaps (an idle host) rarely miss both and it errs long (one
-    golden recording reads -4%: docs/sidecar.md).
+    the correction errs short; near-regular gaps (an idle host) rarely miss both and it errs long (the same
+    entry; docs/sidecar.md).
 
     The hidden boundaries go where they can be: in a piece with one run_batch visit, the ones closest to
     twice the median piece (two merged iterations), each cut in half."""
@@ -449,9 +449,10 @@ def estimate_loop(segments: Iterable[Segment], split_missed: bool = True,
         m = len(idle_only)
         n_seen = _solve_iterations(m, [rate * per_pos[p] / 1e6 for p in _INPUT_POSITIONS],
                                    rate * per_pos[_IDLE_POS] / 1e6)
-        # The count alone is noisy (+-2.5% at 1000 Hz): refine it with the length of one idle-only
-        # iteration, read off the intervals that hold one (the shortest m / n_seen of them), kept within
-        # 15% of the count-based figure in case idle iterations differ in length.
+        # The count alone is noisy (docs/benchmarks.md, "Idle-only iterations counted, then refined by
+        # length"): refine it with the length of one idle-only iteration, read off the intervals that hold one
+        # (the shortest m / n_seen of them), kept within 15% of the count-based figure in case idle iterations
+        # differ in length.
         lengths = sorted(sum(pieces[j]) for j in idle_only)
         one = _quantile(lengths, 0.5 * m / n_seen)
         n = min(max(sum(lengths) / one, 0.85 * n_seen), 1.15 * n_seen) if one > 0 else n_seen

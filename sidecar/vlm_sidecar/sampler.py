@@ -122,7 +122,8 @@ class PySpySampler:
     def command(self, pid: int, out: str) -> list[str]:
         # py-spy's -d takes whole seconds; a window shorter than 1 s is rounded up.
         # --nolineno: the sidecar reads function and file names only; line numbers cost py-spy a read of the
-        # code object's line table per frame per sample (about 15% of its CPU on the 0.5.23 stand-in).
+        # code object's line table per frame per sample, a noticeable part of its CPU (docs/benchmarks.md,
+        # "py-spy without line numbers").
         cmd = [self.pyspy or "py-spy", "record", "-p", str(pid), "-o", out, "-f", "chrometrace",
                "-r", str(self.rate_hz), "-d", str(max(1, round(self.duration_s))), "--nolineno"]
         if not self.blocking:

@@ -63,8 +63,8 @@ class _Handler(BaseHTTPRequestHandler):
     server: Server
     protocol_version = "HTTP/1.1"  # the API server keeps connections open between reviews
     # Headers and body leave in one write (flushed after each request): written apart, the second small TLS
-    # record waited for the API server's delayed ACK (Nagle), and every review took 40 ms more on the wire
-    # than in here (bench/webhook_admission.py).
+    # record waited for the API server's delayed ACK (Nagle), and every review spent far longer on the wire
+    # than in here (docs/benchmarks.md, "The webhook's answer in one write").
     wbufsize = -1
 
     def do_POST(self) -> None:

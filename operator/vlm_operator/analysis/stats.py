@@ -180,12 +180,12 @@ def center(values: Sequence[float | None], *, scale: Scale, trim: float = DEFAUL
 def autocorrelation_factor(series: Sequence[Sequence[float]], max_lag: int | None = None) -> float:
     """How much dependence between neighbouring windows widens the variance of a mean (>= 1).
 
-    Host noise is not independent from window to window (one cloud GPU VM: lag-1 autocorrelation 0.4 at 15 s
-    windows, still 0.3 a minute apart), so a standard error that assumes independent windows is too small. This
-    is the Newey-West (Bartlett kernel) long-run variance over the plain variance, 1 + 2 sum_l (1 - l/(L+1))
-    rho_l, with the autocorrelations pooled over `series` (one time-ordered series per pod, each centred on its
-    own mean so pod offsets are not read as dependence). Lag window L = ceil(n^(1/3)) of the longest series
-    unless given. Floored at 1 (negative correlation never narrows a bound) and capped at 1 + 2L.
+    Host noise is not independent from window to window (neighbouring windows correlate, and still a minute
+    apart: docs/benchmarks.md, "Windows are not independent"), so a standard error that assumes independent
+    windows is too small. This is the Newey-West (Bartlett kernel) long-run variance over the plain variance,
+    1 + 2 sum_l (1 - l/(L+1)) rho_l, with the autocorrelations pooled over `series` (one time-ordered series per
+    pod, each centred on its own mean so pod offsets are not read as dependence). Lag window L = ceil(n^(1/3)) of
+    the longest series unless given. Floored at 1 (negative correlation never narrows a bound) and capped at 1 + 2L.
     """
     xs = [np.asarray([v for v in s if v is not None and math.isfinite(v)], dtype=float) for s in series]
     xs = [x - x.mean() for x in xs if x.size >= 3]

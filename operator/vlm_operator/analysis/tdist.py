@@ -1,9 +1,9 @@
 """Student's t distribution and trimmed means in plain numpy. Pure.
 
 The gate needs the t distribution's tail probabilities and quantiles at a few dozen (value, degrees of
-freedom) pairs per decision, and trimmed means. scipy has them, but importing scipy.stats
-costs the operator about 60 MiB of resident memory (its whole compiled stack loads), a third of the
-operator's memory budget; these are a hundred lines. tests/unit/operator/analysis/test_tdist.py checks them
+freedom) pairs per decision, and trimmed means. scipy has them, but importing scipy.stats loads its whole
+compiled stack into the operator, a large share of the operator's memory budget (docs/benchmarks.md, "No
+scipy in the operator"); these are a hundred lines. tests/unit/operator/analysis/test_tdist.py checks them
 against scipy (a test dependency only) across the degrees of freedom and tail probabilities the gate uses.
 
 - `t_sf(t, df)`: P(T > t), from the regularised incomplete beta function (Lentz's continued fraction),

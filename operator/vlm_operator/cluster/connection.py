@@ -1,10 +1,11 @@
 """The operator's own connection to the API server: urllib3 and the credentials kopf logs in with.
 
-The reconcile makes a dozen kinds of REST call (`apply.Kube`). The kubernetes client library costs
-20-30 MiB of resident memory at import (its generated models), about a fifth of the operator's peak at
-1000 services, for nothing the reconcile uses; kopf imports it too when it is installed. So the operator's
-entry point keeps it out of the process (`keep_client_library_out`) unless the kubeconfig needs it, and
-this module speaks HTTP itself with the credentials kopf's own logins find:
+The reconcile makes a dozen kinds of REST call (`apply.Kube`). The kubernetes client library's generated
+models cost tens of MiB of resident memory at import, a good part of the operator's peak at full scale, for
+nothing the reconcile uses (docs/benchmarks.md, "The kubernetes library kept out of the process"); kopf
+imports it too when it is installed. So the operator's entry point keeps it out of the process
+(`keep_client_library_out`) unless the kubeconfig needs it, and this module speaks HTTP itself with the
+credentials kopf's own logins find:
 
 - in a cluster, the pod's service account (token and CA; kopf's `login_with_service_account`);
 - else the kubeconfig's current context (`KUBECONFIG` or ~/.kube/config; kopf's `login_with_kubeconfig`):

@@ -98,12 +98,12 @@ class Writer:
         The indexes follow the API server's watch, which lags behind our own writes, most under a burst of
         creations: the create handler and the resync timer of a new service can both be queued before either
         writes, and the second, run after the first under the service's lock, still saw no Deployment and no
-        Service and applied both again (400 services created at once: 548 Deployment and 545 Service
-        applies; at 1000, a Deployment the resync timer applied was still not in the index 76 s later, when the
-        create handler ran). The same object, byte for byte, applied less than `UNCONFIRMED_TTL_S` ago is not sent
-        again while the index has not shown it; once the index shows the object the entry goes, so a
-        Deployment deleted by hand afterwards is re-created at once (one deleted before the index ever
-        showed it waits for the TTL)."""
+        Service and applied both again; in a large burst the index lags a Deployment the resync timer applied
+        by far longer than a reconcile takes (docs/benchmarks.md, "Applies not re-sent before the index shows
+        them"). The same object, byte for byte, applied less than `UNCONFIRMED_TTL_S` ago is not sent again
+        while the index has not shown it; once the index shows the object the entry goes, so a Deployment
+        deleted by hand afterwards is re-created at once (one deleted before the index ever showed it waits for
+        the TTL)."""
         meta = obj["metadata"]
         key = (str(obj["apiVersion"]), str(obj["kind"]), str(meta["namespace"]), str(meta["name"]))
         t = time.monotonic() if now is None else now

@@ -57,9 +57,10 @@ class ServicesOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
 
     kopf builds the diff base (a deep copy of the body, less its status) for every event of every kind it
     watches, to find changes for handlers that react to changes; only the VLMService has such handlers. For the
-    Pods, Deployments, Services and monitoring objects that only fill indexes the copy was thrown away: in a
-    burst of 1000 new services it was 15% of the CPU of kopf's event loop (py-spy, docs/benchmarks.md). kopf
-    takes no diff base as nothing changed (and those kinds have no handler that would ask)."""
+    Pods, Deployments, Services and monitoring objects that only fill indexes the copy was thrown away, and in a
+    burst of new services it was a sizeable share of the CPU of kopf's event loop (docs/benchmarks.md, "A diff
+    base for VLMServices only"). kopf takes no diff base as nothing changed (and those kinds have no handler
+    that would ask)."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
         if body.get("kind") != KIND:
@@ -151,10 +152,10 @@ def stop_webhook(memo: kopf.Memo, **_: Any) -> None:
 
 class Packed(bytes):
     """An indexed object as the reconcile compares it, kept as compressed JSON: without
-    metadata.managedFields (about half of a Deployment's size), and packed because decoded it takes ~6x
-    its JSON in Python objects (a built Deployment: 4.2 KB of JSON, 25 KB of dicts) and one is held for
-    every owned object. Unpacked per reconcile, for that service only. (At 1000 services the RSS is set by
-    the imports and the allocator, not by these: docs/benchmarks.md.)"""
+    metadata.managedFields (a large part of a Deployment's size), and packed because decoded it takes several
+    times its JSON in Python objects and one is held for every owned object. Unpacked per reconcile, for that
+    service only. (docs/benchmarks.md, "Indexed objects kept packed": at full scale the RSS is set by the
+    imports and the allocator, not by these.)"""
 
     __slots__ = ()
 
@@ -169,9 +170,10 @@ def indexed(body: kopf.Body) -> Packed:
 
 
 # The index handlers are coroutines: kopf runs a plain function in its handler thread pool, behind every
-# queued reconcile, so in a burst of new services the indexes fell behind the operator's own writes (76 s
-# at 1000 services) while each waiting event held its decoded object. Each of these is a fraction of a
-# millisecond of CPU and does no I/O and takes no lock, so it runs on the event loop as the event arrives.
+# queued reconcile, so in a burst of new services the indexes fell far behind the operator's own writes
+# (docs/benchmarks.md, "Index handlers on kopf's event loop") while each waiting event held its decoded
+# object. Each of these is a fraction of a millisecond of CPU and does no I/O and takes no lock, so it runs on
+# the event loop as the event arrives.
 @kopf.index("apps", "v1", "deployments", labels=MANAGED)
 async def vlm_deployments(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
     # keyed by revision (the fresh baseline's by its role: it has the stable revision's)

@@ -66,8 +66,9 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 STARTUP_PERIOD_S = 10
 # Liveness: about two minutes without an answer (never a generation, sglang.plan_liveness) before a restart.
 LIVENESS = {"periodSeconds": 20, "timeoutSeconds": 10, "failureThreshold": 6}
-# The sidecar's budget, requests equal to limits (every container's are: the pod is Guaranteed). It averages
-# 0.06-0.11 cores (docs/benchmarks.md), in bursts while a window is sampled; RSS about 41 MiB.
+# The sidecar's budget, requests equal to limits (every container's are: the pod is Guaranteed). The sidecar
+# averages a small part of it, in bursts while a window is sampled (docs/benchmarks.md, "The sidecar's
+# resource budget").
 SIDECAR_RESOURCES = {"cpu": "500m", "memory": "512Mi"}
 # The SGLang container's securityContext without spec.sglang.securityContext (each field there replaces one here).
 SGLANG_SECURITY_DEFAULTS: dict[str, Any] = {

@@ -38,8 +38,9 @@ Kind = Literal["Concurrent", "Replace", "Unpaired"]
 # spread measured between stand-in pods on one host and within the range published for same-SKU GPU nodes.
 # It counts as PRIOR_DF degrees of freedom: it is measured information (the stand-in pods' spread, published
 # same-SKU ranges), not a guess, and with fewer the t quantile of a one-pod comparison at the gate's small
-# per-look levels runs to ten standard errors and more (a stage time grown 9 points against a 4-point margin,
-# one pod a side, was not rolled back at 4 or 10 degrees of freedom; at 20, 7 times in 10 within a minute).
+# per-look levels runs to ten standard errors and more (a stage time grown well past its margin, one pod a side,
+# was not rolled back with far fewer degrees of freedom, and mostly was with these: docs/benchmarks.md, "The
+# prior's degrees of freedom").
 # A service's own history (HISTORY_DF_CAP) and a dozen stable pods weigh as much.
 PRIOR_DF = 20.0
 PRIOR_POD_SD_LOG = 0.02

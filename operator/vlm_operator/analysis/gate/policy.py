@@ -93,8 +93,9 @@ class GatePolicy:
     request_bound_factor: before the last look, a request signal (TTFT, ITL, throughput) passes only when its
         estimate is within the margin and its promotion bound excludes a regression of this many margins (2,
         shipped: a TTFT 20% worse is not promoted on an estimate that noise put inside the 10% margin; the
-        bound at the margin itself would rarely close on 5 s request means). 0: the estimate alone (the rule
-        before 2026-12-03, measured in bench/gate_quality.py as a variant). Not in the API.
+        bound at the margin itself would rarely close on 5 s request means). 0: the estimate alone (the earlier
+        rule, measured in bench/gate_quality.py as a variant: docs/benchmarks.md, "Request signals' promotion
+        bound"). Not in the API.
     """
 
     max_regression: Mapping[str, float] = field(
