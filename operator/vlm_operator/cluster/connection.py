@@ -1,6 +1,6 @@
 """The operator's own connection to the API server: urllib3 and the credentials kopf logs in with.
 
-The reconcile makes a dozen kinds of REST call (`apply.Kube`). The kubernetes client library's generated
+The reconcile makes a dozen kinds of REST call (`cluster.client.Kube`). The kubernetes client library's generated
 models cost tens of MiB of resident memory at import, a good part of the operator's peak at full scale, for
 nothing the reconcile uses (docs/benchmarks.md, "The kubernetes library kept out of the process"); kopf
 imports it too when it is installed. So the operator's entry point keeps it out of the process
