@@ -127,7 +127,7 @@ class KubeAPI(Protocol):
 
 
 class Connection(Protocol):
-    """What Kube needs of the wire: `kubeconn.Connection` in the operator, a fake in unit tests."""
+    """What Kube needs of the wire: `cluster.connection.Connection` in the operator, a fake in unit tests."""
 
     def request(
         self, method: str, path: str, *, query: list[tuple[str, str]] | None = None,

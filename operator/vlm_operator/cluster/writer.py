@@ -1,4 +1,4 @@
-"""The reconcile's one way to write: the API client (`apply.KubeAPI`) behind a write cache.
+"""The reconcile's one way to write: the API client (`cluster.client.KubeAPI`) behind a write cache.
 
 Every write a reconcile makes goes through `Writer`: objects (applied only where they differ, and not re-sent
 while the watch has not yet shown our own write), deletions, and the status (one conditional patch, whose
