@@ -40,7 +40,7 @@ from feature_sizes import RESOLUTIONS, image_tokens  # noqa: E402
 from feature_sizes import feature_bytes as to_bytes  # noqa: E402
 from summary import percentile  # noqa: E402
 
-STANDIN = os.path.join(REPO, "bench", "standin", "sglang_standin.py")
+STANDIN = os.path.join(REPO, "testing", "vlm_testing", "standin", "sglang_standin.py")
 TTFT = "sglang:time_to_first_token_seconds"
 ITL = "sglang:inter_token_latency_seconds"
 PROFILER_MODES = ("none", "sidecar nonblocking", "sidecar blocking")
