@@ -67,6 +67,12 @@ def walk(c: SidecarCluster, now: float) -> list[tuple[str, str]]:
                 seen.append((module + ("+" if i else ""), code.co_name))
                 break
 
+    _traced(c, observed, now, profile)
+    return seen
+
+
+def _traced(c: SidecarCluster, observed: Observed, now: float, profile) -> None:
+    """One reconcile of the service with `profile` as the profiler."""
     c.sidecars.now = now
     sys.setprofile(profile)
     try:
@@ -76,7 +82,6 @@ def walk(c: SidecarCluster, now: float) -> list[tuple[str, str]]:
     finally:
         sys.setprofile(None)
     c.reader.wait_idle()
-    return seen
 
 
 def collapse(places: list[tuple[str, str]]) -> list[str]:
@@ -141,15 +146,7 @@ def deep_walk(c: SidecarCluster, now: float) -> list[tuple[str, str]]:
             seen.append((module, code.co_name))
 
     track(observed)
-    c.sidecars.now = now
-    sys.setprofile(profile)
-    try:
-        from vlm_operator.controller import reconcile
-
-        reconcile.reconcile(c.rt, c.kube.target("svc"), observed, lambda *e: c.events.append(e), now=now)
-    finally:
-        sys.setprofile(None)
-    c.reader.wait_idle()
+    _traced(c, observed, now, profile)
     return seen
 
 
