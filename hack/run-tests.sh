@@ -16,7 +16,7 @@ PY=${PY:-python3}
 WORKERS=${VLM_TEST_WORKERS:-3}
 TIERS=${VLM_TEST_TIERS:-unit,parallel,serial}
 # Budgets in seconds on the 2-core CI machine, warm (binaries built); docs/testbed.md states them and why.
-declare -A BUDGET=([unit]=${VLM_BUDGET_UNIT:-780} [parallel]=${VLM_BUDGET_PARALLEL:-720} [serial]=${VLM_BUDGET_SERIAL:-540})
+declare -A BUDGET=([unit]=${VLM_BUDGET_UNIT:-720} [parallel]=${VLM_BUDGET_PARALLEL:-1200} [serial]=${VLM_BUDGET_SERIAL:-1380})
 CACHE=${VLM_CACHE:-$HOME/.cache/vlm-operator}
 rc=0
 summary=()
