@@ -154,8 +154,7 @@ def _look(
     k = min(prev.step, len(steps) - 1)
     common: Mapping[str, Any] = dict(
         started_at=started, now=now, step_duration_s=parse_duration(steps[k].analysis), data_started_at=data,
-        step=k, evidence_since=since, layout=layout(observed, prev), calibration=calibration,
-        analysed_before_s=prev.analysed_seconds)
+        step=k, evidence_since=since, layout=layout(observed, prev), calibration=calibration)
     try:
         windows = source.read([stable_rev, prev.revision or ""], since, now)
     except sources.SignalsUnavailable as e:

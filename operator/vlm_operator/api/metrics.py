@@ -57,6 +57,12 @@ ROLLOUTS = Counter("vlm_operator_rollouts_total", "Finished canary rollouts by r
 ROLLOUT_RESULTS = {"CanaryPromoted": "promoted", "CanaryRolledBack": "rolled_back", "CanaryAborted": "aborted"}
 for _result in ROLLOUT_RESULTS.values():
     ROLLOUTS.labels(result=_result)
+# What decided each canary step (evidence, the harm ceiling, or the clock at maxDuration): how often the clock
+# decides is the gate's health.
+STEP_DECISIONS = Counter("vlm_operator_step_decisions_total", "Canary steps decided, by what decided them.",
+                         ["decided_by"])
+for _by in ("evidence", "ceiling", "timeout"):
+    STEP_DECISIONS.labels(decided_by=_by)
 _SVC = ["namespace", "vlmservice"]
 
 

@@ -644,8 +644,37 @@ class MaxRegression(KubeModel):
     )
 
 
+class ExpandCeiling(KubeModel):
+    """Fixed harm ceilings, per signal, in maxRegression's units; a signal not named gets the default derived at each
+    look from one canary pod's standard error (a harmless canary expands 99% of the time at one look; the status
+    shows the effective ceiling and what a canary at twice the margin would do)."""
+
+    loop_latency: float | None = Field(None, ge=0, le=100)
+    loop_p95: float | None = Field(None, alias="loopP95", ge=0, le=100)
+    ttft: float | None = Field(None, ge=0, le=100)
+    itl: float | None = Field(None, ge=0, le=100)
+    throughput: float | None = Field(None, ge=0, le=100)
+    stage_time: float | None = Field(None, ge=0, le=100)
+    frontend_busy: float | None = Field(None, ge=0, le=100)
+
+
+def _ceiling_rules() -> tuple[tuple[str, str, str], ...]:
+    """One CEL rule per signal: a fixed ceiling is at least the signal's margin (set or default)."""
+    out = []
+    for name, f in MaxRegression.model_fields.items():
+        key = f.alias or "".join(w if i == 0 else w.title() for i, w in enumerate(name.split("_")))
+        default = f.default if f.default is not None else 0.0
+        margin = (f"(has(self.maxRegression) && has(self.maxRegression.{key}) ? "
+                  f"double(self.maxRegression.{key}) : {float(default)!r})")
+        out.append((f"!has(self.expandCeiling) || !has(self.expandCeiling.{key}) || "
+                    f"double(self.expandCeiling.{key}) >= {margin}",
+                    f"expandCeiling.{key} must be at least maxRegression.{key}", f".expandCeiling.{key}"))
+    return tuple(out)
+
+
 class AnalysisSpec(KubeModel):
     cel = (
+        *_ceiling_rules(),
         ("!has(self.source) || self.source != 'Prometheus' || has(self.prometheusURL)",
          "source Prometheus needs prometheusURL (or leave source Auto to use the operator's default)",
          ".prometheusURL"),
@@ -670,18 +699,23 @@ class AnalysisSpec(KubeModel):
     )
     interval: Duration = Field("1m", description="Time between two analyses.")
     max_regression: MaxRegression = Field(default_factory=MaxRegression, description="Allowed regression per signal.")
-    confidence: float = Field(0.95, description="Confidence level of the statistical test.", ge=0.5, le=0.999)
+    expand_ceiling: ExpandCeiling | None = Field(
+        None, description="Fixed harm ceilings before the last step (default: derived from one pod's standard error).")
+    confidence: float = Field(
+        0.95, description="1 - each test's error budget over the whole rollout (rolling back a canary within half "
+        "its margin; promoting one beyond its promotion margin).", ge=0.5, le=0.999)
     # 3: the trimmed t-test needs two values per side left after trimming (vlm_operator.analysis.stats.MIN_PER_SIDE).
     min_samples: int = Field(5, description="Profiler windows needed per revision before any verdict.", ge=3, le=1000)
     max_duration: Duration = Field(
         "30m",
-        description="Analysis time of a step. The last look decides on the estimates: rolled back if confidently "
-        "worse and beyond a margin, promoted if every estimate is within its margin.",
+        description="Analysis time after which a step the evidence has not decided goes to onInconclusive: no step "
+        "advances on an estimate alone.",
     )
     on_inconclusive: Literal["Rollback", "Promote", "Pause"] = Field(
         "Rollback",
-        description="What to do when the last look cannot decide (an estimate beyond its margin but not "
-        "confidently worse) or data are missing; missing data never promote (Promote then pauses).",
+        description="What to do at maxDuration when the evidence has decided nothing (not confidently worse, not "
+        "under the ceiling or inside the margin) or data are missing; missing data never promote (Promote then "
+        "pauses).",
     )
 
     @model_validator(mode="after")
@@ -692,6 +726,12 @@ class AnalysisSpec(KubeModel):
             raise ValueError(f"interval {self.interval} must be positive")
         if parse_duration(self.interval) > parse_duration(self.max_duration):
             raise ValueError(f"interval {self.interval} must not exceed maxDuration {self.max_duration}")
+        if self.expand_ceiling is not None:
+            for name in ExpandCeiling.model_fields:
+                c, m = getattr(self.expand_ceiling, name), getattr(self.max_regression, name)
+                if c is not None and c < (m if m is not None else 0.0):
+                    key = "".join(w if i == 0 else w.title() for i, w in enumerate(name.split("_")))
+                    raise ValueError(f"expandCeiling.{key}: {c} is below maxRegression.{key} {m}")
         return self
 
 
@@ -892,7 +932,28 @@ class SignalStatus(KubeModel):
     ci_low: float | None = None
     ci_high: float | None = None
     p_value: float | None = None
-    verdict: str | None = None
+    verdict: str | None = Field(
+        None, description="pass: the promotion bound inside promoteMargin; expand: the expand bound under the "
+        "ceiling; fail: confidently beyond half the margin and estimated beyond it; insufficient: none yet.")
+    margin: float | None = Field(None, description="The margin asked for (fraction; shares in points / 100).")
+    promote_margin: float | None = Field(
+        None, description="The margin the promotion bound is held to: the margin, or what the schedule's last "
+        "step can resolve at the pods' spread where that is wider (a Warning says so).")
+    ceiling: float | None = Field(None, description="The harm ceiling the expand bound is held to before the last step.")
+    expand_bound: float | None = Field(None, description="The expand test's bound on the worse side.")
+    information: float | None = Field(
+        None, description="This look's information over the boundary's target (1: where the bounds are tightest).")
+
+
+class StepDecision(KubeModel):
+    step: int = Field(ge=0, description="The step (0-based) this decided.")
+    verdict: str = Field(description="Promote (expand, or promote at the last step), Rollback or Pause.")
+    decided_by: Literal["evidence", "ceiling", "timeout"] = Field(
+        description="evidence: a bound crossed its margin; ceiling: every expand bound under its harm ceiling; "
+        "timeout: maxDuration, onInconclusive.")
+    reason: str | None = None
+    at: str | None = None
+    information: float | None = Field(None, description="Loop latency's information at the decision (see signals).")
 
 
 class PairStatus(KubeModel):
@@ -972,6 +1033,9 @@ class RolloutStatus(KubeModel):
     warmup_shift: float | None = Field(
         None, description="How much slower (percent) the canary pods ran in the first minute after Ready, which "
         "the gate leaves out, than after it.")
+    decisions: list[StepDecision] = Field(
+        default_factory=list, max_length=32,
+        description="What decided each step of this rollout: the evidence, the harm ceiling or the clock.")
     resolvable_margin: dict[str, float] | None = Field(
         None, description="Per gated signal, the smallest margin (percent) this rollout can resolve from the pods' "
         "spread and its schedule (loopLatency); a margin below it gets the Warning CanaryMarginUnresolvable.")

@@ -45,7 +45,8 @@ ACTIVE_PHASES = names.ACTIVE_PHASES
 HELD_PHASES = names.HELD_PHASES  # the operator keeps the stable revision until the spec changes
 VIEWS = {"svg": "profile/latest.svg", "json": "profile/latest.json", "diff": "profile/diff.svg"}
 COLLAPSED = ("profile/latest.json", {"format": "collapsed"})
-COLUMNS = ("NAME", "MODEL", "READY", "PHASE", "ROLLOUT", "STEP", "CANARY", "VERDICT", "LOOP-P95", "TOP-FUNCTION", "AGE")
+COLUMNS = ("NAME", "MODEL", "READY", "PHASE", "ROLLOUT", "STEP", "CANARY", "VERDICT", "DECIDED-BY", "LOOP-P95",
+           "TOP-FUNCTION", "AGE")
 # `status --watch` exit codes, for CI pipelines.
 EXIT_PROMOTED, EXIT_NOT_PROMOTED, EXIT_TIMEOUT, EXIT_ERROR = 0, 1, 2, 3
 
@@ -88,6 +89,8 @@ def service_row(obj: Mapping[str, Any], now: datetime) -> dict[str, str]:
         "STEP": f"{int(ro.get('step', 0)) + 1}/{steps}" if active else "-",
         "CANARY": (st.get("canaryRevision") or ro.get("revision") or "-") if active else "-",
         "VERDICT": ro.get("verdict") or ro.get("reason") or "-",
+        # What decided each step of the rollout (evidence, ceiling, timeout): how often the clock decides.
+        "DECIDED-BY": ",".join(str(d.get("decidedBy", "?")) for d in ro.get("decisions") or []) or "-",
         "LOOP-P95": prof.get("loopP95") or "-",
         "TOP-FUNCTION": top or prof.get("topFunction") or "-",
         "AGE": _age(obj["metadata"].get("creationTimestamp"), now),

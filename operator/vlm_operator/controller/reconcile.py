@@ -315,6 +315,9 @@ def _record_metrics(t: Target, plan: rollout.Plan, desired: builders.Desired, de
         for s in decision.signals:
             if s.delta is not None:
                 metrics.SIGNAL_DELTA.labels(t.namespace, t.name, s.name).set(s.delta)
+    decided = {"CanaryStep", "CanaryPromoting", "CanaryRolledBack", "CanaryPaused"}
+    if decision is not None and decision.decided_by and any(ev.reason in decided for ev in plan.events):
+        metrics.STEP_DECISIONS.labels(decided_by=decision.decided_by).inc()
     for ev in plan.events:
         if ev.reason in metrics.ROLLOUT_RESULTS:
             metrics.ROLLOUTS.labels(result=metrics.ROLLOUT_RESULTS[ev.reason]).inc()

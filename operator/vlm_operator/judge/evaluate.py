@@ -107,7 +107,8 @@ class JudgeRequest(api.KubeModel):
     steps: list[api.RolloutStep] | None = Field(None, min_length=1, max_length=10)
     step: int | None = Field(None, ge=0, le=9, description="Index of this step in `steps` (default: the last).")
     analysed_before: api.Duration | None = Field(
-        None, description="Analysis time the rollout's earlier steps took (default: their planned times).")
+        None, description="Accepted and ignored: the gate's bounds hold at every look of every step, so it no "
+                          "longer needs the time the earlier steps took.")
     telemetry_interval: api.Duration = Field("15s", description="The sidecars' telemetry interval.")
     id: str | None = Field(None, max_length=253, description="The caller's analysis id, echoed.")
 
@@ -301,8 +302,7 @@ def decide(req: JudgeRequest, windows: Sequence[Window], pods: Sequence[PodRef],
     )
     common: dict[str, Any] = dict(
         started_at=started, now=now, step_duration_s=parse_duration(steps[k].analysis), step=k,
-        evidence_since=since, layout=layout,
-        analysed_before_s=parse_duration(req.analysed_before) if req.analysed_before else None)
+        evidence_since=since, layout=layout)
     if unavailable is not None:
         return gate.decide([], [], policy, unavailable=unavailable, **common)
     base = [w for w in windows if w.revision == BASELINE]

@@ -32,7 +32,14 @@ from vlm_operator.api.names import HELD_PHASES, ROLE_BASELINE, ROLE_CANARY, ROLE
 from vlm_operator.api.settings import Settings
 from vlm_operator.api.units import format_time as _iso
 from vlm_operator.api.units import parse_duration, parse_time
-from vlm_operator.api.v1alpha1 import BeforeStatus, PairStatus, RolloutStatus, SignalStatus, VLMServiceSpec
+from vlm_operator.api.v1alpha1 import (
+    BeforeStatus,
+    PairStatus,
+    RolloutStatus,
+    SignalStatus,
+    StepDecision,
+    VLMServiceSpec,
+)
 from vlm_operator.cluster.observed import BASELINE_KEY, Observed
 from vlm_operator.desired import builders as B
 from vlm_operator.rollout import placement as M
@@ -79,10 +86,23 @@ def _signals(d: Decision) -> list[SignalStatus]:
     return [
         SignalStatus(
             name=s.name, baseline=s.baseline, canary=s.canary, delta=s.delta, ci_low=s.ci_low, ci_high=s.ci_high,
-            p_value=s.p_value, verdict=s.verdict,
+            p_value=s.p_value, verdict=s.verdict, margin=s.margin, promote_margin=s.promote_margin,
+            ceiling=s.ceiling, expand_bound=s.expand_bound,
+            information=round(s.information, 3) if s.information is not None else None,
         )
         for s in d.signals
     ]
+
+
+def _decided(r: RolloutStatus, d: Decision, t: str) -> RolloutStatus:
+    """The step's decision recorded: what decided it (`Decision.decided_by`), kept for the whole rollout."""
+    if d.decided_by is None:
+        return r
+    loop = next((s for s in d.signals if s.name == "loop_latency"), None)
+    info = round(loop.information, 3) if loop is not None and loop.information is not None else None
+    rec = StepDecision(step=r.step, verdict=d.verdict, decided_by=d.decided_by, reason=d.reason, at=t,
+                       information=info)
+    return _upd(r, decisions=[*r.decisions, rec][-32:])
 
 
 def _pairs_in(r: RolloutStatus | None) -> list[M.Pair]:
@@ -400,14 +420,16 @@ def _verdict(c: _Round, r: RolloutStatus) -> tuple[RolloutStatus, bool]:
     confident = any(s.verdict == "fail" for s in d.signals)
     r = _recorded_look(r, d, t, confident)
     if d.verdict == "Rollback" and (r.phase == "Analysing" or confident):
+        r = _decided(r, d, t)
         r = _upd(r, phase="RolledBack", regressed_function=d.regressed_function, regressed_stage=d.regressed_stage)
         fn = f"; function {d.regressed_function} grew most" if d.regressed_function else ""
         c.event("Warning", "CanaryRolledBack", f"canary {rev} rolled back: {d.message}{fn}")
         return r, True
     if r.phase == "Analysing" and d.verdict == "Pause":
-        r = _upd(r, phase="Paused")
+        r = _upd(_decided(r, d, t), phase="Paused")
         c.event("Warning", "CanaryPaused", f"canary {rev} paused: {d.message}")
     elif r.phase == "Analysing" and d.verdict == "Promote":
+        r = _decided(r, d, t)
         steps = c.spec.rollout.schedule(c.full) if c.spec.rollout else []
         if r.step + 1 < len(steps):
             clock = r.data_started_at or r.analysis_started_at

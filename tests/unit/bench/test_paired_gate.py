@@ -17,22 +17,21 @@ def bench():
 
 
 def test_the_world_and_the_designs_run_through_the_real_gate(bench):
-    # Pods differ only by their node (f = 1): paired on the node an unchanged canary is promoted; +10% is
-    # rolled back in the first step by every design and by the competitors.
-    same = bench.simulate(bench.World(4, 1.0, 0.0, "iid"), 3, ("paired", "oracle"))
-    assert {r.verdict for r in same.values() if r} >= {"Promoted"}, same
-    assert same["paired"].verdict == "Promoted" and same["oracle"].verdict == "Promoted", same
-    slow = bench.simulate(bench.World(4, 1.0, 0.10, "iid"), 3, ("paired",))
-    assert (slow["paired"].verdict, slow["paired"].step, slow["paired"].pods) == ("RolledBack", 0, 1), slow
-    assert slow["Kayenta"].verdict == "RolledBack" and slow["Argo"].verdict == "RolledBack", slow
+    # Pods differ only by their node (f = 1), at a tight 0.5% spread: paired on the node an unchanged canary is
+    # promoted on evidence; +10% is rolled back in the first step by the gate and by every competitor.
+    same = bench.simulate(bench.World(4, 1.0, 0.0, "iid", spread=0.005), 3, bench.GATES)
+    assert same["gate"].verdict == "Promoted" and same["gate"].by == "evidence", same
+    slow = bench.simulate(bench.World(4, 1.0, 0.10, "iid", spread=0.005), 3, ("gate",))
+    assert (slow["gate"].verdict, slow["gate"].step, slow["gate"].pods) == ("RolledBack", 0, 1), slow
+    assert all(slow[c].verdict == "RolledBack" for c in bench.COMPETITORS), slow
 
 
 def test_the_table_counts_each_design(bench):
     w = bench.World(4, 1.0, 0.0, "iid")
-    res = {w: [{d: bench.Result("Promoted", 1, 2) for d in bench.DESIGNS}]}
-    text = bench.markdown(res, 1, 0.0)
-    assert text.count("| 4 | 1.0 | iid | +0% |") == len(bench.DESIGNS)
-    assert "| paired | 0% | 0% | 0% | 0% |" in text
+    res = {w: [{d: bench.Result("Promoted", 1, 2, 10.0, "evidence") for d in bench.DESIGNS}]}
+    text = bench.markdown(res, 1, 0.0, "")
+    assert text.count("| 4 | 2% | 1.0 | iid | +0% |") == len(bench.DESIGNS)
+    assert "| gate | 0.0% | 0.0% | 100.0% | 0.0% | 0.0% | 0.0% | 10 |" in text
 
 
 def test_the_quick_run_writes_its_table(bench, tmp_path, capsys):
@@ -40,7 +39,7 @@ def test_the_quick_run_writes_its_table(bench, tmp_path, capsys):
     assert bench.main(["--quick", "--trials", "1", "--jobs", "1", "--out", str(out)]) == 0
     text = out.read_text()
     assert text == capsys.readouterr().out.rstrip("\n") + "\n"
-    rows = [line for line in text.splitlines() if line.startswith("| 8 | 0.8 | iid |")]
+    rows = [line for line in text.splitlines() if line.startswith("| 8 | 2% | 0.8 | iid |")]
     assert len(rows) == 2 * len(bench.DESIGNS)  # A/A and +10%, every design (the competitors among them)
-    assert "| 8 | 0.8 | iid | +10% | paired | 100% |" in text  # a +10% canary is stopped
-    assert "| 8 | 0.8 | iid | +0% | paired | 0% |" in text
+    assert "| 8 | 2% | 0.8 | iid | +10% | gate | 100.0% |" in text  # a +10% canary is stopped
+    assert "| 8 | 2% | 0.8 | iid | +0% | gate | 0.0% |" in text

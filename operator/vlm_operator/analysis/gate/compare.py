@@ -4,22 +4,20 @@ rollback budget's split, and each signal's pass / fail / insufficient (vlm_opera
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from vlm_operator.analysis import stats
-from vlm_operator.analysis.gate import paired
+from vlm_operator.analysis.gate import paired, sequential
 from vlm_operator.analysis.gate.paired import PodPlan
-from vlm_operator.analysis.gate.policy import (
-    NOT_A_REGRESSION_STAGE,
-    SIGNALS,
-    GatePolicy,
-    SignalVerdict,
-    bound_factor,
-)
+from vlm_operator.analysis.gate.policy import NOT_A_REGRESSION_STAGE, SIGNALS, GatePolicy, SignalVerdict
 from vlm_operator.analysis.gate.samples import SCALAR_FIELDS, Unit
 from vlm_operator.analysis.gate.verdict import SignalResult
+from vlm_operator.analysis.tdist import t_ppf, t_sf
 from vlm_operator.api.names import FRONTEND_ROLES, STAGES
 
 
@@ -45,8 +43,17 @@ class Instance:
         pods' windows that ended at about the same time (within pair_s / 2, else pair_s), minus its plan's
         offset, on the test scale. Load shared by both revisions cancels (and, with a same-node reference, the
         node's own noise of that moment); windows without a concurrent reference are left out."""
-        base = [(p, e, x) for p, e, v in zip(self.baseline_pods, self.baseline_ends, self.baseline, strict=True)
-                if (x := _scaled(v, log)) is not None]
+        base = sorted((e, p, x) for p, e, v in zip(self.baseline_pods, self.baseline_ends, self.baseline, strict=True)
+                      if (x := _scaled(v, log)) is not None)
+        by_refs: dict[frozenset[str] | None, tuple[list[float], list[float]]] = {}
+
+        def refs_of(plan: PodPlan | None) -> tuple[list[float], list[float]]:
+            key = None if plan is None else plan.refs
+            if key not in by_refs:
+                chosen = [(e, x) for e, p, x in base if key is None or p in key]
+                by_refs[key] = ([e for e, _ in chosen], [x for _, x in chosen])
+            return by_refs[key]
+
         out: dict[str, list[float]] = defaultdict(list)
         order = sorted(range(len(self.canary)), key=lambda i: self.canary_ends[i])
         for i in order:
@@ -55,11 +62,11 @@ class Instance:
                 continue
             pod, e = self.canary_pods[i], self.canary_ends[i]
             plan = self.plans.get(pod)
-            refs = base if plan is None else [r for r in base if r[0] in plan.refs]
+            ends, xs = refs_of(plan)
             for width in (pair_s / 2, pair_s):
-                near = [b for _, t, b in refs if abs(t - e) <= width]
-                if near:
-                    out[pod].append(x - sum(near) / len(near) - (plan.offset if plan else 0.0))
+                lo, hi = bisect_left(ends, e - width), bisect_right(ends, e + width)
+                if hi > lo:
+                    out[pod].append(x - sum(xs[lo:hi]) / (hi - lo) - (plan.offset if plan else 0.0))
                     break
         return dict(out)
 
@@ -75,27 +82,6 @@ class Instance:
             if (x := _scaled(v, log)) is not None:
                 out[p].append(x)
         return dict(out)
-
-    def extra_var(self, d: Mapping[str, Sequence[float]]) -> float:
-        """Pod-level variance of the pooled mean of the differences `d` (by canary pod): each canary pod's own
-        pod effect weighted by its share of the differences, squared, plus the stable mean's variance shared by
-        the Unpaired pods."""
-        if not self.plans:
-            return 0.0
-        n = sum(len(v) for v in d.values())
-        if n == 0:
-            return 0.0
-        own = shared_w = shared = 0.0
-        for pod, ds in d.items():
-            plan = self.plans.get(pod)
-            if plan is None:
-                continue
-            w = len(ds) / n
-            own += w * w * plan.tau2
-            if plan.shared_var:
-                shared_w += w
-                shared = max(shared, plan.shared_var)
-        return own + shared_w * shared_w * shared
 
 
 def _scaled(v: float | None, log: bool) -> float | None:
@@ -224,7 +210,8 @@ def plan_instance(
     base_pods = sorted(set(inst.baseline_pods))
     did = is_loop and bool(layout.before)
     placebo = _placebo(inst, layout) if did else None
-    plans = paired.plan_pods(canary_pods, base_pods, layout, v, placebo=placebo, did=did)
+    running = _running(inst, 4 * pair_s)
+    plans = paired.plan_pods(canary_pods, base_pods, layout, v, placebo=placebo, did=did, running=running)
     ev = paired.Evidence(cur_ss, cur_df) if is_loop else paired.Evidence()
     if is_loop:
         # The same-node pairs' own spread: the revision's effect is common to them, so how much their mean
@@ -245,15 +232,28 @@ def plan_instance(
             restart, r_df = paired.pooled(
                 pod, paired.RESTART_PRIOR_DF, (calibration.restart_ss, calibration.restart_df), (est * df, float(df)))
             v = paired.Variances(pod, restart, pod_df, r_df)
-            plans = paired.plan_pods(canary_pods, base_pods, layout, v, placebo=placebo, did=did)
+            plans = paired.plan_pods(canary_pods, base_pods, layout, v, placebo=placebo, did=did, running=running)
     # A pod paired with a reference that has no window near its own (a neighbour whose sidecar is down) is
     # compared with the stable mean instead of dropping out.
     d = replace(inst, plans=plans).by_pod(log, pair_s)
     for pod, plan in list(plans.items()):
         if plan.kind != "Unpaired" and not d.get(pod):
-            plans[pod] = paired.PodPlan("Unpaired", frozenset(base_pods), 0.0, v.pod, v.pod / max(1, len(base_pods)))
+            plans[pod] = paired.PodPlan("Unpaired", frozenset(base_pods), 0.0, v.pod, v.pod / max(1, running))
     paired_kinds = any(p.kind != "Unpaired" for p in plans.values())
     return replace(inst, plans=plans, df_cap=v.restart_df if paired_kinds else v.pod_df), v, ev
+
+
+def _running(inst: Instance, within_s: float) -> int:
+    """How many baseline pods run now: those with a window within `within_s` of the newest window of either side
+    (a stable pod the canary replaced has none since). At least one."""
+    ends = [*inst.baseline_ends, *inst.canary_ends]
+    if not ends:
+        return 1
+    newest = max(ends)
+    last: dict[str, float] = {}
+    for p, e in zip(inst.baseline_pods, inst.baseline_ends, strict=True):
+        last[p] = max(e, last.get(p, -math.inf))
+    return max(1, sum(1 for e in last.values() if e >= newest - within_s))
 
 
 def _level(inst: Instance) -> float:
@@ -288,86 +288,185 @@ def evaluate(
     insts: Sequence[Instance],
     policy: GatePolicy,
     alpha_rollback: float,
-    alpha_promote: float,
     enough: bool,
-    final: bool = False,
-    proof: bool = True,
 ) -> list[SignalResult]:
-    """Judge every member of one signal family on its time-paired differences.
+    """Judge every member of one signal family at this look: its effect pooled over canary pods, and the three
+    tests of gate.sequential on it.
 
-    Rollback, at every look the last included: confidently worse than half the margin (at this look's share
-    of the rollout's budget) and an estimate beyond the margin. `final`: the last look (maxDuration): a member
-    whose estimate is within its margin passes without the promotion bound; one beyond it but not confidently
-    worse stays undecided, for onInconclusive. `proof`: before the last look a pass needs the promotion bound
-    inside the margin (the last step); False (an earlier step) passes on the estimate, as the evidence keeps
-    growing with the pods of the next step and is judged again there.
+    Pods as pods: each canary pod's differences (gate.paired's comparison, time-paired) are reduced to the pod's
+    mean (trimmed where it has enough windows), and the pods' means are averaged with equal weights, so the pod
+    that ran longest does not carry the estimate. Its variance is each pod's window noise (pooled within-pod
+    variance, widened for the windows' dependence in time) plus each pod's pod-level variance (its plan's tau^2,
+    the pod spread, in every bound), plus the stable mean's variance shared by the Unpaired pods.
 
-    The rollback bound carries the between-pod variance (a canary on a slow node is not a regression);
-    the promotion bound does not (it proves the canary pods within the margin of the baseline pods they
-    ran beside; with tau added, one canary pod could never be proven within a margin of ~3 tau).
+    Verdicts: "fail" when the rollback bound (level `alpha_rollback` over every look) is above half the margin
+    and the estimate beyond the margin; "pass" when the promotion bound is inside the promotion margin (the
+    margin, widened to what the schedule can resolve where it cannot resolve the margin: `SignalResult.promote_margin`);
+    "expand" when the expand bound is below the harm ceiling; "insufficient" otherwise. Which of them decides is
+    `decide`'s (expand before the last step, pass at it).
     """
     spec = SIGNALS[family]
     log = spec.scale == "log"
     margin = float(policy.max_regression[family])
-    bound = bound_factor(policy, family)
-    # The rollback bound sits on the "worse" side of the estimate, the promotion bound on the other.
-    worse_low = spec.higher_is_worse
-    a_low, a_high = (alpha_rollback, alpha_promote) if worse_low else (alpha_promote, alpha_rollback)
-    diffs = [i.by_pod(log, policy.pair_s) for i in insts]
-    tau = [i.extra_var(d) for i, d in zip(insts, diffs, strict=True)]
-    zero = [0.0] * len(insts)
-    cmps = stats.paired_many(
-        [[x for ds in d.values() for x in ds] for d in diffs],
-        var_factor=[stats.autocorrelation_factor(list(d.values())) for d in diffs],
-        extra_df=[i.df_cap for i in insts],
-        scale=spec.scale,
-        alpha_low=a_low,
-        alpha_high=a_high,
-        trim=policy.trim,
-        extra_var_low=tau if worse_low else zero,
-        extra_var_high=zero if worse_low else tau,
-        anytime_r=(
-            max(float(stats.MIN_PER_SIDE), policy.max_duration_s / 2 / policy.pair_s)
-            if policy.inference == "anytime"
-            else None
-        ),
-    )
     out: list[SignalResult] = []
-    for inst, cmp in zip(insts, cmps, strict=True):
+    for inst in insts:
         n_b = len(stats.finite(inst.baseline, positive=log))
         n_c = len(stats.finite(inst.canary, positive=log))
-        if cmp is None:
-            out.append(
-                SignalResult(inst.name, None, None, None, None, None, None, n_b, n_c, "insufficient", margin)
-            )
+        pooled = pool_pods(inst, log, policy)
+        if pooled is None:
+            out.append(SignalResult(inst.name, None, None, None, None, None, None, n_b, n_c, "insufficient", margin))
             continue
-        sign = 1.0 if spec.higher_is_worse else -1.0
-        worse_est = sign * cmp.delta
-        worse_lcb = cmp.low if spec.higher_is_worse else -cmp.high
-        worse_ucb = cmp.high if spec.higher_is_worse else -cmp.low
-        verdict: SignalVerdict = "insufficient"
-        # Rollback: confidently worse than half the allowance, and most likely worse than all of it.
-        # The bound alone controls false rollbacks of canaries within half the margin; the estimate
-        # condition keeps small-but-certain differences (a slower node) inside the allowance.
-        if enough and worse_lcb > margin / 2 and worse_est > margin:
-            verdict = "fail"
-        # Pass: the estimate within the margin, and before the last look the promotion bound below `bound`
-        # margins where the signal has one (the loop signals' proof at 1, request signals at 2).
-        elif enough and worse_est <= margin and (final or not proof or not bound or worse_ucb < bound * margin):
-            verdict = "pass"
-        out.append(
-            SignalResult(
-                name=inst.name,
-                baseline=stats.center(inst.baseline, scale=spec.scale, trim=policy.trim),
-                canary=stats.center(inst.canary, scale=spec.scale, trim=policy.trim),
-                delta=cmp.delta,
-                ci_low=cmp.low,
-                ci_high=cmp.high,
-                p_value=cmp.p_greater if spec.higher_is_worse else cmp.p_less,
-                n_baseline=n_b,
-                n_canary=n_c,
-                verdict=verdict,
-                margin=margin,
-            )
-        )
+        out.append(_judge_signal(inst, spec, pooled, policy, margin, alpha_rollback, enough, n_b, n_c))
     return out
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """One signal's effect at one look, pooled over canary pods (test scale): the estimate, its variance and the
+    degrees of freedom behind it, the pods that carry it, one pod's variance (what the ceiling is set from) and its
+    pod-level part alone (the floor no wait lowers: what the resolvable margin is set from)."""
+
+    estimate: float
+    var: float
+    df: float
+    pods: int
+    one_pod_var: float
+    one_pod_floor: float
+
+
+def pool_pods(inst: Instance, log: bool, policy: GatePolicy) -> Pooled | None:
+    """The pods-as-pods estimate (`evaluate`). None with fewer than MIN_PER_SIDE differences in all, or no pod
+    with two (no window noise can be measured)."""
+    d = {p: ds for p, ds in inst.by_pod(log, policy.pair_s).items() if ds}
+    if sum(len(ds) for ds in d.values()) < stats.MIN_PER_SIDE:
+        return None
+    means: list[float] = []
+    shrink: list[float] = []  # per pod: 1 / (n (1 - 2 g/n)^2), the factor on the window variance of its mean
+    ss = df_w = 0.0
+    for ds in d.values():
+        x = np.sort(np.asarray(ds, dtype=float))
+        n = int(x.size)
+        g = math.floor(policy.trim * n) if n >= 5 else 0
+        h = n - 2 * g
+        means.append(float(x[g:n - g].mean()))
+        shrink.append(1.0 / (n * (h / n) ** 2))
+        if n >= 2:
+            w = np.clip(x, x[g], x[n - 1 - g])
+            ss += float(w.var(ddof=1)) * (n - 1)
+            df_w += n - 1
+    if df_w <= 0:
+        return None
+    s2 = ss / df_w * stats.autocorrelation_factor(list(d.values()))
+    m = len(means)
+    window = sum(s2 * k for k in shrink)
+    own = unpaired = shared = 0.0
+    for pod in d:
+        plan = inst.plans.get(pod)
+        if plan is None:
+            continue
+        own += plan.tau2
+        if plan.shared_var:
+            unpaired += 1
+            shared = max(shared, plan.shared_var)
+    pod_part = own / (m * m) + (unpaired / m) ** 2 * shared
+    var = window / (m * m) + pod_part
+    df = _satterthwaite(window / (m * m), df_w, pod_part, inst.df_cap)
+    return Pooled(sum(means) / m, var, df, m, var * m, pod_part * m)
+
+
+def _satterthwaite(a: float, df_a: float, b: float, df_b: float) -> float:
+    if b <= 0 or not math.isfinite(df_b):
+        return df_a if b <= 0 else max(df_a, 1.0) if a > 0 else math.inf
+    if a <= 0:
+        return df_b
+    return (a + b) ** 2 / (a * a / df_a + b * b / df_b)
+
+
+def _judge_signal(
+    inst: Instance, spec, pooled: Pooled, policy: GatePolicy, margin: float, alpha_rollback: float, enough: bool,
+    n_b: int, n_c: int,
+) -> SignalResult:
+    to_test, natural = _worse_scale(spec)
+    sign = 1.0 if spec.higher_is_worse else -1.0
+    worse = sign * pooled.estimate  # on the test scale, positive: worse
+    se = math.sqrt(max(pooled.var, 0.0))
+    last_pods = policy.step_pods[-1] if policy.step_pods else 1
+    ratio = (1 / max(pooled.var, 1e-18)) / sequential.target_information(pooled.one_pod_var, last_pods)
+    b_rb = sequential.t_boundary(alpha_rollback, ratio, pooled.df)
+    b_ex = sequential.t_boundary(sequential.EXPAND_ALPHA, ratio, pooled.df)
+    b_pr = sequential.t_boundary(1.0 - policy.confidence, ratio, pooled.df)
+    rollback_low = worse - b_rb * se
+    expand_high = worse + b_ex * se
+    promote_high = worse + b_pr * se
+    one_se = math.sqrt(max(pooled.one_pod_var, 0.0))
+    m_t = to_test(margin)
+    fixed = policy.expand_ceiling.get(inst.family)
+    ceiling_t = to_test(fixed) if fixed is not None else sequential.ceiling(
+        sequential.EXPAND_ALPHA, one_se, last_pods, m_t)
+    resolvable_t = resolvable(1.0 - policy.confidence, pooled.one_pod_floor, last_pods, pooled.df)
+    promote_t = max(m_t, resolvable_t)
+    verdict: SignalVerdict = "insufficient"
+    if enough and rollback_low > m_t / 2 and worse > m_t:
+        verdict = "fail"
+    elif enough and promote_high < promote_t:
+        verdict = "pass"
+    elif enough and expand_high < ceiling_t:
+        verdict = "expand"
+    # The bounds on the signal's own scale: the low one is the rollback bound for a latency (higher is worse),
+    # the promotion bound for throughput; `expand_bound` is the expand test's bound on the worse side.
+    low, high = (rollback_low, promote_high) if spec.higher_is_worse else (promote_high, rollback_low)
+    t = pooled.estimate / se if se > 0 else (math.inf if pooled.estimate > 0 else -math.inf)
+    p_greater = float(t_sf(t, max(1.0, min(pooled.df, 1e6))))
+    return SignalResult(
+        name=inst.name,
+        baseline=stats.center(inst.baseline, scale=spec.scale, trim=policy.trim),
+        canary=stats.center(inst.canary, scale=spec.scale, trim=policy.trim),
+        delta=_natural(spec, pooled.estimate),
+        ci_low=_natural(spec, sign * low),
+        ci_high=_natural(spec, sign * high),
+        p_value=p_greater if spec.higher_is_worse else 1.0 - p_greater,
+        n_baseline=n_b,
+        n_canary=n_c,
+        verdict=verdict,
+        margin=margin,
+        expand_bound=_natural(spec, sign * expand_high),
+        ceiling=natural(ceiling_t),
+        promote_margin=natural(promote_t),
+        resolvable=natural(resolvable_t),
+        information=ratio,
+        pods=pooled.pods,
+    )
+
+
+def _natural(spec, x: float) -> float:
+    """A change on the test scale (log ratio, or a share difference) on the signal's own scale."""
+    return math.expm1(x) if spec.scale == "log" else x
+
+
+def _worse_scale(spec) -> tuple[Callable[[float], float], Callable[[float], float]]:
+    """(to, back): a worsening of the signal's own scale (0.03: 3% slower, or 3% less throughput) on the test
+    scale's worse side (positive), and back."""
+    if spec.scale == "linear":
+        return (lambda x: x), (lambda x: x)
+    if spec.higher_is_worse:
+        return math.log1p, math.expm1
+    return (lambda x: -math.log1p(-min(x, 0.999999))), (lambda x: -math.expm1(-x))
+
+
+def resolvable(alpha: float, one_pod_var: float, last_step_pods: int, df: float = math.inf) -> float:
+    """The smallest margin (test scale) a harmless canary is promoted within, at the last step's planned pods,
+    with probability PROMOTE_POWER: the promotion bound's distance at full information plus that quantile, in the
+    last step's standard errors (t quantiles with `df` degrees of freedom). Window noise shrinks with time, pods'
+    spread only with pods: `one_pod_var` at a look late in a step is close to the floor."""
+    m = max(1, last_step_pods)
+    ratio = math.sqrt(m)  # the last step's information over I* (sequential.target_information)
+    power = float(t_ppf(PROMOTE_POWER, max(1.0, min(df, 1e6))))
+    return (sequential.t_boundary(alpha, ratio, df) + power) * math.sqrt(max(one_pod_var, 0.0) / m)
+
+
+# Where the schedule cannot resolve a signal's margin, the promotion bound is held to the margin within which a
+# harmless canary passes this often instead (`resolvable`). The two errors trade against each other at a given
+# standard error: at 8 replicas and a 2% pod spread on a first rollout (last step 4 unpaired pods, SE 1.4%),
+# 99% kept unchanged canaries' clock rollbacks near 1% but promoted +5% canaries 11-20% of the time; 97.5% puts
+# both near the same few percent (bench/paired_gate.py, docs/canary-analysis.md).
+PROMOTE_POWER = 0.975

@@ -6,11 +6,16 @@ restarted mid-analysis reaches the same verdict from status. The rule in short (
 the long form and the measured error rates):
 - unit of analysis: one profiler window of one pod; TP ranks of a pod that cover the same time are
   averaged first (gate.samples);
-- per signal, Yuen's trimmed Welch test on time-paired differences with the between-pod variance added
-  (gate.compare);
-- Rollback when a signal is worse than half its margin with confidence (Bonferroni over steps, looks and
-  signals) AND its estimate exceeds the margin, naming the stage and function that grew (gate.attribution);
-- Promote when, after the step's analysis time, every signal's one-sided upper bound is inside its margin;
+- per signal, the canary pods' time-paired differences pooled pod by pod with the pod spread in every bound
+  (gate.compare), read by three tests whose bounds hold over every look (gate.sequential):
+- Rollback when a signal is worse than half its margin with confidence (the rollout's budget split over the
+  gated signals) AND its estimate exceeds the margin, naming the stage and function that grew
+  (gate.attribution); decided by evidence, at any look;
+- before the last step, Promote (the rollout expands to the next step) once the step's analysis time has passed
+  and every signal's expand bound is under its harm ceiling, or inside its promotion margin already;
+- at the last step, Promote once its analysis time has passed and every signal's promotion bound is inside its
+  margin (one-sided non-inferiority; a faster canary passes);
+- no step advances on an estimate alone; undecided at maxDuration: onInconclusive (decided by the clock);
 - Inconclusive on stale data, no traffic, too few windows or unreachable sources; at maxDuration this module
   alone applies onInconclusive, and missing data never promotes. The rollout only maps the verdict to an
   action.
@@ -22,7 +27,6 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from statistics import NormalDist
 
 from vlm_operator.analysis import stats
 from vlm_operator.analysis.gate import paired
@@ -31,8 +35,15 @@ from vlm_operator.analysis.gate.attribution import (
     regressed_role_function,
     regressed_stage,
 )
-from vlm_operator.analysis.gate.compare import Instance, evaluate, has_values, instances, plan_instance
-from vlm_operator.analysis.gate.policy import SIGNALS, GatePolicy, bound_factor, family_of
+from vlm_operator.analysis.gate.compare import (
+    Instance,
+    evaluate,
+    has_values,
+    instances,
+    plan_instance,
+    resolvable,
+)
+from vlm_operator.analysis.gate.policy import SIGNALS, GatePolicy, family_of
 from vlm_operator.analysis.gate.samples import Side, Unit, make_units, side
 from vlm_operator.analysis.gate.verdict import Decision, SignalResult
 from vlm_operator.analysis.window import Window
@@ -53,7 +64,6 @@ def decide(
     evidence_since: float | None = None,
     layout: paired.Layout | None = None,
     calibration: paired.Calibration | None = None,
-    analysed_before_s: float | None = None,
 ) -> Decision:
     """Judge the canary step whose canary pods were all Ready at `started_at`, as of `now` (unix seconds).
 
@@ -66,12 +76,11 @@ def decide(
     time (the message says why); that is a data problem like a stale profiler, decided here too.
     `spread_reference`: windows of other pods of the baseline's revision (the stable pods, when the
     baseline is fresh), used only to estimate the between-pod variance.
-    `step`: the step's index in the schedule (None: the last); it places this look on the rollout's
-    spending clock (`GatePolicy.look_alpha`) and only the last step's promotion needs the bound.
+    `step`: the step's index in the schedule (None: the last): before the last step a pass expands the
+    canary, at the last it promotes it.
     `evidence_since`: windows from here on count (the rollout's first analysis: canary pods of earlier steps
     keep adding evidence); None: the step's start. `layout`: where the pods run, the pairs and the
     pre-period (gate.paired); `calibration`: what the service's finished rollouts measured.
-    `analysed_before_s`: seconds of analysis the rollout's earlier steps took (None: their planned times).
     """
     clock = data_started_at
     if clock is None and unavailable is None:
@@ -92,12 +101,6 @@ def decide(
 
     k = policy.steps - 1 if step is None else min(step, policy.steps - 1)
     last_step = k == policy.steps - 1
-    look_alpha = policy.look_alpha(elapsed, analysed_before_s if analysed_before_s is not None
-                                   else policy.horizon()[k])
-    alpha = (1.0 - policy.confidence)
-    promote_looks = 1 + max(
-        0, math.ceil((policy.max_duration_s - step_duration_s) / policy.interval_s - 1e-9)
-    )
     by_family: dict[str, list[Instance]] = defaultdict(list)
     ref = side("reference", spread_reference, policy, since, now).units if spread_reference else ()
     layout = layout or paired.Layout()
@@ -110,28 +113,19 @@ def decide(
         if inst.family == "loop_latency":
             loop_v, evidence = v, ev
         by_family[inst.family].append(planned)
-    # Weighted Bonferroni: each gated family that has data gets an equal part of the rollback budget
-    # per look, split evenly over its members (stages, functions), so loop latency keeps its power
-    # however many functions are watched, and request signals nobody scrapes cost nothing (which
-    # families have data depends on the sources, not on the values, so the bound still holds).
-    # Promotion needs every signal to pass (an intersection-union test), so only the repeated
-    # promotion looks divide its budget.
+    # Weighted Bonferroni: each gated family that has data gets an equal part of the rollout's rollback
+    # budget, split evenly over its members (stages, functions), so loop latency keeps its power however
+    # many functions are watched, and request signals nobody scrapes cost nothing (which families have data
+    # depends on the sources, not on the values, so the bound still holds). The looks need no share: each
+    # test's boundary holds over all of them (gate.sequential). Expanding and promoting need every signal
+    # to pass (intersection-union tests), so their levels are not split.
     families = max(1, sum(any(has_values(i) for i in insts) for insts in by_family.values()))
-    alpha_promote = alpha if policy.inference == "anytime" else stats.bonferroni(alpha, promote_looks)
-    final = elapsed >= policy.max_duration_s
+    alpha = 1.0 - policy.confidence
     signals = tuple(
         result
         for family, insts in by_family.items()
         for result in evaluate(
-            family,
-            insts,
-            policy,
-            max(stats.bonferroni(look_alpha, families, len(insts)), 1e-12),
-            alpha_promote,
-            enough,
-            final=final,
-            proof=last_step,
-        )
+            family, insts, policy, max(stats.bonferroni(alpha, families, len(insts)), 1e-12), enough)
     )
 
     def attribution(signal: str | None = None) -> tuple[str | None, str | None]:
@@ -142,7 +136,7 @@ def decide(
             return regressed_role_function(b.units, c.units, signal.split(":", 1)[1]), None
         return regressed_function(b.units, c.units), regressed_stage(b.units, c.units)
 
-    decision = _judge(policy, b, c, signals, elapsed, step_duration_s, attribution)
+    decision = _judge(policy, b, c, signals, elapsed, step_duration_s, attribution, last_step)
     loop = by_family.get("loop_latency") or []
     kinds = tuple(sorted({p.kind for i in loop for p in i.plans.values()}))
     resolvable = resolvable_margin(policy, loop_v) if loop_v is not None else None
@@ -167,19 +161,12 @@ def _warmup_shift(warm: Sequence[Window], units: Sequence[Unit], policy: GatePol
 
 def resolvable_margin(policy: GatePolicy, v: paired.Variances, pods: int | None = None) -> float:
     """The smallest loop-latency margin the rollout can resolve from the pods' spread alone (relative, 0.05 =
-    5%): 2 z SE, where SE is the pod-level standard error of the difference with the last step's canary pods
-    each paired on its node (restart spread; the stable mean's spread where that is smaller) and z the
-    one-sided quantile of the last step's share of the budget, split over its planned looks. A regression the
-    size of a margin below this is rolled back less than half the time (a rollback needs the bound above half
-    the margin and the estimate above all of it). The windows' own noise comes on top."""
+    5%): the margin within which a harmless canary is promoted 95% of the time at the last step
+    (`compare.resolvable`), with its canary pods each paired on its node (restart spread; the stable mean's spread
+    where that is smaller). Where the margin is narrower, the promotion bound is held to this one instead
+    (`SignalResult.promote_margin`) and the decision warns. The windows' own noise comes on top."""
     m = max(1, pods or (policy.step_pods[-1] if policy.step_pods else 1))
-    se = math.sqrt(min(2 * v.restart, v.pod) / m)
-    marks = policy.horizon()
-    alpha = 1.0 - policy.confidence
-    last = stats.spent(alpha, 1.0, policy.spending_rho) - stats.spent(alpha, marks[-2] / marks[-1], policy.spending_rho)
-    looks = stats.planned_looks(policy.max_duration_s, policy.interval_s)
-    z = NormalDist().inv_cdf(1 - max(last / looks, 1e-12))
-    return math.expm1(2 * z * se)
+    return math.expm1(resolvable(1.0 - policy.confidence, min(2 * v.restart, v.pod), m))
 
 
 def _judge(
@@ -190,6 +177,7 @@ def _judge(
     elapsed: float,
     step_duration_s: float,
     attribution: Callable[..., tuple[str | None, str | None]],
+    last_step: bool,
 ) -> Decision:
     failed = [s for s in signals if s.verdict == "fail"]
     if failed:
@@ -201,7 +189,8 @@ def _judge(
             msg += f"; grew most: {worst.name.split(':', 1)[1]} function {fn or 'n/a'}"
         elif stage or fn:
             msg += f"; grew most: stage {stage or 'n/a'}, function {fn or 'n/a'}"
-        return Decision("Rollback", SIGNALS[family_of(worst.name)].reason, msg, signals, fn, stage)
+        return Decision("Rollback", SIGNALS[family_of(worst.name)].reason, msg, signals, fn, stage,
+                        decided_by="evidence")
 
     at_max = elapsed >= policy.max_duration_s
     problem = c.problem or b.problem
@@ -219,42 +208,27 @@ def _judge(
         if not at_max:
             return Decision("Inconclusive", "TooFewSamples", msg, signals)
         return _at_max_duration(policy, signals, msg, data_missing=True, attribution=attribution)
-    if all(s.verdict == "pass" for s in blocking):
+    # Before the last step a canary expands once every signal is under its ceiling (or already inside its
+    # margin); at the last step it is promoted only inside its promotion margin.
+    ok = ("pass",) if last_step else ("pass", "expand")
+    if all(s.verdict in ok for s in blocking):
         if elapsed >= step_duration_s:
             worst = max(blocking, key=_severity)
-            if at_max and not all(_proven(policy, s) for s in blocking):
-                # The last look decides on the estimates: none is beyond its margin, none confidently
-                # worse beyond it; holding a canary back for noise is what this look exists to avoid.
-                return Decision(
-                    "Promote",
-                    "WithinMarginAtMaxDuration",
-                    f"at maxDuration every estimate is within its margin (not all proven); "
-                    f"closest: {_describe(worst)}",
-                    signals,
-                )
+            if last_step:
+                return Decision("Promote", "NoRegression", f"every signal within its margin; closest: "
+                                f"{_describe(worst)}", signals, decided_by="evidence")
+            by_ceiling = any(s.verdict == "expand" for s in blocking)
             return Decision(
-                "Promote", "NoRegression", f"all signals within margin; closest: {_describe(worst)}", signals
-            )
+                "Promote", "BelowCeiling" if by_ceiling else "NoRegression",
+                f"expanding: every signal under its harm ceiling; closest: {_describe(worst, ceiling=True)}",
+                signals, decided_by="ceiling" if by_ceiling else "evidence")
         msg = f"no regression so far; step analysis time {elapsed:.0f}s of {step_duration_s:.0f}s"
         return Decision("Continue", "StepInProgress", msg, signals)
-    undecided = [s for s in blocking if s.verdict != "pass"] or list(signals)
-    msg = "undecided: " + "; ".join(_describe(s) for s in undecided[:3])
+    undecided = [s for s in blocking if s.verdict not in ok] or list(signals)
+    msg = "undecided: " + "; ".join(_describe(s, ceiling=not last_step) for s in undecided[:3])
     if not at_max:
         return Decision("Continue", "AwaitingEvidence", msg, signals)
     return _at_max_duration(policy, signals, msg, data_missing=False, attribution=attribution)
-
-
-def _proven(policy: GatePolicy, s: SignalResult) -> bool:
-    """What a promotion before the last look needs beyond the estimate holds (`policy.bound_factor`)."""
-    fam = family_of(s.name)
-    spec = SIGNALS[fam]
-    factor = bound_factor(policy, fam)
-    if not factor:
-        return True
-    bound = s.ci_high if spec.higher_is_worse else (None if s.ci_low is None else -s.ci_low)
-    if bound is None:
-        return False
-    return bound < factor * s.margin
 
 
 def _optional_absent(s: SignalResult) -> bool:
@@ -276,15 +250,15 @@ def _at_max_duration(
         # Nothing was measured because nothing was served: a rollback would throw the change away for want of
         # traffic, not for a regression. The rollout pauses for a person (or the load hook) instead.
         return Decision("Pause", "NoTraffic", f"{prefix}; pausing: a step without traffic is never rolled back",
-                        signals)
+                        signals, decided_by="timeout")
     if action == "Rollback":
         fn, stage = attribution()
-        return Decision("Rollback", reason, f"{prefix}; onInconclusive Rollback", signals, fn, stage)
+        return Decision("Rollback", reason, f"{prefix}; onInconclusive Rollback", signals, fn, stage, decided_by="timeout")
     if action == "Promote" and not data_missing:
-        return Decision("Promote", reason, f"{prefix}; onInconclusive Promote", signals)
+        return Decision("Promote", reason, f"{prefix}; onInconclusive Promote", signals, decided_by="timeout")
     if action == "Promote":
-        return Decision("Pause", reason, f"{prefix}; onInconclusive Promote refused without data, pausing", signals)
-    return Decision("Pause", reason, f"{prefix}; onInconclusive Pause", signals)
+        return Decision("Pause", reason, f"{prefix}; onInconclusive Promote refused without data, pausing", signals, decided_by="timeout")
+    return Decision("Pause", reason, f"{prefix}; onInconclusive Pause", signals, decided_by="timeout")
 
 
 def _resolution(policy: GatePolicy, resolvable: float | None) -> str | None:
@@ -294,8 +268,8 @@ def _resolution(policy: GatePolicy, resolvable: float | None) -> str | None:
         return None
     return (
         f"with this schedule and the pods' measured spread the gate can resolve loop-latency margins of about "
-        f"{resolvable:.1%} or more, against a margin of {margin:.0%}: a regression of the margin's size is rolled "
-        f"back less than half the time; add steps or pods, or widen maxRegression.loopLatency"
+        f"{resolvable:.1%} or more, against a margin of {margin:.0%}: a canary is promoted only within that wider "
+        f"margin; add pods to the last step, or widen maxRegression.loopLatency"
     )
 
 
@@ -307,19 +281,30 @@ def _severity(s: SignalResult) -> float:
     return math.inf if worse > 0 else worse
 
 
-def _fmt_delta(s: SignalResult) -> str:
+def _fmt_delta(s: SignalResult, ceiling: bool = False) -> str:
     if s.delta is None:
         return "n/a"
-    if SIGNALS[family_of(s.name)].scale == "linear":
-        return f"{s.delta * 100:+.1f}pp (bounds {s.ci_low * 100:+.1f}..{s.ci_high * 100:+.1f}pp, allowed {s.margin * 100:.1f}pp)"
-    return f"{s.delta:+.1%} (bounds {s.ci_low:+.1%}..{s.ci_high:+.1%}, allowed {s.margin:.1%})"
+    linear = SIGNALS[family_of(s.name)].scale == "linear"
+
+    def f(x: float | None) -> str:
+        return "n/a" if x is None else (f"{x * 100:+.1f}pp" if linear else f"{x:+.1%}")
+
+    def a(x: float | None) -> str:
+        return "n/a" if x is None else (f"{x * 100:.1f}pp" if linear else f"{x:.1%}")
+
+    out = f"{f(s.delta)} (bounds {f(s.ci_low)}..{f(s.ci_high)}, allowed {a(s.margin)}"
+    if s.promote_margin is not None and s.promote_margin > s.margin + 1e-9:
+        out += f", resolvable {a(s.promote_margin)}"
+    if ceiling and s.ceiling is not None:
+        out += f"; expand bound {f(s.expand_bound)}, ceiling {a(s.ceiling)}"
+    return out + f", {s.pods} canary pod{'s' if s.pods != 1 else ''})"
 
 
-def _describe(s: SignalResult) -> str:
+def _describe(s: SignalResult, ceiling: bool = False) -> str:
     what = SIGNALS[family_of(s.name)].label
     if ":" in s.name:
         what = f"{what} of {s.name.split(':', 1)[1]}"
-    return f"{what} {_fmt_delta(s)} over {s.n_canary} canary / {s.n_baseline} baseline windows"
+    return f"{what} {_fmt_delta(s, ceiling)} over {s.n_canary} canary / {s.n_baseline} baseline windows"
 
 
 def pre_period(windows: Sequence[Window], policy: GatePolicy, nodes: Mapping[str, str], now: float

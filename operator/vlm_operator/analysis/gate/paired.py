@@ -188,11 +188,14 @@ def plan_pods(
     *,
     placebo: float | None,
     did: bool,
+    running: int | None = None,
 ) -> dict[str, PodPlan]:
     """Each canary pod's comparison (module docstring). `did`: this signal has a pre-period (loop latency);
-    `placebo`: the drift variance measured on the untouched stable pods (None: not measurable, s^2 used)."""
+    `placebo`: the drift variance measured on the untouched stable pods (None: not measurable, s^2 used);
+    `running`: how many of the baseline pods run now (the stable mean an Unpaired pod is compared with is theirs;
+    None: all of them)."""
     base = frozenset(baseline_pods)
-    n_base = max(1, len(base))
+    n_base = max(1, running if running is not None else len(base))
     out: dict[str, PodPlan] = {}
     for pod in canary_pods:
         node = layout.nodes.get(pod)

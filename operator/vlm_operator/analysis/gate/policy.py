@@ -18,7 +18,9 @@ from vlm_operator.api.units import parse_duration
 
 # Pause: stop analysing and wait for a person (onInconclusive Pause, or Promote refused without data).
 Verdict = Literal["Promote", "Continue", "Rollback", "Inconclusive", "Pause"]
-SignalVerdict = Literal["pass", "fail", "insufficient"]
+# pass: the promotion bound inside its margin; expand: the expand bound under the harm ceiling; fail: the
+# rollback bound beyond half the margin and the estimate beyond it (gate.compare.evaluate).
+SignalVerdict = Literal["pass", "expand", "fail", "insufficient"]
 
 # More idle time means the canary is faster (or got less work), never a regression.
 NOT_A_REGRESSION_STAGE = "idle"
@@ -32,17 +34,14 @@ class SignalSpec:
     higher_is_worse: bool
     reason: str
     label: str
-    # Promotion needs this signal's bound inside the margin (proof of non-inferiority). The other signals
-    # hold a canary back only while their estimate is beyond the margin, and roll it back on evidence.
-    prove: bool = False
     # Request signals only exist when SGLang metrics are scraped: absent on both sides they are
     # reported but do not hold back a promotion; the profiler signals always must be there.
     required: bool = True
 
 
 SIGNALS: Mapping[str, SignalSpec] = {
-    "loop_latency": SignalSpec("log", True, "LoopLatencyRegressed", "scheduler loop latency", prove=True),
-    "loop_p95": SignalSpec("log", True, "LoopP95Regressed", "scheduler loop p95", prove=True),
+    "loop_latency": SignalSpec("log", True, "LoopLatencyRegressed", "scheduler loop latency"),
+    "loop_p95": SignalSpec("log", True, "LoopP95Regressed", "scheduler loop p95"),
     "ttft": SignalSpec("log", True, "TTFTRegressed", "time to first token", required=False),
     "itl": SignalSpec("log", True, "ITLRegressed", "inter-token latency", required=False),
     "throughput": SignalSpec("log", False, "ThroughputRegressed", "throughput", required=False),
@@ -66,36 +65,27 @@ class GatePolicy:
         increase (0.03 = 3% slower). throughput: relative drop. stage_time: growth of one stage's time
         per iteration, as a fraction of the baseline's loop time (0.05 = 5 points). frontend_busy: growth
         of one front-end role's busy share at the baseline's request rate (0.10 = 10 points).
-    confidence: 1 - the false-rollback budget of the whole rollout (spent over steps, looks, signals).
-    steps: canary steps of the rollout; each step gets an equal part of the budget.
+    confidence: 1 - the error budget of each test over the whole rollout: rolling back a canary within half its
+        margin (split over the gated signals) and promoting one beyond its promotion margin.
+    steps: canary steps of the rollout.
     min_samples: analysis units (pod windows, TP ranks merged) per revision before any verdict.
     max_duration_s: analysis time of a step after which on_inconclusive decides.
     on_inconclusive: Rollback by default: a canary that could not be shown harmless does not ship.
         Promote applies only when the data were there but undecided; never on missing data.
     stale_after_s: a revision whose newest usable window is older than this (vs `now`) is stale.
-    interval_s: time between analyses; max_duration_s / interval_s looks share the rollback budget.
+    interval_s: time between analyses (the bounds hold at every look, however many: gate.sequential).
     rank_merge_s: windows of one pod ending this close together are one time slice (TP ranks).
     max_idle_share: windows idler than this carry no traffic and are left out.
     trim: fraction trimmed from each tail by the test.
     pair_s: a canary window is paired with the baseline windows that ended within half this of it (else
         within this): the telemetry interval, so each pod contributes about one window per pair.
-    inference: "bonferroni" splits the budget over the planned looks (max_duration_s / interval_s);
-        "anytime" uses confidence sequences valid for any number of looks (wider at each one; measured
-        in bench/gate_quality.py, not exposed in the API).
     step_durations_s: each step's planned analysis time (the schedule's); empty: every step maxDuration.
     step_pods: canary pods in each step (for the resolvable margin); empty: one.
-    spending_rho: the rollout's rollback budget is spent over its planned analysis time as alpha t^rho
-        (`stats.spent`): 1 (shipped) spends it evenly in time, so a gross regression is stopped in the first
-        step; 3 keeps most of it for the end (O'Brien-Fleming-like). Measured in bench/paired_gate.py.
     warmup_s: a canary pod's windows that end within this of its Ready time are left out of the comparison
         (cold caches, first requests of each shape, allocator growth): a restart's warm-up is not the revision's
         effect. The gate measures what it left out (`Decision.warmup_shift`).
-    request_bound_factor: before the last look, a request signal (TTFT, ITL, throughput) passes only when its
-        estimate is within the margin and its promotion bound excludes a regression of this many margins (2,
-        shipped: a TTFT 20% worse is not promoted on an estimate that noise put inside the 10% margin; the
-        bound at the margin itself would rarely close on 5 s request means). 0: the estimate alone (the earlier
-        rule, measured in bench/gate_quality.py as a variant: docs/benchmarks.md, "Request signals' promotion
-        bound"). Not in the API.
+    expand_ceiling: signal -> a fixed harm ceiling (same units as max_regression); a signal not named gets the
+        default derived from one pod's standard error at each look (gate.sequential.ceiling).
     """
 
     max_regression: Mapping[str, float] = field(
@@ -112,12 +102,10 @@ class GatePolicy:
     max_idle_share: float = 0.9
     trim: float = stats.DEFAULT_TRIM
     pair_s: float = 15.0
-    inference: Literal["bonferroni", "anytime"] = "bonferroni"
-    request_bound_factor: float = 2.0
     step_durations_s: tuple[float, ...] = ()
     step_pods: tuple[int, ...] = ()
-    spending_rho: float = 1.0
     warmup_s: float = 60.0
+    expand_ceiling: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         where = "spec.rollout.analysis"
@@ -145,35 +133,11 @@ class GatePolicy:
             raise InvalidSpec("at least one rollout step", field="spec.rollout.steps")
         if self.step_durations_s and len(self.step_durations_s) != self.steps:
             raise InvalidSpec("one analysis time per step", field="spec.rollout.steps")
-        if not self.spending_rho > 0:
-            raise InvalidSpec("spending_rho must be positive", field=where)
-
-    def horizon(self) -> tuple[float, ...]:
-        """Where each step's analysis starts on the rollout's spending clock when every step takes its planned
-        time, and (last) the clock's end: the planned analysis times of the steps before the last, then the
-        last step's maxDuration (its look at maxDuration has budget too)."""
-        durations = self.step_durations_s or (self.max_duration_s,) * self.steps
-        starts = [0.0]
-        for d in durations[:-1]:
-            starts.append(starts[-1] + min(d, self.max_duration_s))
-        return (*starts, starts[-1] + self.max_duration_s)
-
-    def look_alpha(self, elapsed_s: float, before_s: float = 0.0) -> float:
-        """The rollback level of a look `elapsed_s` into a step's analysis, after `before_s` seconds of analysis
-        in the rollout's earlier steps: the part of the rollout's budget (1 - confidence) spent since one
-        interval earlier (`stats.spent`), on a clock of analysis time whose end is `horizon()[-1]`. A step that
-        runs past its planned time spends from the steps after it, and the clock never runs back, so the
-        levels of all looks of all steps add up to at most the budget."""
-        if self.inference == "anytime":  # confidence sequences hold at every look: nothing to split
-            return 1.0 - self.confidence
-        total = self.horizon()[-1]
-        alpha = 1.0 - self.confidence
-
-        def t(e: float) -> float:
-            return min(1.0, (before_s + max(e, 0.0)) / total)
-
-        return stats.spent(alpha, t(elapsed_s), self.spending_rho) - stats.spent(
-            alpha, t(elapsed_s - self.interval_s), self.spending_rho)
+        for name, c in self.expand_ceiling.items():
+            if name not in self.max_regression:
+                raise InvalidSpec(f"{name}: a ceiling for a signal that is not gated", field=f"{where}.expandCeiling")
+            if not c >= self.max_regression[name]:
+                raise InvalidSpec(f"{name}: the ceiling must be at least the margin", field=f"{where}.expandCeiling")
 
     @classmethod
     def from_spec(cls, spec: api.VLMServiceSpec) -> GatePolicy:
@@ -201,6 +165,9 @@ class GatePolicy:
                 # Gated only when set (the p95 of a window is noisier than its mean: an opt-in signal).
                 **({"loop_p95": m.loop_p95 / 100} if m.loop_p95 is not None else {}),
             },
+            expand_ceiling={
+                k: v / 100 for k, v in (a.expand_ceiling.model_dump(by_alias=False) if a.expand_ceiling else {}).items()
+                if v is not None and (k != "loop_p95" or m.loop_p95 is not None)},
             confidence=a.confidence,
             steps=len(schedule),
             step_durations_s=tuple(parse_duration(s.analysis) for s in schedule),
@@ -212,14 +179,6 @@ class GatePolicy:
             stale_after_s=max(3 * parse_duration(telemetry_interval), 60.0),
             pair_s=parse_duration(telemetry_interval),
         )
-
-
-def bound_factor(policy: GatePolicy, family: str) -> float:
-    """How many margins a family's promotion bound must stay below before the last look: 1 for the loop
-    signals (proof of non-inferiority), `request_bound_factor` for request signals, 0 (none) for the rest."""
-    if SIGNALS[family].prove:
-        return 1.0
-    return policy.request_bound_factor if family in REQUEST_SIGNALS else 0.0
 
 
 def family_of(name: str) -> str:

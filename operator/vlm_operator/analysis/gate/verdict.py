@@ -29,6 +29,16 @@ class SignalResult:
     n_canary: int
     verdict: SignalVerdict
     margin: float = 0.0
+    # The expand test's bound on the worse side, the harm ceiling it is held to, the margin the promotion bound
+    # is held to (the margin, or what the schedule can resolve where that is wider) and that resolvable margin,
+    # all on the signal's own scale; the look's information as a share of the boundary's target I*
+    # (gate.sequential) and the canary pods the estimate pooled.
+    expand_bound: float | None = None
+    ceiling: float | None = None
+    promote_margin: float | None = None
+    resolvable: float | None = None
+    information: float | None = None
+    pods: int = 0
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,9 @@ class Decision:
     # Where this step's analysis clock started (unix seconds): the end of the canary's first fresh profiler
     # window after its pods were Ready; None while no such window exists (the clock then runs from Ready).
     clock_started_at: float | None = None
+    # What decided the step (evidence: a bound crossed its margin; ceiling: every expand bound under its
+    # ceiling; timeout: maxDuration and onInconclusive); None while the step goes on.
+    decided_by: str | None = None
     # What this look measured about the pods (for the service's calibration), the loop-latency margin the
     # rollout can resolve (resolvable_margin), and the comparisons its canary pods got (gate.paired).
     evidence: Evidence | None = None
