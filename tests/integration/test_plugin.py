@@ -49,7 +49,8 @@ def write_status(kube, namespace: str, name: str, status: dict) -> None:
 
 CANARY_STATUS = {
     "phase": "Canary", "replicas": 2, "readyReplicas": 2, "stableRevision": "5d8f7c", "canaryRevision": "9a1b2e",
-    "rollout": {"phase": "Analysing", "step": 1, "revision": "9a1b2e", "verdict": "Continue", "analyses": 3},
+    "rollout": {"phase": "Analysing", "step": 1, "revision": "9a1b2e", "verdict": "Continue", "analyses": 3,
+                "decisions": [{"step": 0, "verdict": "Promote", "decidedBy": "ceiling", "reason": "BelowCeiling"}]},
     "profiler": {"loopP95": "24.1ms", "loopP50": "21.0ms", "topFunction": "process_input_requests"},
 }
 
@@ -85,11 +86,11 @@ def test_status_table_shows_rollout_progress_and_top_function(cluster, kube, crd
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].split() == ["NAME", "MODEL", "READY", "PHASE", "ROLLOUT", "STEP", "CANARY", "VERDICT",
-                                "LOOP-P95", "TOP-FUNCTION", "AGE"]
+                                "DECIDED-BY", "LOOP-P95", "TOP-FUNCTION", "AGE"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
-    assert rows["canary-svc"][2:10] == ["2/2", "Canary", "Analysing", "2/2", "9a1b2e", "Continue", "24.1ms",
-                                        "process_input_requests"]
-    assert rows["steady-svc"][2:10] == ["1/1", "Ready", "-", "-", "-", "-", "19.5ms", "run_batch"]
+    assert rows["canary-svc"][2:11] == ["2/2", "Canary", "Analysing", "2/2", "9a1b2e", "Continue", "ceiling",
+                                        "24.1ms", "process_input_requests"]
+    assert rows["steady-svc"][2:11] == ["1/1", "Ready", "-", "-", "-", "-", "-", "19.5ms", "run_batch"]
 
     every = kubectl_vlm(cluster, "status", "-A", "-o", "json")
     assert every.returncode == 0, every.stderr

@@ -351,6 +351,7 @@ def response(req: JudgeRequest, d: gate.Decision, windows: Sequence[Window], pod
         "verdict": d.verdict,
         "pass": PASS[d.verdict],
         "reason": d.reason,
+        "decidedBy": d.decided_by,
         "message": d.message,
         "regressedStage": d.regressed_stage,
         "regressedFunction": (callee or fn) if fn else None,
@@ -359,7 +360,9 @@ def response(req: JudgeRequest, d: gate.Decision, windows: Sequence[Window], pod
         "signals": [
             {"name": s.name, "verdict": s.verdict, "baseline": _num(s.baseline), "canary": _num(s.canary),
              "delta": _num(s.delta), "ciLow": _num(s.ci_low), "ciHigh": _num(s.ci_high),
-             "pValue": _num(s.p_value), "margin": _num(s.margin), "nBaseline": s.n_baseline, "nCanary": s.n_canary}
+             "pValue": _num(s.p_value), "margin": _num(s.margin), "promoteMargin": _num(s.promote_margin),
+             "ceiling": _num(s.ceiling), "expandBound": _num(s.expand_bound), "information": _num(s.information),
+             "nBaseline": s.n_baseline, "nCanary": s.n_canary}
             for s in d.signals
         ],
         "flamegraphDiff": flamegraph(req.namespace, canary, pods) if d.verdict == "Rollback" else None,

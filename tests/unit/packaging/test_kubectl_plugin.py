@@ -93,12 +93,13 @@ def test_every_flag_has_help():
 def test_row_of_an_analysing_canary_shows_progress_and_top_function():
     obj = svc(steps=3, readyReplicas=2, phase="Progressing", canaryRevision="7f9c2d",
               profiler={"loopP95": "24.0ms", "topFunction": "process_input_requests"},
-              rollout={"phase": "Analysing", "step": 1, "revision": "7f9c2d", "verdict": "Continue"})
+              rollout={"phase": "Analysing", "step": 1, "revision": "7f9c2d", "verdict": "Continue",
+                       "decisions": [{"step": 0, "verdict": "Promote", "decidedBy": "ceiling"}]})
     row = vlm.service_row(obj, NOW)
     assert row == {"NAMESPACE": "ml", "NAME": "qwen", "MODEL": "Qwen/Qwen2.5-VL-3B-Instruct", "READY": "2/2",
                    "PHASE": "Progressing", "ROLLOUT": "Analysing", "STEP": "2/3", "CANARY": "7f9c2d",
-                   "VERDICT": "Continue", "LOOP-P95": "24.0ms", "TOP-FUNCTION": "process_input_requests",
-                   "AGE": "1h"}
+                   "VERDICT": "Continue", "DECIDED-BY": "ceiling", "LOOP-P95": "24.0ms",
+                   "TOP-FUNCTION": "process_input_requests", "AGE": "1h"}
 
 
 def test_rolled_back_row_names_the_regressed_function_and_no_live_canary():

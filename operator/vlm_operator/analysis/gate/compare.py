@@ -198,10 +198,15 @@ def plan_instance(
     prior = max(paired.PRIOR_POD_SD_LOG**2 * scale, 0.0 if log else paired.PRIOR_POD_SD_LINEAR_MIN**2)
     history = (calibration.pod_ss * scale, calibration.pod_df)
     pod, pod_df = paired.pooled(prior, paired.PRIOR_DF, history, (cur_ss, cur_df))
+    within = (0.0, 0.0)
     if is_loop or (log and loop is None):
         # f = 0 until measured: the restart spread starts as the whole pod spread, an assumption worth little
-        # (RESTART_PRIOR_DF) against what history and this rollout's pairs measure.
-        restart, r_df = paired.pooled(pod, paired.RESTART_PRIOR_DF, (calibration.restart_ss, calibration.restart_df))
+        # (RESTART_PRIOR_DF) against what history, the stable pods that share a node, and this rollout's pairs
+        # measure. Stable pods on one node differ only by their restarts: where nodes hold two or more, the
+        # within-node spread of their means is the restart variance, on a first rollout too.
+        within = paired.within_nodes(inst.spread_values(log), layout.nodes)
+        restart, r_df = paired.pooled(pod, paired.RESTART_PRIOR_DF, (calibration.restart_ss, calibration.restart_df),
+                                      within)
     else:
         share = 1.0 if loop is None or loop.pod <= 0 else min(1.0, loop.restart / loop.pod)
         restart, r_df = pod * share, pod_df if loop is None else min(pod_df, loop.restart_df)
@@ -212,7 +217,7 @@ def plan_instance(
     placebo = _placebo(inst, layout) if did else None
     running = _running(inst, 4 * pair_s)
     plans = paired.plan_pods(canary_pods, base_pods, layout, v, placebo=placebo, did=did, running=running)
-    ev = paired.Evidence(cur_ss, cur_df) if is_loop else paired.Evidence()
+    ev = paired.Evidence(cur_ss, cur_df, *within) if is_loop else paired.Evidence()
     if is_loop:
         # The same-node pairs' own spread: the revision's effect is common to them, so how much their mean
         # differences disagree (beyond their windows' noise) is the restart variance.
@@ -228,9 +233,10 @@ def plan_instance(
             # the drift against the fleet: dividing by 2 is the conservative reading (the larger restart share).
             est = max(0.0, s2 - noise) / 2
             df = len(same) - 1
-            ev = replace(ev, restart_ss=est * df, restart_df=float(df))
+            ev = replace(ev, restart_ss=ev.restart_ss + est * df, restart_df=ev.restart_df + float(df))
             restart, r_df = paired.pooled(
-                pod, paired.RESTART_PRIOR_DF, (calibration.restart_ss, calibration.restart_df), (est * df, float(df)))
+                pod, paired.RESTART_PRIOR_DF, (calibration.restart_ss, calibration.restart_df), within,
+                (est * df, float(df)))
             v = paired.Variances(pod, restart, pod_df, r_df)
             plans = paired.plan_pods(canary_pods, base_pods, layout, v, placebo=placebo, did=did, running=running)
     # A pod paired with a reference that has no window near its own (a neighbour whose sidecar is down) is

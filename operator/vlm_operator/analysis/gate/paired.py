@@ -21,8 +21,9 @@ fleet mean, and the gate says so rather than pretend.
 
 The variances come from the fleet, not the step (empirical Bayes): the stable pods' spread now, the
 service's history (`Calibration`, in status) and a prior of 2% (so one pod never means "no spread"), each
-weighted by its degrees of freedom; the restart share starts at the conservative f = 0 and learns from
-finished rollouts' pairs.
+weighted by its degrees of freedom; the restart share starts at the conservative f = 0 and learns from the
+stable pods that share a node (their within-node spread is the restart variance, on a first rollout too:
+`within_nodes`), this rollout's pairs and finished rollouts' pairs.
 """
 
 from __future__ import annotations
@@ -161,6 +162,32 @@ def between_pods(by_pod: Mapping[str, Sequence[float]]) -> tuple[float, float]:
     est = max(0.0, var_means - sum(within) / len(within))
     df = len(groups) - 1
     return est * df, float(df)
+
+
+def within_nodes(by_pod: Mapping[str, Sequence[float]], nodes: Mapping[str, str]) -> tuple[float, float]:
+    """(sum of squares, df) of the restart variance measured on pods of one revision that share a node: the spread
+    of their means around their node's mean (the node's part is common to them), the windows' own noise removed
+    (method of moments, as `between_pods`). Pods with fewer than two values or no known node are left out; (0, 0)
+    where no node holds two such pods."""
+    groups: dict[str, list[list[float]]] = {}
+    for pod, xs in by_pod.items():
+        node = nodes.get(pod)
+        if node is not None and len(xs) >= 2:
+            groups.setdefault(node, []).append(list(xs))
+    ss = noise = df = 0.0
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        means = [sum(g) / len(g) for g in members]
+        grand = sum(means) / len(means)
+        ss += sum((m - grand) ** 2 for m in means)
+        k = len(members) - 1
+        df += k
+        noise += k * sum(sum((x - m) ** 2 for x in g) / (len(g) - 1) / len(g)
+                         for g, m in zip(members, means, strict=True)) / len(members)
+    if df <= 0:
+        return 0.0, 0.0
+    return max(0.0, ss - noise), df
 
 
 @dataclass(frozen=True)

@@ -174,3 +174,39 @@ def test_the_warm_up_after_ready_is_left_out_and_its_shift_measured():
     assert abs(with_warmup.signals[0].delta) < 0.01 < without.signals[0].delta
     assert with_warmup.warmup_shift == pytest.approx(0.127, abs=0.02)
     assert without.warmup_shift is None
+
+
+def test_stable_pods_sharing_a_node_teach_the_node_share_on_a_first_rollout():
+    """Two stable pods on each of four nodes, the nodes 4% apart and the pods on one node within 0.3% of each other:
+    the node carries the spread (f near 1). With no history the within-node spread is the restart variance, so a
+    canary next to a stable pod on the slowest node is compared Concurrent with it, and an unchanged revision is
+    not read as the node's +6%."""
+    from vlm_operator.analysis.gate.paired import within_nodes
+
+    rng = np.random.default_rng(5)
+    offsets = [0.06, -0.02, 0.0, -0.04]
+    nodes, base, can = {}, [], []
+    for i, off in enumerate(offsets):
+        for j in range(2):
+            pod = f"stable-{i}-{j}"
+            if (i, j) == (0, 1):
+                continue  # the canary took this pod's GPU
+            nodes[pod] = f"node-{i}"
+            own = rng.normal(0, 0.003)
+            base += [w("stable", pod, k, 0.02 * math.exp(off + own + rng.normal(0, 0.01))) for k in range(20)]
+    nodes["canary-0"] = "node-0"
+    can = [w("canary", "canary-0", k, 0.02 * math.exp(0.06 + rng.normal(0, 0.003) + rng.normal(0, 0.01)))
+           for k in range(20)]
+    by_pod: dict[str, list[float]] = {}
+    for x in base:
+        by_pod.setdefault(x.pod, []).append(math.log(x.loop_mean_seconds))
+    ss, df = within_nodes(by_pod, nodes)
+    assert df == 3 and ss / df < 0.003**2 * 4  # three nodes with two pods: the restart spread, small
+    assert within_nodes(by_pod, {}) == (0.0, 0.0)  # no layout, nothing learned
+    first = look(base, can, Layout(nodes), calibration=Calibration())
+    assert first.pairing == ("Concurrent",), first.pairing
+    assert abs(first.signals[0].delta) < 0.015 and first.verdict != "Rollback", first.message
+    assert first.evidence is not None and first.evidence.restart_df >= 3  # kept for the service's calibration
+    unpaired = look(base, can, Layout({p: n for p, n in nodes.items() if p.startswith("canary")}),
+                    calibration=Calibration())
+    assert unpaired.signals[0].delta > 0.04  # against the stable mean, the node's offset reads as a regression
