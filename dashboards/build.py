@@ -78,10 +78,15 @@ def panels() -> list[dict]:
         _target(f"vlm_operator_signal_delta{{{SEL}}}", "{{vlmservice}} {{signal}}")],
         unit="percentunit",
         description="Last relative delta the canary gate measured (positive: the canary is worse for latency "
-                    "signals). The gate rolls back when a delta exceeds spec.rollout.analysis.maxRegression."))
+                    "signals). The gate rolls back when a signal is confidently worse than half its maxRegression "
+                    "and estimated beyond it."))
     out.append(_panel(4, "Rollout verdicts", "bargauge", (0, 8, 8, 6), [
-        _target("sum by (result) (increase(vlm_operator_rollouts_total[$__range]))", "{{result}}", instant=True)],
-        description="Finished rollouts in the selected time range: promoted, rolled_back, aborted.",
+        _target("sum by (result) (increase(vlm_operator_rollouts_total[$__range]))", "{{result}}", instant=True),
+        _target("sum by (decided_by) (increase(vlm_operator_step_decisions_total[$__range]))",
+                "step decided by {{decided_by}}", instant=True)],
+        description="Finished rollouts in the selected time range (promoted, rolled_back, aborted), and what decided "
+                    "their steps: the evidence, the harm ceiling, or the clock (timeout: maxDuration and "
+                    "onInconclusive). Many timeouts: the gate cannot resolve the margins with this schedule.",
         extra={"options": {"orientation": "horizontal", "displayMode": "basic",
                            "reduceOptions": {"calcs": ["lastNotNull"], "values": False}}}))
     out.append(_panel(5, "Rolled-back canaries (signal and function that regressed)", "table", (8, 8, 16, 6), [
