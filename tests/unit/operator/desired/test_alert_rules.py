@@ -238,7 +238,7 @@ def exported_series() -> dict[str, set[str]]:
 
     fe = frontend_window(2, 0.0, 1.0, {"mm_processor": RoleSummary("mm_processor", 2, 2, (3, 4), 0.95, 0.97, None,
                                                                    {"resize": 0.5}, {"resize": 0.4})}, [0.7])
-    snap = StoreSnapshot({0: RankState(last_ok=w, last=w)}, {("0", "ok"): 1.0}, {("0", "timeout"): 1.0}, [w], fe,
+    snap = StoreSnapshot({0: RankState(last_ok=w, last=w, agreement={"run_batch": 0.01})}, {("0", "ok"): 1.0}, {("0", "timeout"): 1.0}, [w], fe,
                          {("mm_processor", "timeout"): 1.0})
     add(build_families(snap, SidecarConfig().labels, now=1.0, stale_after_s=60.0))
     return out

@@ -25,7 +25,7 @@ def test_promtool_accepts_the_rules(tmp_path):
     path.write_text(alerts.render())
     scoped = tmp_path / "scoped.yaml"
     scoped.write_text(yaml.safe_dump(alerts.build_prometheus_rule("svc", "ns", {}, {})["spec"]))
-    for p, n in ((path, 11), (scoped, 9)):
+    for p, n in ((path, 12), (scoped, 10)):
         out = subprocess.run([promtool, "check", "rules", str(p)], capture_output=True, text=True)
         assert out.returncode == 0, out.stdout + out.stderr
         assert f"SUCCESS: {n} rules found" in out.stdout
@@ -40,6 +40,7 @@ def test_each_alert_has_summary_description_and_a_runbook_paragraph():
         "VLMIPCCacheInactive",
         "VLMIPCCacheNotObserved",
         "VLMProfilerStale",
+        "VLMProfilerDisagreesWithSGLang",
         "VLMCanaryRolledBack",
         "VLMCanaryRollbackFailed",
         "VLMServiceNotServing",
