@@ -1045,7 +1045,10 @@ def summarize_gate(outs: Sequence[Outcome], sc: Scenario) -> dict:
         "rollback": len(rb) / n,
         "rollback_at_max": (len(rb) - len(evidence)) / n,
         "promote": sum(o.verdict == "Promote" for o in outs) / n,
-        "promote_last_look": sum(o.reason == "WithinMarginAtMaxDuration" for o in outs) / n,
+        # Promotions the clock decided: at maxDuration (onInconclusive Promote), or, in the gate before
+        # 2026-12-06, on the estimates at the last look (WithinMarginAtMaxDuration).
+        "promote_last_look": sum(o.verdict == "Promote" and o.reason in ("WithinMarginAtMaxDuration",
+                                                                         "MaxDurationReached") for o in outs) / n,
         "pause": sum(o.verdict in ("Pause", "Inconclusive") for o in outs) / n,
         "median_min": float(np.median([o.minute for o in outs])),
         "reasons": {r: sum(o.reason == r for o in rb) for r in sorted({o.reason for o in rb})},
@@ -1131,7 +1134,8 @@ def markdown(results: dict, chosen: dict, meta: dict) -> str:
              f"Noise: {meta['noise']}\n",
              "RB = rolled back within maxDuration (a false rollback in rows expecting promote, a detection in "
              "rows expecting rollback); (max) = of which by onInconclusive at maxDuration; (last look) = promotions "
-             "at maxDuration on estimates within margin, not proven; med = median minutes "
+             "the clock decided (at maxDuration: before 2026-12-06 on estimates within margin, since then only "
+             "by onInconclusive Promote); med = median minutes "
              "from step start to the verdict (30 = none); fn/stage = right function / stage named, of the "
              "rollbacks on evidence. Competitors at their tuned setting (below), cells `RB% (med min)`.\n"]
     names = list(COMPETITORS)

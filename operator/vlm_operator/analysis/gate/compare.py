@@ -295,6 +295,7 @@ def evaluate(
     policy: GatePolicy,
     alpha_rollback: float,
     enough: bool,
+    remaining_s: float = 0.0,
 ) -> list[SignalResult]:
     """Judge every member of one signal family at this look: its effect pooled over canary pods, and the three
     tests of gate.sequential on it.
@@ -318,7 +319,7 @@ def evaluate(
     for inst in insts:
         n_b = len(stats.finite(inst.baseline, positive=log))
         n_c = len(stats.finite(inst.canary, positive=log))
-        pooled = pool_pods(inst, log, policy)
+        pooled = pool_pods(inst, log, policy, remaining_s)
         if pooled is None:
             out.append(SignalResult(inst.name, None, None, None, None, None, None, n_b, n_c, "insufficient", margin))
             continue
@@ -329,8 +330,9 @@ def evaluate(
 @dataclass(frozen=True)
 class Pooled:
     """One signal's effect at one look, pooled over canary pods (test scale): the estimate, its variance and the
-    degrees of freedom behind it, the pods that carry it, one pod's variance (what the ceiling is set from) and its
-    pod-level part alone (the floor no wait lowers: what the resolvable margin is set from)."""
+    degrees of freedom behind it, the pods that carry it, one pod's variance (what the ceiling is set from), and
+    one pod's variance as it will be at maxDuration: its pod-level part (the floor no wait lowers) plus its window
+    noise shrunk by the windows still to come (what the resolvable margin is set from)."""
 
     estimate: float
     var: float
@@ -340,9 +342,10 @@ class Pooled:
     one_pod_floor: float
 
 
-def pool_pods(inst: Instance, log: bool, policy: GatePolicy) -> Pooled | None:
+def pool_pods(inst: Instance, log: bool, policy: GatePolicy, remaining_s: float = 0.0) -> Pooled | None:
     """The pods-as-pods estimate (`evaluate`). None with fewer than MIN_PER_SIDE differences in all, or no pod
-    with two (no window noise can be measured)."""
+    with two (no window noise can be measured). `remaining_s`: the step's analysis time left until maxDuration
+    (each pod then has that many telemetry intervals' windows more)."""
     d = {p: ds for p, ds in inst.by_pod(log, policy.pair_s).items() if ds}
     if sum(len(ds) for ds in d.values()) < stats.MIN_PER_SIDE:
         return None
@@ -365,6 +368,8 @@ def pool_pods(inst: Instance, log: bool, policy: GatePolicy) -> Pooled | None:
     s2 = ss / df_w * stats.autocorrelation_factor(list(d.values()))
     m = len(means)
     window = sum(s2 * k for k in shrink)
+    more = max(0.0, remaining_s) / policy.pair_s
+    window_at_max = sum(s2 * k * len(ds) / (len(ds) + more) for k, ds in zip(shrink, d.values(), strict=True))
     own = unpaired = shared = 0.0
     for pod in d:
         plan = inst.plans.get(pod)
@@ -377,7 +382,7 @@ def pool_pods(inst: Instance, log: bool, policy: GatePolicy) -> Pooled | None:
     pod_part = own / (m * m) + (unpaired / m) ** 2 * shared
     var = window / (m * m) + pod_part
     df = _satterthwaite(window / (m * m), df_w, pod_part, inst.df_cap)
-    return Pooled(sum(means) / m, var, df, m, var * m, pod_part * m)
+    return Pooled(sum(means) / m, var, df, m, var * m, (pod_part + window_at_max / (m * m)) * m)
 
 
 def _satterthwaite(a: float, df_a: float, b: float, df_b: float) -> float:
@@ -462,8 +467,9 @@ def _worse_scale(spec) -> tuple[Callable[[float], float], Callable[[float], floa
 def resolvable(alpha: float, one_pod_var: float, last_step_pods: int, df: float = math.inf) -> float:
     """The smallest margin (test scale) a harmless canary is promoted within, at the last step's planned pods,
     with probability PROMOTE_POWER: the promotion bound's distance at full information plus that quantile, in the
-    last step's standard errors (t quantiles with `df` degrees of freedom). Window noise shrinks with time, pods'
-    spread only with pods: `one_pod_var` at a look late in a step is close to the floor."""
+    last step's standard errors (t quantiles with `df` degrees of freedom). `one_pod_var`: one pod's variance as it
+    will be at maxDuration (`Pooled.one_pod_floor`): window noise that time will shrink is waited for, not widened
+    for; what is left of it at maxDuration, and the pods' spread, are."""
     m = max(1, last_step_pods)
     ratio = math.sqrt(m)  # the last step's information over I* (sequential.target_information)
     power = float(t_ppf(PROMOTE_POWER, max(1.0, min(df, 1e6))))

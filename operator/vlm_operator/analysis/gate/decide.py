@@ -125,7 +125,8 @@ def decide(
         result
         for family, insts in by_family.items()
         for result in evaluate(
-            family, insts, policy, max(stats.bonferroni(alpha, families, len(insts)), 1e-12), enough)
+            family, insts, policy, max(stats.bonferroni(alpha, families, len(insts)), 1e-12), enough,
+            remaining_s=max(0.0, policy.max_duration_s - elapsed))
     )
 
     def attribution(signal: str | None = None) -> tuple[str | None, str | None]:
