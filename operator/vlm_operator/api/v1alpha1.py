@@ -1038,7 +1038,10 @@ class RolloutStatus(KubeModel):
         description="What decided each step of this rollout: the evidence, the harm ceiling or the clock.")
     resolvable_margin: dict[str, float] | None = Field(
         None, description="Per gated signal, the smallest margin (percent) this rollout can resolve from the pods' "
-        "spread and its schedule (loopLatency); a margin below it gets the Warning CanaryMarginUnresolvable.")
+        "spread, its schedule and (from the first look) the windows' noise left at maxDuration: loopLatency before "
+        "the rollout starts, the others (ttft, stageTime:run_batch, ...) from the first look. A margin below it is "
+        "widened to it for promotion (signals[].promoteMargin); loop latency's gets the Warning "
+        "CanaryMarginUnresolvable.")
 
 
 class ProfilerStatus(KubeModel):

@@ -94,6 +94,21 @@ def _signals(d: Decision) -> list[SignalStatus]:
     ]
 
 
+def _resolvable(d: Decision, before: dict[str, float] | None) -> dict[str, float] | None:
+    """Per gated signal, the margin (percent) this rollout can resolve, as of this look: loop latency's from the
+    pods' spread (as before the rollout started), every other signal's from its own look (camelCase family, then
+    the member: `stageTime:run_batch`)."""
+    out = dict(before or {})
+    for s in d.signals:
+        if s.resolvable is not None and s.name != "loop_latency":
+            family, _, member = s.name.partition(":")
+            key = "".join(w if i == 0 else w.title() for i, w in enumerate(family.split("_")))
+            out[f"{key}:{member}" if member else key] = round(100 * s.resolvable, 2)
+    if d.resolvable_margin is not None:
+        out["loopLatency"] = round(100 * d.resolvable_margin, 2)
+    return out or None
+
+
 def _decided(r: RolloutStatus, d: Decision, t: str) -> RolloutStatus:
     """The step's decision recorded: what decided it (`Decision.decided_by`), kept for the whole rollout."""
     if d.decided_by is None:
@@ -401,8 +416,7 @@ def _recorded_look(r: RolloutStatus, d: Decision, t: str, confident: bool) -> Ro
     return _upd(
         r, last_analysis_at=t, analyses=r.analyses + 1, signals=_signals(d) or r.signals,
         verdict=d.verdict, reason=d.reason, message=d.message, warning=r.warning or d.warning,
-        resolvable_margin=({"loopLatency": round(100 * d.resolvable_margin, 2)}
-                           if d.resolvable_margin is not None else r.resolvable_margin),
+        resolvable_margin=_resolvable(d, r.resolvable_margin),
         warmup_shift=round(100 * d.warmup_shift, 2) if d.warmup_shift is not None else r.warmup_shift,
         comparison=list(d.pairing) or r.comparison,
         data_started_at=r.data_started_at or (
