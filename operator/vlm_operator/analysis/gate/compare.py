@@ -204,10 +204,11 @@ def plan_instance(
         # (RESTART_PRIOR_DF) against what history, the stable pods that share a node, and this rollout's pairs
         # measure. Stable pods on one node differ only by their restarts: where nodes hold two or more, the
         # within-node spread of their means is the restart variance, on a first rollout too.
-        # Nodes of the pods running now, and of the stable pods the rollout replaced since (their pre-period
-        # records where they ran; their windows before the replacement still count).
-        nodes = {**{p: b.node for p, b in layout.before.items() if b.node}, **layout.nodes}
-        within = paired.within_nodes(inst.spread_values(log), nodes)
+        # Where the pods of this look no longer share nodes (the rollout replaced one of each pair), the stable
+        # pods' pre-period, which covers every pod before the rollout touched any, still does.
+        within = paired.within_nodes(inst.spread_values(log), layout.nodes)
+        if within[1] <= 0:
+            within = paired.within_nodes_before(layout.before)
         restart, r_df = paired.pooled(pod, paired.RESTART_PRIOR_DF, (calibration.restart_ss, calibration.restart_df),
                                       within)
     else:

@@ -190,6 +190,24 @@ def within_nodes(by_pod: Mapping[str, Sequence[float]], nodes: Mapping[str, str]
     return max(0.0, ss - noise), df
 
 
+def within_nodes_before(before: Mapping[str, Before]) -> tuple[float, float]:
+    """`within_nodes` on the stable pods' pre-period means (status.rollout.before), kept for the whole rollout: the
+    look that ends it still has them when the pods that shared a node are gone. The means carry their windows'
+    noise, which is not removed here (their variances are not kept): a reading a little high, the conservative
+    side (a larger restart share pairs less)."""
+    groups: dict[str, list[float]] = {}
+    for b in before.values():
+        if b.node is not None and b.windows >= 2:
+            groups.setdefault(b.node, []).append(b.mean_log)
+    ss = df = 0.0
+    for means in groups.values():
+        if len(means) >= 2:
+            grand = sum(means) / len(means)
+            ss += sum((m - grand) ** 2 for m in means)
+            df += len(means) - 1
+    return (ss, df) if df > 0 else (0.0, 0.0)
+
+
 @dataclass(frozen=True)
 class PodPlan:
     """How one canary pod is compared: its kind, the baseline pods its windows are paired with in time, the

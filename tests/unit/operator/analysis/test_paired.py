@@ -210,3 +210,14 @@ def test_stable_pods_sharing_a_node_teach_the_node_share_on_a_first_rollout():
     unpaired = look(base, can, Layout({p: n for p, n in nodes.items() if p.startswith("canary")}),
                     calibration=Calibration())
     assert unpaired.signals[0].delta > 0.04  # against the stable mean, the node's offset reads as a regression
+
+
+def test_the_pre_period_keeps_the_node_share_when_the_pods_that_shared_a_node_are_gone():
+    from vlm_operator.analysis.gate.paired import within_nodes_before
+
+    before = {f"s-{i}-{j}": Before(f"s-{i}-{j}", f"node-{i}", math.log(0.02) + off + (0.003 if j else -0.003), 20)
+              for i, off in enumerate([0.06, -0.02, 0.0]) for j in range(2)}
+    ss, df = within_nodes_before(before)
+    assert df == 3 and ss / df == pytest.approx(2 * 0.003**2)  # the pods' spread around their node's mean
+    alone = {p: b for p, b in before.items() if p.endswith("-0")}
+    assert within_nodes_before(alone) == (0.0, 0.0)  # one pod per node: nothing to learn
