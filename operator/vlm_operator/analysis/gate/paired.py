@@ -37,13 +37,13 @@ Kind = Literal["Concurrent", "Replace", "Unpaired"]
 
 # The pod spread assumed before anything is measured: 2% (sd of per-pod loop means on the log scale), the
 # spread measured between stand-in pods on one host and within the range published for same-SKU GPU nodes.
-# It counts as PRIOR_DF degrees of freedom: it is measured information (the stand-in pods' spread, published
-# same-SKU ranges), not a guess, and with fewer the t quantile of a one-pod comparison at the gate's small
-# per-look levels runs to ten standard errors and more (a stage time grown well past its margin, one pod a side,
-# was not rolled back with far fewer degrees of freedom, and mostly was with these: docs/benchmarks.md, "The
-# prior's degrees of freedom").
-# A service's own history (HISTORY_DF_CAP) and a dozen stable pods weigh as much.
-PRIOR_DF = 20.0
+# It counts as PRIOR_DF degrees of freedom: enough that one pod never means "no spread", little enough that the
+# fleet in front of the gate overrides it within a rollout. At 20 (until 2026-12-06, when the per-look levels
+# were tiny and few degrees of freedom ran the t quantile to ten standard errors) a fleet 8% apart was read as
+# about 4% by its seven stable pods, and faster canaries were rolled back on evidence (bench/paired_gate.py);
+# the bounds of gate.sequential need no tiny levels.
+# A service's own history (HISTORY_DF_CAP) and a dozen stable pods weigh more.
+PRIOR_DF = 4.0
 PRIOR_POD_SD_LOG = 0.02
 # Share signals (stage time per loop, a front-end role's busy share) take it relative to their level, never
 # below a tenth of a point.

@@ -135,9 +135,9 @@ def test_regression_within_half_the_margin_is_never_rolled_back():
     loop = d.signals[0]
     assert loop.delta > 0  # the difference is there (with one canary pod, not surely the revision's) ...
     assert loop.ci_low < 0.015  # ... not surely beyond half the margin ...
-    # ... and shown within the margin one canary pod can resolve at this pod spread (0.5%): the bound carries
-    # the pod's own spread, so it is held to the resolvable margin, just above the 3% asked for.
-    assert loop.ci_high < loop.promote_margin < 0.045 and loop.promote_margin == loop.resolvable
+    # ... and shown within the margin, the bound carrying the pod's own spread (0.5%): held to the 3% asked for, or
+    # to what one canary pod can resolve where that is wider.
+    assert loop.ci_high < loop.promote_margin == max(0.03, loop.resolvable) < 0.045
 
 
 def _three_stable(n: int, sd: float, seed: int, every: float = 10.0) -> list[Window]:
@@ -693,7 +693,7 @@ def test_fresh_baseline_uses_the_stable_pods_to_know_how_much_pods_differ():
     stable = _offset_pods("stable", [-0.025, 0.0, 0.025], n=30, seed=62)
     naive = run(fresh, can)  # one pod a side: only the history (0.5%) says how much pods differ
     d = decide(fresh, can, POLICY, started_at=T0, now=T0 + 301, step_duration_s=STEP, spread_reference=stable)
-    assert d.verdict != "Rollback" and d.warning
+    assert d.verdict != "Rollback", d.message
     assert d.signals[0].ci_low < naive.signals[0].ci_low  # the stable pods show a wider spread
     real = _offset_pods("canary", [0.0], n=30, seed=63, effect=0.25)
     assert decide(fresh, real, POLICY, started_at=T0, now=T0 + 301, step_duration_s=STEP,
