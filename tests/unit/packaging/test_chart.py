@@ -86,6 +86,14 @@ def test_values_schema_is_a_valid_schema_and_accepts_the_defaults():
     jsonschema.validate(yaml.safe_load((CHART / "values.yaml").read_text()), schema)
 
 
+def test_custom_rules_name_exactly_the_shipped_alerts():
+    """monitoring.customRules refuses a name it does not know: every shipped alert must be one it knows (a new
+    alert missing here made `--set monitoring.customRules.<it>.for=30s` fail at helm template)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    names = schema["properties"]["monitoring"]["properties"]["customRules"]["propertyNames"]["enum"]
+    assert sorted(names) == sorted(alerts.names())
+
+
 def _vlm_crd(objs: list[dict]) -> list[dict]:
     return [o for o in objs if o["kind"] == "CustomResourceDefinition"
             and o["metadata"]["name"] == f"{crdgen.api.PLURAL}.{crdgen.api.GROUP}"]
