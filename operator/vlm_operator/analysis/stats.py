@@ -201,13 +201,3 @@ def autocorrelation_factor(series: Sequence[Sequence[float]], max_lag: int | Non
         cov = sum(float(x[k:] @ x[:-k]) for x in xs if x.size > k)
         factor += 2 * (1 - k / (lag + 1)) * cov / var
     return min(max(1.0, factor), 1.0 + 2 * lag)
-
-
-def spent(alpha: float, t: float, rho: float) -> float:
-    """The error spent by information fraction t in [0, 1]: alpha t^rho (the Kim-DeMets power family).
-
-    rho 1 spends evenly over time (Pocock-like), rho 3 keeps most of it for the end (O'Brien-Fleming-like).
-    A look at fraction t, after one at t_prev, tests at alpha(t) - alpha(t_prev): whatever the looks'
-    correlation, the levels add up to at most alpha (the union bound), however the looks fall."""
-    t = min(1.0, max(0.0, t))
-    return alpha * t**rho
