@@ -54,7 +54,8 @@ def condition(kube, namespace, type_):
 def test_weights_job_fills_the_cache_once_resumes_after_a_kill_and_pods_start_after(
         kube, namespace, make_operator, podmap, claim, tmp_path):
     hub = Hub({REPO_ID: Repo({"config.json": b'{"model_type": "qwen2_5_vl"}', "model.safetensors": BIG})},
-              rate=2_000_000).start()  # 32 MB at 2 MB/s; in the testbed's namespace (this thread is there)
+              rate=4_000_000, hold_at=CUT).start()  # the first GET stops at CUT until released; the pod is
+    #                                                    killed there. In the testbed's namespace (this thread is there)
     jobs = JobPods(kube, namespace, tmp_path / "jobs", component="weights", claims={"weights": claim}).start()
     try:
         op = make_operator()
@@ -72,9 +73,10 @@ def test_weights_job_fills_the_cache_once_resumes_after_a_kill_and_pods_start_af
             return core.list_namespaced_pod(namespace, label_selector=f"serving.vlmops.dev/vlmservice={NAME}").items
 
         # The ReplicaSet makes the serving pods; beside other tests on a shared testbed it can take seconds
-        # (CI, 2026-12-06: none yet when half the weights were sent). The download is slow enough to outlast it.
+        # (CI, 2026-12-06: none yet when half the weights were sent; then, paced at 2 MB/s, the download had finished
+        # by the time they were). The hub holds the first body at CUT, so the order no longer races.
         wait_for(lambda: len(serving_pods()) == 2, 60, "the serving pods made", interval=0.5)
-        wait_for(lambda: any(r["sent"] > CUT for r in hub.served("model.safetensors")), 60, "half the weights sent",
+        wait_for(lambda: any(r["sent"] >= CUT for r in hub.served("model.safetensors")), 60, "half the weights sent",
                  interval=0.2)
         serving = serving_pods()
         assert serving and all(p.spec.scheduling_gates and not p.spec.node_name for p in serving), \
@@ -83,6 +85,7 @@ def test_weights_job_fills_the_cache_once_resumes_after_a_kill_and_pods_start_af
         assert (cond.get("status"), cond.get("reason")) == ("False", "Downloading"), dump(cond)
         assert condition(kube, namespace, "Ready").get("reason") == "WaitingForModel"
         assert jobs.kill(first)
+        hub.release()  # the held body ends with its client; the retried pod's GET runs unheld
 
         wait_for(lambda: condition(kube, namespace, "ModelReady").get("status") == "True", 180,
                  "ModelReady True after the retried pod", interval=1.0)

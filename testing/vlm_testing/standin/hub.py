@@ -8,7 +8,8 @@ Serves repos from memory (repo id -> {file name: bytes}) at one commit each:
   (``X-Repo-Commit``, ``ETag`` as the file's sha256, ``Content-Length``) and ``Range`` requests (206), which is how
   the client resumes a download from its ``.incomplete`` file.
 
-Bodies go out at ``rate`` bytes per second (0: at once), so a test can stop a download half-way. Every request
+Bodies go out at ``rate`` bytes per second (0: at once), so a test can stop a download half-way; with ``hold_at``
+the first body stops after that many bytes until ``release()``, whatever the machine's speed. Every request
 is logged in ``requests`` (method, path, Range header, bytes sent). A bearer token, when ``token`` is set, is
 required on every request (401 without it). Never shipped; standard library only.
 """
@@ -45,8 +46,16 @@ class Hub:
     port: int = 0
     rate: float = 0.0  # bytes per second of every body (0: unthrottled)
     token: str | None = None
+    hold_at: int = 0  # the first body stops after this many bytes until release() (0: never), so a test's order
+    #                   does not race the download
     requests: list[dict] = field(default_factory=list)
     _httpd: ThreadingHTTPServer | None = None
+    _released: threading.Event = field(default_factory=threading.Event)
+    _held: bool = False
+
+    def release(self) -> None:
+        """Let a held body go on (and every later body run unheld)."""
+        self._released.set()
 
     @property
     def url(self) -> str:
@@ -159,8 +168,15 @@ class Hub:
                 if self.command == "HEAD":
                     return
                 chunk = 64 * 1024
+                hold = 0
+                if hub.hold_at and not hub._held:
+                    hub._held, hold = True, hub.hold_at
                 try:
                     for i in range(start, len(data), chunk):
+                        if hold and rec["sent"] >= hold:
+                            while not hub._released.wait(0.2):  # a killed client shows as a broken pipe below
+                                pass
+                            hold = 0
                         part = data[i:i + chunk]
                         self.wfile.write(part)
                         rec["sent"] += len(part)
