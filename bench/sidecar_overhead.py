@@ -223,6 +223,7 @@ def cadence_period(on: bool, standin_pid: int, port: int, seconds: float, interv
 def run_cadence(args, standin_pid: int, port: int) -> dict:
     interval, duration, rate = operator_defaults()
     rate = args.cadence_rate or rate
+    interval = args.cadence_interval or interval
     seconds = interval * args.cadence_cycles
     periods = []
     # (on, front end, py-spy, label)
@@ -288,6 +289,9 @@ def main() -> int:
                     help="for the in-window duty-cycle arithmetic (default: the operator's interval)")
     ap.add_argument("--cadence-rounds", type=int, default=3, help="off/on pairs at the operator's cadence (0: skip)")
     ap.add_argument("--cadence-cycles", type=int, default=2, help="sampling intervals per off or on period")
+    ap.add_argument("--cadence-interval", type=float, default=None,
+                    help="seconds between windows in the cadence part (default: the operator's; the smoke test "
+                         "shortens it, the numbers reported use the default)")
     ap.add_argument("--threads", type=int, default=60, help="idle threads in the stand-in's scheduler")
     ap.add_argument("--native-threads", type=int, default=0,
                     help="native idle threads in the stand-in's scheduler (CUDA, NCCL, OpenMP in a real one)")

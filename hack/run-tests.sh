@@ -1,24 +1,30 @@
 #!/usr/bin/env bash
-# Every test tier, as `make test` and .ci/run run them, in three pytest passes (docs/testbed.md, "Test tiers and
+# Every test tier, as `make test` and .ci/run run them, in four pytest passes (docs/testbed.md, "Test tiers and
 # their budgets"):
-#   1. unit + compat, alone: the py-spy measurements need a quiet CPU. This session starts the control plane's
-#      build in the background (nice 19, paused while they measure) and leaves it running for the next passes.
+#   1. unit + compat, before the testbed starts, in two sessions: `unit-quiet` (tests/unit/sidecar and
+#      tests/unit/bench: py-spy against real processes, timings; one at a time, they need a quiet CPU) starts the
+#      control plane's build in the background (nice 19, paused while they measure) and leaves it running for the
+#      next passes; `unit` (every other unit and compat test: pure code, recorded samples) on 2 xdist workers.
 #   2. integration + e2e on $VLM_TEST_WORKERS pytest-xdist workers (default 3; --dist loadfile: a module's
-#      fixtures stay on one worker) sharing ONE testbed, each test in its own namespace: `-m "not serial"`.
-#   3. the tests that must have the testbed to themselves (tests/conftest.py SERIAL), one at a time: `-m serial`.
+#      fixtures stay on one worker) sharing ONE testbed, each test in its own namespace:
+#      `-m "not serial and not heavy"`.
+#   3. the tests whose verdicts rest on py-spy's samples (tests/conftest.py HEAVY), two workers: `-m heavy`.
+#   4. the tests that must have the testbed to themselves (tests/conftest.py SERIAL), one at a time: `-m serial`.
 # The testbed is started once before pass 2 (reused when one is already up) and stopped at the end when this
 # script started it. Each pass prints its wall time against its budget; every pass runs even when one fails,
 # and the exit status is non-zero when any did. Extra arguments go to every pytest run.
-# VLM_TEST_TIERS=unit,parallel,serial picks passes (all three by default).
+# VLM_TEST_TIERS=unit,parallel,heavy,serial picks passes (all four by default).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 WORKERS=${VLM_TEST_WORKERS:-3}
-TIERS=${VLM_TEST_TIERS:-unit,parallel,serial}
+TIERS=${VLM_TEST_TIERS:-unit,parallel,heavy,serial}
 # Budgets in seconds on the 2-core CI machine, warm (binaries built); docs/testbed.md states them and why.
-declare -A BUDGET=([unit]=${VLM_BUDGET_UNIT:-720} [parallel]=${VLM_BUDGET_PARALLEL:-1200} [serial]=${VLM_BUDGET_SERIAL:-1380})
+declare -A BUDGET=([unit-quiet]=${VLM_BUDGET_UNIT_QUIET:-480} [unit]=${VLM_BUDGET_UNIT:-180} [parallel]=${VLM_BUDGET_PARALLEL:-1080} [heavy]=${VLM_BUDGET_HEAVY:-540}
+                   [serial]=${VLM_BUDGET_SERIAL:-480})
 CACHE=${VLM_CACHE:-$HOME/.cache/vlm-operator}
 rc=0
+run_t0=$(date +%s)
 summary=()
 started_testbed=0
 
@@ -34,7 +40,7 @@ tier() {  # tier NAME pytest-args...
   if [[ $rcode -ne 0 && $rcode -ne 5 ]]; then rc=1; fi
   local verdict="within budget"
   if (( t > BUDGET[$name] )); then verdict="OVER BUDGET by $(( t - BUDGET[$name] ))s"; fi
-  summary+=("$(printf '%-9s %5ds (%4.1f min), budget %4ds: %s, pytest exit %d' "$name" "$t" "$(awk "BEGIN{print $t/60}")" "${BUDGET[$name]}" "$verdict" "$rcode")")
+  summary+=("$(printf '%-10s %5ds (%4.1f min), budget %4ds: %s, pytest exit %d' "$name" "$t" "$(awk "BEGIN{print $t/60}")" "${BUDGET[$name]}" "$verdict" "$rcode")")
   echo "[tiers] $name took ${t}s (budget ${BUDGET[$name]}s): $verdict"
 }
 
@@ -51,14 +57,18 @@ finish() {
   fi
   echo "[tiers] wall time per pass (budgets: docs/testbed.md, \"Test tiers and their budgets\"):"
   for line in "${summary[@]}"; do echo "[tiers]   $line"; done
+  local total=$(( $(date +%s) - run_t0 ))
+  echo "[tiers]   all passes with the testbed's start: ${total}s ($(awk "BEGIN{print $total/60}") min); goal for the whole" \
+       ".ci/run on this 2-core machine: 35 min warm, 45 cold"
 }
 trap finish EXIT
 
 if [[ ,$TIERS, == *,unit,* ]]; then
-  VLM_BUILD_BEHIND=1 tier unit tests/unit tests/compat "$@"
+  VLM_BUILD_BEHIND=1 tier unit-quiet tests/unit/sidecar tests/unit/bench "$@"
+  tier unit -n 2 tests/unit tests/compat --ignore=tests/unit/sidecar --ignore=tests/unit/bench "$@"
 fi
 
-if [[ ,$TIERS, == *,parallel,* || ,$TIERS, == *,serial,* ]]; then
+if [[ ,$TIERS, == *,parallel,* || ,$TIERS, == *,heavy,* || ,$TIERS, == *,serial,* ]]; then
   # The cluster stage (waits on the background build's lock, a no-op when built), then one testbed for both passes.
   if ! bash hack/build-binaries.sh --stage cluster >/dev/null 2>"$CACHE/run-tests-build.err"; then
     echo "[tiers] the cluster stage did not build (the tests' cluster fixture fails with the build's error):"
@@ -74,7 +84,10 @@ if [[ ,$TIERS, == *,parallel,* || ,$TIERS, == *,serial,* ]]; then
 fi
 
 if [[ ,$TIERS, == *,parallel,* ]]; then
-  tier parallel -n "$WORKERS" --dist loadfile -m "not serial" tests/integration tests/e2e "$@"
+  tier parallel -n "$WORKERS" --dist loadfile -m "not serial and not heavy" tests/integration tests/e2e "$@"
+fi
+if [[ ,$TIERS, == *,heavy,* ]]; then
+  tier heavy -n 2 --dist loadfile -m heavy tests/integration tests/e2e "$@"
 fi
 if [[ ,$TIERS, == *,serial,* ]]; then
   tier serial -m serial tests/integration tests/e2e "$@"

@@ -34,18 +34,21 @@ SERIAL = {
     "integration/test_chart.py": "helm adopts and upgrades the one VLMService CRD every test uses",
     "integration/test_plugin_rbac.py": "helm adopts and upgrades the one VLMService CRD every test uses",
     "integration/test_burst.py": "1000 services: the API server and CPU are the measurement",
-    # Their verdicts rest on py-spy's samples of stand-ins and on free GPUs next to their stable pods: beside two
-    # other workers on 2 cores the samples starve and other tests' pods take the GPUs (CI, 2026-12-06: the node
-    # pairs read an unchanged canary 25% slower; the monitoring proof's canary surged unpaired).
-    "e2e/test_node_pairs.py": "measures node speeds through py-spy: needs the CPU to itself",
-    "e2e/test_monitoring.py": "the shipped cadence's verdicts and a surge next to a stable pod: CPU and GPUs to itself",
+}
+# Tests whose verdicts rest on py-spy's samples of stand-ins: beside two other workers on 2 cores the samples
+# starve (CI, 2026-12-06: the node pairs read an unchanged canary 25% slower). They run in a pass of their own
+# (`-m heavy`, hack/run-tests.sh), two at a time: each on GPU nodes no other test of that pass uses (the node
+# pairs make theirs; the monitoring proof has the testbed's two). Path -> why.
+HEAVY = {
+    "e2e/test_node_pairs.py": "measures node speeds through py-spy: two samplers at most beside it",
+    "e2e/test_monitoring.py": "the shipped cadence's verdicts and a surge next to a stable pod: two samplers at most",
 }
 # The longest files of the parallel pass (CI, 2026-12-06, seconds on 3 workers), handed out first under
 # pytest-xdist (--dist loadfile gives a worker a whole file, in collection order): the longest last would
 # leave the other workers idle behind it.
 LONGEST_FIRST = (
     "integration/test_operator_fuzz.py",  # 539
-    "e2e/test_canary.py",  # 301 + 199 + 145
+    "e2e/test_canary.py",  # 168 + 122 (its cache-off/harmless pair merged into the node pairs)
     "e2e/test_frontend.py",  # 280
     "integration/test_judge_argo.py",  # 146 + 95
     "e2e/test_load_hook.py",  # 123
@@ -56,15 +59,17 @@ _TESTS = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark SERIAL's tests `serial`; under pytest-xdist (`-n`) refuse to run them beside other tests."""
-    stale = [k for k in SERIAL if not (_TESTS / k.split("::")[0]).exists()]
+    """Mark SERIAL's tests `serial` and HEAVY's `heavy`; under pytest-xdist (`-n`) refuse to run a serial test
+    beside other tests."""
+    stale = [k for k in (*SERIAL, *HEAVY) if not (_TESTS / k.split("::")[0]).exists()]
     if stale:
-        raise pytest.UsageError(f"tests/conftest.py SERIAL names files that do not exist: {stale}")
+        raise pytest.UsageError(f"tests/conftest.py SERIAL/HEAVY name files that do not exist: {stale}")
     for item in items:
         rel = Path(item.path).resolve().relative_to(_TESTS).as_posix() if _TESTS in Path(item.path).resolve().parents else ""
         nodeid = rel + item.nodeid[item.nodeid.find("::"):] if "::" in item.nodeid else rel
-        if any(nodeid == k or nodeid.startswith(k + "::") or nodeid.startswith(k + "[") for k in SERIAL):
-            item.add_marker(pytest.mark.serial)
+        for marks, mark in ((SERIAL, pytest.mark.serial), (HEAVY, pytest.mark.heavy)):
+            if any(nodeid == k or nodeid.startswith(k + "::") or nodeid.startswith(k + "[") for k in marks):
+                item.add_marker(mark)
     if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike: the collections must match
         def rank(item: pytest.Item) -> int:
             p = Path(item.path).resolve()
@@ -79,3 +84,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.fail("marked serial (tests/conftest.py SERIAL): it must not run on xdist workers beside other "
                     "tests; run the -n pass with -m 'not serial' and these in a pass of their own (hack/run-tests.sh)",
                     pytrace=False)
+    if os.environ.get("PYTEST_XDIST_WORKER") and item.get_closest_marker("heavy") \
+            and item.config.option.markexpr != "heavy":
+        pytest.fail("marked heavy (tests/conftest.py HEAVY): on xdist workers it runs only beside other heavy tests "
+                    "(-m heavy, hack/run-tests.sh); beside the parallel pass py-spy's samples starve", pytrace=False)

@@ -89,9 +89,11 @@ def supports_main_thread(pyspy: str) -> bool:
     """True when this py-spy has `record --main-thread` (the sidecar image's build, hack/build-pyspy.sh): it
     then reads only each process's main thread, where SGLang runs every loop the sidecar measures (the
     scheduler's, the TokenizerManager's uvloop, a pool worker's, the detokenizer's), instead of walking every
-    Python thread on every sample. A py-spy without it (the PyPI wheel) samples every thread, as before."""
+    Python thread on every sample. A py-spy without it (the PyPI wheel) samples every thread, as before.
+    `--help` answers in milliseconds; one that has not in 5 s is a hung binary, read as without it (the windows
+    then report its failures), so a sidecar does not wait half a minute before its first window."""
     try:
-        out = subprocess.run([pyspy, "record", "--help"], capture_output=True, text=True, timeout=30, check=False)
+        out = subprocess.run([pyspy, "record", "--help"], capture_output=True, text=True, timeout=5, check=False)
     except (OSError, subprocess.SubprocessError):
         return False
     return "--main-thread" in out.stdout

@@ -4,7 +4,8 @@ so every canary pod takes a stable pod's GPU and has the node's other stable pod
 seeded: the gate learns how much of the spread is the node's from the stable pods that share a node. An unchanged
 revision is promoted on evidence although the nodes differ by 5%, with Ready pods never below replicas -
 maxUnavailable; the IPC cache switched off (the input path slower) is rolled back in its first step on evidence,
-naming the function."""
+naming the stage and the function it slowed, with its Event, the stable revision kept. (This scenario also
+stands for the parallel pass's former cache-off/harmless pair in test_canary.py, merged here.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import time
 import pytest
 from kubernetes import client
 from vlm_testing.cluster import gpu_nodes, wait_for
-from vlm_testing.e2e import SPEC, create, patch, ready, rollout, wait_phase
+from vlm_testing.e2e import SPEC, create, patch, ready, rollout, wait_phase, warnings
 from vlm_testing.operator_proc import dump, get_vlms
 
 NAME = "qwen-pairs"
@@ -91,6 +92,9 @@ def test_an_unchanged_canary_on_a_slow_node_is_promoted_and_a_slower_one_rolled_
     # What it learned about the node's share on its own: the stable pods sharing a node, the rollout's pairs.
     assert status["calibration"]["restartDf"] >= 2, dump(status.get("calibration"))
 
+    assert status["stableRevision"] == r["revision"], dump(status)  # promoted: the new revision is the stable one
+    assert not warnings(kube, namespace, "CanaryRolledBack", name=NAME)
+
     # The classic regression (the IPC cache off): rolled back in the first step, with one canary pod.
     promoted = r["revision"]
     patch(kube, namespace, {"sglang": {"ipcCache": {"mode": "Off"}}}, name=NAME)
@@ -101,5 +105,12 @@ def test_an_unchanged_canary_on_a_slow_node_is_promoted_and_a_slower_one_rolled_
     sampler.join(5)
     assert (r["phase"], r["step"]) == ("RolledBack", 0), dump(r)
     assert r["decisions"][-1]["decidedBy"] == "evidence", dump(r)
-    assert r["regressedFunction"], dump(r)
+    # Named: the stage that calls the slowed code (process_input_requests) and, under it, the function that grew
+    # most (the feature's reconstruct, re-opening its IPC handle), not the watched hash_feature beside it.
+    assert r["regressedStage"] == "process_input_requests", dump(r)
+    assert "reconstruct" in r["regressedFunction"], dump(r)
+    # The rollout's Events follow its status write (an operator stopped in between never posts them twice).
+    wait_for(lambda: warnings(kube, namespace, "CanaryRolledBack", name=NAME), 30, "the CanaryRolledBack Event",
+             interval=0.5)
+    assert get_vlms(kube, namespace, NAME)["status"]["stableRevision"] == promoted
     assert floor and min(floor) >= 4 - 1, floor  # replicas - maxUnavailable (1), through both rollouts

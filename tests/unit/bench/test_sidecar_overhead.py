@@ -40,6 +40,7 @@ def test_the_cadence_part_runs_the_real_sidecar_with_the_front_end_and_a_second_
     pyspy = so.default_pyspy()
     assert pyspy, "the sidecar's py-spy is not built (hack/build-binaries.sh)"
     r, stdout = _run(tmp_path, "--rounds", "0", "--cadence-rounds", "1", "--cadence-cycles", "1", "--frontend",
+                     "--cadence-interval", "6",  # a smoke test of the mode: 4 periods of 6 s, not 15
                      "--compare-pyspy", pyspy, timeout=400)
     c = r["cadence"]
     assert "modes" not in r and c["rounds"] == 1 and c["frontend"] and c["compare"]
