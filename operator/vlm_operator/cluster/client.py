@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from vlm_operator.api import metrics
@@ -105,6 +105,24 @@ def _with_nulls(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str,
         elif isinstance(old, Mapping) and isinstance(new[k], Mapping):
             patch[k] = _with_nulls(old, new[k])
     return patch
+
+
+# One write of a round, as the writer hands it to `send`: ("apply", obj, observed), ("delete", apiVersion, kind,
+# namespace, name) or ("patch_pod", namespace, name, patch).
+Op = tuple[Any, ...]
+
+
+def send(kube: KubeAPI, ops: Sequence[Op]) -> None:
+    """A round's writes, in order, through one client (the first refusal raises and stops the rest)."""
+    for verb, *args in ops:
+        if verb == "apply":
+            kube.apply(*args)
+        elif verb == "delete":
+            kube.delete(*args)
+        elif verb == "patch_pod":
+            kube.patch_pod(*args)
+        else:
+            raise ValueError(f"not a write: {verb!r}")
 
 
 class KubeAPI(Protocol):

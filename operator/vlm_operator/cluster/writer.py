@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vlm_operator.cluster import client
 from vlm_operator.cluster.client import KubeAPI
 
 UNCONFIRMED_TTL_S = 300.0  # an object applied and not yet in the index is not re-sent for this long (Writer.apply)
@@ -104,12 +105,27 @@ class Writer:
         while the index has not shown it; once the index shows the object the entry goes, so a Deployment
         deleted by hand afterwards is re-created at once (one deleted before the index ever showed it waits for
         the TTL)."""
+        t = time.monotonic() if now is None else now
+        pending = self._to_send(uid, obj, observed, t)
+        if pending is False:
+            return False
+        try:
+            return self.kube.apply(obj, observed)
+        except BaseException:
+            self._unsent(uid, [pending] if pending is not True else [])
+            raise
+
+    def _to_send(self, uid: str, obj: Mapping[str, Any], observed: Mapping[str, Any] | None,
+                 t: float) -> bool | tuple[ObjectKey, str]:
+        """Whether `apply` sends `obj`: False when this operator applied the same bytes less than
+        UNCONFIRMED_TTL_S ago and the index has not shown them; else True (the snapshot has it: the client
+        compares), or the (key, digest) now recorded as applied and unconfirmed (`_unsent` takes it back when the
+        write fails)."""
         meta = obj["metadata"]
         key = (str(obj["apiVersion"]), str(obj["kind"]), str(meta["namespace"]), str(meta["name"]))
-        t = time.monotonic() if now is None else now
         if observed is not None:
             self.confirmed(uid, key)
-            return self.kube.apply(obj, observed)
+            return True
         digest = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
         def fresh(entry: tuple[str, float]) -> bool:
@@ -119,24 +135,48 @@ class Writer:
             hit = self.unconfirmed.get(uid, {}).get(key)
             if hit is not None and hit[0] == digest and fresh(hit):
                 return False
-        wrote = self.kube.apply(obj, None)
-        with self._lock:
             mine = {k: e for k, e in self.unconfirmed.get(uid, {}).items() if fresh(e)}
             mine[key] = (digest, t)
             self.unconfirmed[uid] = mine
-        return wrote
+        return key, digest
 
-    def write(self, uid: str, writes: list[Write]) -> None:
-        """A reconcile's intended writes, in order (the first refusal raises and stops the rest)."""
+    def _unsent(self, uid: str, pending: list[tuple[ObjectKey, str]]) -> None:
+        """Applies recorded by `_to_send` whose write failed, or never ran: the next reconcile sends them."""
+        with self._lock:
+            mine = self.unconfirmed.get(uid, {})
+            for key, digest in pending:
+                if key in mine and mine[key][0] == digest:
+                    del mine[key]
+
+    def write(self, uid: str, writes: list[Write], now: float | None = None) -> None:
+        """A reconcile's intended writes, in order, handed to the client in one call (the first refusal raises
+        and stops the rest; applies this operator made moments ago and the index has not shown are left out, as
+        in `apply`)."""
+        t = time.monotonic() if now is None else now
+        ops: list[client.Op] = []
+        pending: list[tuple[ObjectKey, str]] = []
         for x in writes:
             if isinstance(x, Apply):
-                self.apply(uid, x.obj, x.current)
+                p = self._to_send(uid, x.obj, x.current, t)
+                if p is False:
+                    continue
+                if p is not True:
+                    pending.append(p)
+                ops.append(("apply", x.obj, x.current))
             elif isinstance(x, Delete):
-                self.delete(uid, x.api_version, x.kind, x.namespace, x.name)
+                self.confirmed(uid, (x.api_version, x.kind, x.namespace, x.name))
+                ops.append(("delete", x.api_version, x.kind, x.namespace, x.name))
             elif isinstance(x, PatchPod):
-                self.patch_pod(x.namespace, x.name, x.patch)
+                ops.append(("patch_pod", x.namespace, x.name, x.patch))
             else:
                 self.confirmed(uid, x.key)
+        try:
+            client.send(self.kube, ops)
+        except BaseException:
+            # Which of them went out is not known here: the next reconcile sends each again (applies are
+            # idempotent; what the API server already has, the snapshot then shows).
+            self._unsent(uid, pending)
+            raise
 
     def confirmed(self, uid: str, key: ObjectKey) -> None:
         """The index shows the object `key` (apiVersion, kind, namespace, name): `apply` sends it again if asked."""

@@ -319,6 +319,38 @@ def test_a_reconcile_on_an_index_behind_our_own_writes_does_not_apply_them_again
     assert [w.kind for w in c.kube.written("apply")] == ["Deployment"]
 
 
+def test_a_rounds_writes_go_out_in_one_call_in_order_and_a_refused_one_leaves_none_recorded():
+    """Writer.write hands the client the round's writes in order; the first refusal stops the rest, and none of
+    the round's applies counts as sent, so the next round sends them again instead of waiting out the TTL."""
+    from vlm_operator.cluster.writer import Apply, Delete, PatchPod
+
+    c = FakeCluster()
+    w = c.rt.writer
+    objs = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": "ns", "name": n}, "data": {}}
+            for n in ("a", "b")]
+    sent: list[tuple] = []
+    real_apply = c.kube.apply
+
+    def apply(obj, observed):
+        sent.append(("apply", obj["metadata"]["name"]))
+        if obj["metadata"]["name"] == "b" and len(sent) < 4:
+            raise TemporaryError("the API server did not answer")
+        return real_apply(obj, observed)
+
+    c.kube.apply = apply
+    c.kube.delete = lambda *a: sent.append(("delete", a[-1])) or True
+    c.kube.patch_pod = lambda ns, name, patch: sent.append(("patch_pod", name)) or True
+    writes = [Apply(objs[0]), PatchPod("ns", "p", {}), Apply(objs[1]), Delete("v1", "ConfigMap", "ns", "z")]
+    with pytest.raises(TemporaryError):
+        w.write("u", writes, now=100.0)
+    assert sent == [("apply", "a"), ("patch_pod", "p"), ("apply", "b")]  # in order, stopped at the refusal
+    assert not w.unconfirmed.get("u")  # neither apply counts as sent
+    w.write("u", writes, now=101.0)
+    assert sent[3:] == [("apply", "a"), ("patch_pod", "p"), ("apply", "b"), ("delete", "z")]
+    w.write("u", writes[:1], now=102.0)  # sent moments ago, not yet in the index: left out
+    assert len(sent) == 7
+
+
 def test_what_the_index_never_showed_is_applied_again_after_the_ttl_and_a_delete_forgets_it():
     c = FakeCluster()
     obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": "ns", "name": "x"}, "data": {"a": "1"}}
