@@ -373,8 +373,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gates", default=",".join(GATES), help="which of the gate designs to run (comma-separated)")
     ap.add_argument("--quick", action="store_true", help="--worlds quick")
     ap.add_argument("--label", default="", help="appended to the report's title")
+    ap.add_argument("--effects", default="", help="keep only rows of these effects, percent, comma-separated "
+                    "(e.g. 0: the unchanged rows, which claim rates of 1-5% and so need the most rollouts)")
     args = ap.parse_args(argv)
     worlds = worlds_for("quick" if args.quick else args.worlds)
+    if args.effects:
+        keep = {round(float(e) / 100, 6) for e in args.effects.split(",")}
+        worlds = [w for w in worlds if round(w.effect, 6) in keep]
+        if not worlds:
+            ap.error(f"--effects {args.effects}: no row of --worlds {args.worlds} has those effects")
     t = time.time()
     res = run(worlds, args.trials, args.jobs, args.seed, tuple(g for g in args.gates.split(",") if g))
     text = markdown(res, args.trials, time.time() - t, args.label)

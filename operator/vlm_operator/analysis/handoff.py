@@ -28,11 +28,13 @@ PRE_PERIOD_S = 300.0  # the stable pods' pre-period: the default step's analysis
 @dataclass(frozen=True)
 class Before:
     """A rollout's start, read once before any pod is replaced: the stable pods' pre-period, the loop-latency
-    margin the rollout can resolve (relative) and the margin the user asked for."""
+    margin the rollout can resolve (relative), the margin the user asked for and loop latency's harm ceiling
+    (relative: the fixed one, or the default at one canary pod's spread)."""
 
     pods: list[api.BeforeStatus]
     resolvable: float
     margin: float | None
+    ceiling: float | None = None
 
 
 @dataclass(frozen=True)
@@ -219,4 +221,5 @@ def before_start(
         pre = gate.pre_period([w for w in windows if w.revision == stable_rev], policy, nodes, now)
     out = [api.BeforeStatus(pod=b.pod, node=b.node, loop_seconds=math.exp(b.mean_log), windows=b.windows)
            for b in sorted(pre.values(), key=lambda b: b.pod)]
-    return Before(out, gate.resolvable_before_start(policy, calibration, pre), policy.max_regression.get("loop_latency"))
+    return Before(out, gate.resolvable_before_start(policy, calibration, pre), policy.max_regression.get("loop_latency"),
+                  gate.ceiling_before_start(policy, calibration, pre))

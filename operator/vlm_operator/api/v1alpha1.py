@@ -647,7 +647,9 @@ class MaxRegression(KubeModel):
 class ExpandCeiling(KubeModel):
     """Fixed harm ceilings, per signal, in maxRegression's units; a signal not named gets the default derived at each
     look from one canary pod's standard error (a harmless canary expands 99% of the time at one look; the status
-    shows the effective ceiling and what a canary at twice the margin would do)."""
+    shows the effective ceiling at each look). A fixed ceiling below that default caps the harm a step may expose
+    and is warned about from the first look (Warning CanaryExpandCeilingCapped, status.rollout.warning: how often
+    a harmless canary then expands): its steps may wait for maxDuration."""
 
     loop_latency: float | None = Field(None, ge=0, le=100)
     loop_p95: float | None = Field(None, alias="loopP95", ge=0, le=100)
@@ -1017,7 +1019,9 @@ class RolloutStatus(KubeModel):
     signals: list[SignalStatus] = Field(default_factory=list)
     regressed_function: str | None = None
     regressed_stage: str | None = None
-    warning: str | None = Field(None, description="Why the gate may be unable to resolve the margin.")
+    warning: str | None = Field(None, description="Why the gate may be unable to resolve the margin, and (one line "
+                                "per setting, from the first look) an expandCeiling below what one canary pod's noise "
+                                "calls for (Warning CanaryExpandCeilingCapped).")
     before: list[BeforeStatus] = Field(
         default_factory=list, max_length=512,
         description="The stable pods' loop latency before any was replaced: the pre-period of same-node pairs.")
@@ -1036,6 +1040,11 @@ class RolloutStatus(KubeModel):
     decisions: list[StepDecision] = Field(
         default_factory=list, max_length=32,
         description="What decided each step of this rollout: the evidence, the harm ceiling or the clock.")
+    expand_ceiling: dict[str, float] | None = Field(
+        None, description="Per gated signal, the harm ceiling (percent) the expand test holds a step to: loopLatency "
+        "before the rollout starts (the fixed expandCeiling, or the default at one canary pod's spread), every signal "
+        "from each look (with the windows' noise: signals[].ceiling). A fixed ceiling below the default gets the "
+        "Warning CanaryExpandCeilingCapped.")
     resolvable_margin: dict[str, float] | None = Field(
         None, description="Per gated signal, the smallest margin (percent) this rollout can resolve from the pods' "
         "spread, its schedule and (from the first look) the windows' noise left at maxDuration: loopLatency before "

@@ -209,7 +209,7 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
             rooms = {}
     plan = rollout.plan(owner, plan_spec, desired, observed, prev, stable=stable_rev, now=now, rooms=rooms,
                         decision=got.decision, action=action,
-                        before=(b.pods, b.resolvable, b.margin) if (b := got.before) else None)
+                        before=(b.pods, b.resolvable, b.margin, b.ceiling) if (b := got.before) else None)
     if plan.wants_rooms:  # needs_rooms covers every move that surges: this is a bug, and the round writes nothing
         log.error("%s/%s: the plan wanted the nodes' free GPUs that needs_rooms did not ask for", t.namespace, t.name)
     if model.ready is False:

@@ -94,6 +94,18 @@ def _signals(d: Decision) -> list[SignalStatus]:
     ]
 
 
+def _ceilings(d: Decision, before: dict[str, float] | None) -> dict[str, float] | None:
+    """Per gated signal, the harm ceiling (percent) of this look, keyed as resolvableMargin; loop latency's from
+    before the rollout started until the first look gives its own."""
+    out = dict(before or {})
+    for s in d.signals:
+        if s.ceiling is not None:
+            family, _, member = s.name.partition(":")
+            key = "".join(w if i == 0 else w.title() for i, w in enumerate(family.split("_")))
+            out[f"{key}:{member}" if member else key] = round(100 * s.ceiling, 2)
+    return out or None
+
+
 def _resolvable(d: Decision, before: dict[str, float] | None) -> dict[str, float] | None:
     """Per gated signal, the margin (percent) this rollout can resolve, as of this look: loop latency's from the
     pods' spread (as before the rollout started), every other signal's from its own look (camelCase family, then
@@ -142,7 +154,7 @@ class _Round:
     rooms: Mapping[str, M.Room] | None
     decision: Decision | None
     action: str | None
-    before: tuple[Sequence[BeforeStatus], float, float | None] | None
+    before: tuple[Sequence[BeforeStatus], float, float | None, float | None] | None
     events: list[Event] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -245,11 +257,11 @@ def plan(
     rooms: Mapping[str, M.Room] | None = None,
     decision: Decision | None = None,
     action: str | None = None,
-    before: tuple[Sequence[BeforeStatus], float, float | None] | None = None,
+    before: tuple[Sequence[BeforeStatus], float, float | None, float | None] | None = None,
 ) -> Plan:
     """The round's plan, by the phase the service is in. `before`: read at a rollout's start
-    (analysis.before_start): the stable pods' pre-period, the loop-latency margin the rollout can resolve and the
-    user's margin (relative), recorded once per rollout."""
+    (analysis.before_start): the stable pods' pre-period, the loop-latency margin the rollout can resolve, the
+    user's margin and loop latency's harm ceiling (relative), recorded once per rollout."""
     c = _Round(owner, spec, desired, observed, prev, stable, now, rooms, decision, action, before)
     if spec.paused:
         return Plan({}, stable, prev.revision if prev and prev.phase in ACTIVE else None, prev, want_ready=c.full,
@@ -376,8 +388,9 @@ def _before_recorded(c: _Round, r: RolloutStatus) -> RolloutStatus:
     warning when the user's margin is finer than that)."""
     if c.before is None or r.before_at is not None:
         return r
-    pre, resolvable, margin = c.before
-    r = _upd(r, before=list(pre), before_at=c.t, resolvable_margin={"loopLatency": round(100 * resolvable, 2)})
+    pre, resolvable, margin, ceiling = c.before
+    r = _upd(r, before=list(pre), before_at=c.t, resolvable_margin={"loopLatency": round(100 * resolvable, 2)},
+             expand_ceiling={"loopLatency": round(100 * ceiling, 2)} if ceiling is not None else None)
     if margin is not None and resolvable > margin:
         msg = (f"with {len(pre)} stable pod(s) measured, the pods' spread and this schedule the gate resolves "
                f"loop-latency margins of about {resolvable:.1%} or more, against maxRegression.loopLatency "
@@ -415,8 +428,10 @@ def _recorded_look(r: RolloutStatus, d: Decision, t: str, confident: bool) -> Ro
         return _upd(r, last_analysis_at=t, analyses=r.analyses + 1, signals=_kept(_signals(d), r.signals))
     return _upd(
         r, last_analysis_at=t, analyses=r.analyses + 1, signals=_signals(d) or r.signals,
-        verdict=d.verdict, reason=d.reason, message=d.message, warning=r.warning or d.warning,
+        verdict=d.verdict, reason=d.reason, message=d.message,
+        warning=r.warning if _margin_told(r.warning) or not d.warning else "; ".join(w for w in (d.warning, r.warning) if w),
         resolvable_margin=_resolvable(d, r.resolvable_margin),
+        expand_ceiling=_ceilings(d, r.expand_ceiling),
         warmup_shift=round(100 * d.warmup_shift, 2) if d.warmup_shift is not None else r.warmup_shift,
         comparison=list(d.pairing) or r.comparison,
         data_started_at=r.data_started_at or (
@@ -424,15 +439,34 @@ def _recorded_look(r: RolloutStatus, d: Decision, t: str, confident: bool) -> Ro
     )
 
 
+def _margin_told(warning: str | None) -> bool:
+    """Whether rollout.warning already holds the margin warning (its other lines are expandCeiling's)."""
+    return any(w and not w.startswith("expandCeiling.") for w in (warning or "").split("; "))
+
+
+def _ceiling_told(c: _Round, r: RolloutStatus, d: Decision) -> RolloutStatus:
+    """A fixed expandCeiling below what one canary pod's noise calls for: a Warning Event
+    (CanaryExpandCeilingCapped) and a line in rollout.warning, once per rollout and setting."""
+    if not d.ceiling_warning:
+        return r
+    new = [w for w in d.ceiling_warning.split("; ")
+           if w.split(" ", 1)[0] not in {x.split(" ", 1)[0] for x in (r.warning or "").split("; ")}]
+    if not new:
+        return r
+    c.event("Warning", "CanaryExpandCeilingCapped", f"canary {c.rev}: {'; '.join(new)}")
+    return _upd(r, warning="; ".join([w for w in (r.warning, *new) if w]))
+
+
 def _verdict(c: _Round, r: RolloutStatus) -> tuple[RolloutStatus, bool]:
     """The gate's verdict mapped to the rollout's next state (the gate decides; this only maps); True: roll back."""
     d, rev, t = c.decision, c.rev, c.t
     if d is None or r.phase not in ("Analysing", "Promoting"):
         return r, False
-    if d.warning and not r.warning:
+    if d.warning and not _margin_told(r.warning):
         c.event("Warning", "CanaryMarginUnresolvable", d.warning)
     confident = any(s.verdict == "fail" for s in d.signals)
     r = _recorded_look(r, d, t, confident)
+    r = _ceiling_told(c, r, d)
     if d.verdict == "Rollback" and (r.phase == "Analysing" or confident):
         r = _decided(r, d, t)
         r = _upd(r, phase="RolledBack", regressed_function=d.regressed_function, regressed_stage=d.regressed_stage)

@@ -43,3 +43,14 @@ def test_the_quick_run_writes_its_table(bench, tmp_path, capsys):
     assert len(rows) == 2 * len(bench.DESIGNS)  # A/A and +10%, every design (the competitors among them)
     assert "| 8 | 2% | 0.8 | iid | +10% | gate | 100.0% |" in text  # a +10% canary is stopped
     assert "| 8 | 2% | 0.8 | iid | +0% | gate | 0.0% |" in text
+
+
+def test_effects_keep_only_those_rows_and_none_is_refused(bench, tmp_path, capsys):
+    out = tmp_path / "paired_gate.md"
+    assert bench.main(["--quick", "--effects", "0", "--gates", "gate", "--trials", "1", "--jobs", "1",
+                       "--out", str(out)]) == 0
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| 8 |")]
+    assert rows and all("| +0% |" in r for r in rows) and len(rows) == 1 + len(bench.COMPETITORS), rows  # no +10% row
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--effects", "7", "--out", str(out)])
+    assert "no row of --worlds" in capsys.readouterr().err

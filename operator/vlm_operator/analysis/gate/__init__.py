@@ -18,7 +18,13 @@ from vlm_operator.analysis.gate.attribution import (
     regressed_role_function,
     regressed_stage,
 )
-from vlm_operator.analysis.gate.decide import decide, pre_period, resolvable_before_start, resolvable_margin
+from vlm_operator.analysis.gate.decide import (
+    ceiling_before_start,
+    decide,
+    pre_period,
+    resolvable_before_start,
+    resolvable_margin,
+)
 from vlm_operator.analysis.gate.paired import Before, Calibration, Evidence, Layout
 from vlm_operator.analysis.gate.policy import REQUEST_SIGNALS, SIGNALS, GatePolicy, SignalVerdict, Verdict
 from vlm_operator.analysis.gate.verdict import Decision, SignalResult
@@ -41,6 +47,7 @@ __all__ = [
     "SignalVerdict",
     "Verdict",
     "Window",
+    "ceiling_before_start",
     "decide",
     "pre_period",
     "regressed_function",

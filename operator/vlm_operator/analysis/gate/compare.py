@@ -416,8 +416,9 @@ def _judge_signal(
     one_se = math.sqrt(max(pooled.one_pod_var, 0.0))
     m_t = to_test(margin)
     fixed = policy.expand_ceiling.get(inst.family)
-    ceiling_t = to_test(fixed) if fixed is not None else sequential.ceiling(
-        sequential.EXPAND_ALPHA, one_se, last_pods, m_t)
+    default_t = sequential.ceiling(sequential.EXPAND_ALPHA, one_se, last_pods, m_t)
+    ceiling_t = to_test(fixed) if fixed is not None else default_t
+    capped = fixed is not None and ceiling_t < default_t
     resolvable_t = resolvable(1.0 - policy.confidence, pooled.one_pod_floor, last_pods, pooled.df)
     promote_t = max(m_t, resolvable_t)
     verdict: SignalVerdict = "insufficient"
@@ -450,6 +451,8 @@ def _judge_signal(
         resolvable=natural(resolvable_t),
         information=ratio,
         pods=pooled.pods,
+        default_ceiling=natural(default_t) if capped else None,
+        harmless_expand_rate=sequential.expand_rate(ceiling_t, 0.0, one_se, last_pods) if capped else None,
     )
 
 

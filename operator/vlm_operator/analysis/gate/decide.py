@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from vlm_operator.analysis import stats
-from vlm_operator.analysis.gate import paired
+from vlm_operator.analysis.gate import paired, sequential
 from vlm_operator.analysis.gate.attribution import (
     regressed_function,
     regressed_role_function,
@@ -142,7 +142,8 @@ def decide(
     kinds = tuple(sorted({p.kind for i in loop for p in i.plans.values()}))
     resolvable = resolvable_margin(policy, loop_v) if loop_v is not None else None
     return replace(
-        decision, warning=_resolution(policy, resolvable), clock_started_at=clock, evidence=evidence,
+        decision, warning=_resolution(policy, resolvable), ceiling_warning=_ceiling_warning(signals),
+        clock_started_at=clock, evidence=evidence,
         resolvable_margin=resolvable, pairing=kinds, warmup_shift=_warmup_shift(warm, c.units, policy),
     )
 
@@ -274,6 +275,24 @@ def _resolution(policy: GatePolicy, resolvable: float | None) -> str | None:
     )
 
 
+def _ceiling_warning(signals: Sequence[SignalResult]) -> str | None:
+    """A warning when a fixed expandCeiling is below the default one canary pod's noise calls for: a harmless
+    canary then rarely expands, and its steps wait for maxDuration (onInconclusive). Each starts with the
+    setting's name, which is what says whether it was already told (rollout.steps)."""
+    out = []
+    for s in signals:
+        if s.default_ceiling is None or s.harmless_expand_rate is None or s.ceiling is None:
+            continue
+        family, _, member = s.name.partition(":")
+        key = "".join(w if i == 0 else w.title() for i, w in enumerate(family.split("_")))
+        out.append(
+            f"expandCeiling.{key}{f' ({member})' if member else ''} {s.ceiling:.1%} is below the {s.default_ceiling:.1%} "
+            f"one canary pod's measured noise calls for: a harmless canary passes the expand test at a look about "
+            f"{s.harmless_expand_rate:.0%} of the time (99% at the default), so steps may wait for maxDuration and "
+            f"onInconclusive; raise the ceiling or remove it")
+    return "; ".join(dict.fromkeys(out)) or None
+
+
 def _severity(s: SignalResult) -> float:
     spec = SIGNALS[family_of(s.name)]
     worse = (s.delta or 0.0) * (1 if spec.higher_is_worse else -1)
@@ -325,6 +344,25 @@ def resolvable_before_start(policy: GatePolicy, calibration: paired.Calibration,
                             ) -> float:
     """resolvable_margin before the first look: the pod spread from the history, the prior and the stable pods'
     pre-period means (their spread includes their windows' noise: an upper reading)."""
+    return resolvable_margin(policy, _variances_before_start(calibration, pre))
+
+
+def ceiling_before_start(policy: GatePolicy, calibration: paired.Calibration, pre: Mapping[str, paired.Before]
+                         ) -> float:
+    """Loop latency's harm ceiling (relative) before the first look: the fixed one where expandCeiling sets it,
+    else the default (gate.sequential.ceiling) at one canary pod's spread as resolvable_margin reads it (paired on
+    its node; the stable mean's spread where that is smaller). Each look's own, with its windows' noise on top,
+    replaces it (SignalResult.ceiling)."""
+    fixed = policy.expand_ceiling.get("loop_latency")
+    if fixed is not None:
+        return fixed
+    v = _variances_before_start(calibration, pre)
+    margin = math.log1p(policy.max_regression.get("loop_latency", 0.0))
+    last = max(1, policy.step_pods[-1] if policy.step_pods else 1)
+    return math.expm1(sequential.ceiling(sequential.EXPAND_ALPHA, math.sqrt(min(2 * v.restart, v.pod)), last, margin))
+
+
+def _variances_before_start(calibration: paired.Calibration, pre: Mapping[str, paired.Before]) -> paired.Variances:
     means = [b.mean_log for b in pre.values()]
     cur: tuple[float, float] = (0.0, 0.0)
     if len(means) >= 2:
@@ -332,4 +370,4 @@ def resolvable_before_start(policy: GatePolicy, calibration: paired.Calibration,
         cur = (sum((x - m) ** 2 for x in means), float(len(means) - 1))
     pod, pod_df = paired.pooled(paired.PRIOR_POD_SD_LOG**2, paired.PRIOR_DF, (calibration.pod_ss, calibration.pod_df), cur)
     restart, r_df = paired.pooled(pod, paired.RESTART_PRIOR_DF, (calibration.restart_ss, calibration.restart_df))
-    return resolvable_margin(policy, paired.Variances(pod, restart, pod_df, r_df))
+    return paired.Variances(pod, restart, pod_df, r_df)

@@ -39,6 +39,10 @@ class SignalResult:
     resolvable: float | None = None
     information: float | None = None
     pods: int = 0
+    # Set where a fixed ceiling (expandCeiling) is below the default one pod's noise calls for: that default, and
+    # how often a harmless canary on one pod passes the expand test at one look under the fixed ceiling.
+    default_ceiling: float | None = None
+    harmless_expand_rate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ class Decision:
     regressed_stage: str | None = None
     # Set when the pods' own spread is too large for the margin to be resolved (see _resolution).
     warning: str | None = None
+    # Set when a fixed expandCeiling is below what one canary pod's noise calls for (see _ceiling_warning).
+    ceiling_warning: str | None = None
     # Where this step's analysis clock started (unix seconds): the end of the canary's first fresh profiler
     # window after its pods were Ready; None while no such window exists (the clock then runs from Ready).
     clock_started_at: float | None = None

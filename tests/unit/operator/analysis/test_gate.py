@@ -549,6 +549,24 @@ def test_between_pod_spread_widens_the_bounds_and_is_reported():
     assert loop.delta > 0.03 and loop.ci_low < 0.015  # beyond the margin, but one pod: not surely the revision
 
 
+def test_a_fixed_expand_ceiling_below_what_one_pod_needs_is_warned_with_the_harmless_expand_rate():
+    """Pods 3% apart: one canary pod's standard error calls for a ceiling well above a 3% margin. A user's
+    expandCeiling at the margin caps the harm a step may expose, and the decision says what that costs."""
+    base = _offset_pods("stable", [-0.03, 0.0, 0.03], n=30, seed=40)
+    can = _offset_pods("canary", [0.0], n=30, seed=50)
+    free = run(base, can, calibration=None)
+    loop = free.signals[0]
+    assert free.ceiling_warning is None and loop.default_ceiling is None and loop.ceiling > 0.03
+    capped = run(base, can, replace(POLICY, expand_ceiling={"loop_latency": 0.03}), calibration=None)
+    c = capped.signals[0]
+    assert c.ceiling == pytest.approx(0.03) and c.default_ceiling == pytest.approx(loop.ceiling)
+    assert 0 <= c.harmless_expand_rate < 0.9  # a harmless canary rarely expands under it
+    assert capped.ceiling_warning.startswith("expandCeiling.loopLatency 3.0% is below the ")
+    assert f"{c.harmless_expand_rate:.0%} of the time" in capped.ceiling_warning
+    above = run(base, can, replace(POLICY, expand_ceiling={"loop_latency": loop.ceiling * 1.5}), calibration=None)
+    assert above.ceiling_warning is None and above.signals[0].default_ceiling is None  # above the default: silent
+
+
 def test_the_rollback_budget_is_split_over_the_gated_signals_not_over_steps_or_looks():
     base, can = windows("stable", n=18, pods=3), windows("canary", n=18, effect=0.04, seed=1)
     loop_only = replace(POLICY, max_regression={"loop_latency": 0.03})

@@ -6,6 +6,7 @@ replicas (1, 2 and 4 canary pods, 30 looks a step). The gate's own estimate on s
 estimated variances, is measured in bench/paired_gate.py; these tests fix the rule it rests on.
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -92,3 +93,19 @@ def test_the_boundary_is_flat_near_its_target_and_its_t_form_is_wider(alpha):
     assert sequential.t_boundary(alpha, 1.0, 5) > at and sequential.t_boundary(alpha, 1.0, math.inf) == at
     with pytest.raises(ValueError):
         sequential.boundary(0.0, 1.0)
+
+
+def test_the_ceiling_shown_before_the_start_follows_the_fleets_spread_and_a_fixed_one_is_kept():
+    from vlm_operator.analysis.gate import Before, Calibration, GatePolicy, ceiling_before_start
+
+    policy = GatePolicy(max_regression={"loop_latency": 0.03}, min_samples=5, max_duration_s=1800, interval_s=60,
+                        stale_after_s=120, step_pods=(1, 2, 4))
+
+    def pre(spread: float) -> dict:
+        return {f"s{i}": Before(f"s{i}", f"n{i}", off, 20)
+                for i, off in enumerate(np.random.default_rng(7).normal(0, spread, 8))}
+
+    tight, loose = (ceiling_before_start(policy, Calibration(), pre(s)) for s in (0.002, 0.08))
+    assert tight >= 0.03 and loose > 2 * tight  # never below the margin; a wider fleet, a higher ceiling
+    fixed = dataclasses.replace(policy, expand_ceiling={"loop_latency": 0.05})
+    assert ceiling_before_start(fixed, Calibration(), pre(0.08)) == 0.05

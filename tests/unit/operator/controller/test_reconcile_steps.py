@@ -17,8 +17,11 @@ def test_three_steps_each_with_its_own_pods_and_clock_end_promoted():
     spec = {**STEPS, "rollout": {**STEPS["rollout"], "analysis": {**STEPS["rollout"]["analysis"],
                                                                   "maxDuration": "5m"}}}
     quiet: dict[str, float] = {}  # when step 3's canary pods see no traffic (window ends, unix seconds)
+    before_look: list[dict] = []  # the rollout's status before the gate's first look
 
     def on_look(t: float, r: dict) -> None:
+        if r.get("beforeAt") and not r.get("analyses") and not before_look:
+            before_look.append(r)
         if r.get("step") == 2 and r["phase"] == "Analysing" and not quiet:  # step 3's pods just became Ready
             quiet.update({"from": t - 15, "until": t + 195})
 
@@ -75,6 +78,11 @@ def test_three_steps_each_with_its_own_pods_and_clock_end_promoted():
     assert {b["pod"] for b in r["before"]} >= {p["replaced"] for p in r["pairs"] if p.get("replaced")}, r["before"]
     assert all(b["loopSeconds"] > 0 and b["windows"] > 0 for b in r["before"]) and r["beforeAt"]
     assert r["resolvableMargin"]["loopLatency"] > 0 and r["evidenceSince"] <= starts[0]
+    # The harm ceiling the first step is held to, shown before the gate's first look (no fixed one: the default
+    # at one canary pod's spread, never below the margin), then each look's own for every gated signal.
+    margin = 3.0  # maxRegression.loopLatency's default (percent); STEPS leaves it
+    assert before_look and before_look[0]["expandCeiling"]["loopLatency"] >= margin, before_look
+    assert set(r["expandCeiling"]) >= {"loopLatency"} and r["expandCeiling"]["loopLatency"] >= margin, r
     cal = c.status["calibration"]
     assert cal["rollouts"] == 1 and cal["podDf"] > 0 and cal["podSpread"] >= 0, cal
 

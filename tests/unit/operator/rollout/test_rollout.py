@@ -4,6 +4,8 @@ applies it (pods marked, released and labelled, revision Deployments scaled or d
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from vlm_operator.analysis import handoff as analysis
 from vlm_operator.api import units
@@ -370,6 +372,23 @@ def test_an_unresolvable_margin_is_a_warning_event_once():
     assert [e.reason for e in first.events] == ["CanaryMarginUnresolvable"] and first.rollout.warning
     again = w.step(t + 120, decision=d)
     assert not again.events
+
+
+def test_a_capped_expand_ceiling_is_a_warning_event_once_beside_the_margin_warning():
+    w, _, _ = canary_world()
+    t = analysing(w)
+    cap = ("expandCeiling.loopLatency 3.0% is below the 7.1% one canary pod's measured noise calls for: a harmless "
+           "canary passes the expand test at a look about 20% of the time")
+    d = decision("Continue", reason="AwaitingEvidence", ceiling_warning=cap)
+    first = w.step(t + 60, decision=d)
+    assert [e.reason for e in first.events] == ["CanaryExpandCeilingCapped"] and first.rollout.warning == cap
+    again = w.step(t + 120, decision=replace(d, ceiling_warning=cap.replace("20%", "25%")))
+    assert not again.events and again.rollout.warning == cap  # once per setting, whatever the look's numbers
+    margin = replace(d, warning="pods of the baseline differ by 3.0% (sd)")
+    later = w.step(t + 180, decision=margin)  # the margin warning is still told, beside the ceiling's
+    assert [e.reason for e in later.events] == ["CanaryMarginUnresolvable"]
+    assert later.rollout.warning == f"pods of the baseline differ by 3.0% (sd); {cap}"
+    assert not w.step(t + 240, decision=margin).events
 
 
 def test_the_clock_the_gate_found_is_kept_and_each_step_starts_without_one():
