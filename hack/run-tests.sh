@@ -13,7 +13,7 @@
 # The testbed is started once before pass 2 (reused when one is already up) and stopped at the end when this
 # script started it. Each pass prints its wall time against its budget; every pass runs even when one fails,
 # and the exit status is non-zero when any did. Extra arguments go to every pytest run.
-# VLM_TEST_TIERS=unit,parallel,heavy,serial picks passes (all four by default).
+# VLM_TEST_TIERS=unit,parallel,heavy,serial picks passes (all by default; `unit` runs both unit passes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}

@@ -1019,9 +1019,9 @@ class RolloutStatus(KubeModel):
     signals: list[SignalStatus] = Field(default_factory=list)
     regressed_function: str | None = None
     regressed_stage: str | None = None
-    warning: str | None = Field(None, description="Why the gate may be unable to resolve the margin, and (one line "
-                                "per setting, from the first look) an expandCeiling below what one canary pod's noise "
-                                "calls for (Warning CanaryExpandCeilingCapped).")
+    warning: str | None = Field(None, description="Why the gate may be unable to resolve the margin (one line), and "
+                                "(one line per setting, from the first look) an expandCeiling below what one canary "
+                                "pod's noise calls for (Warning CanaryExpandCeilingCapped).")
     before: list[BeforeStatus] = Field(
         default_factory=list, max_length=512,
         description="The stable pods' loop latency before any was replaced: the pre-period of same-node pairs.")

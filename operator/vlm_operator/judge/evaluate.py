@@ -356,7 +356,7 @@ def response(req: JudgeRequest, d: gate.Decision, windows: Sequence[Window], pod
         "regressedStage": d.regressed_stage,
         "regressedFunction": (callee or fn) if fn else None,
         "regressedCaller": caller if fn and callee else None,
-        "warning": "; ".join(w for w in (d.warning, d.ceiling_warning) if w) or None,
+        "warning": "\n".join(w for w in (d.warning, d.ceiling_warning) if w) or None,
         "signals": [
             {"name": s.name, "verdict": s.verdict, "baseline": _num(s.baseline), "canary": _num(s.canary),
              "delta": _num(s.delta), "ciLow": _num(s.ci_low), "ciHigh": _num(s.ci_high),

@@ -429,7 +429,7 @@ def _recorded_look(r: RolloutStatus, d: Decision, t: str, confident: bool) -> Ro
     return _upd(
         r, last_analysis_at=t, analyses=r.analyses + 1, signals=_signals(d) or r.signals,
         verdict=d.verdict, reason=d.reason, message=d.message,
-        warning=r.warning if _margin_told(r.warning) or not d.warning else "; ".join(w for w in (d.warning, r.warning) if w),
+        warning=r.warning if _margin_told(r.warning) or not d.warning else "\n".join(w for w in (d.warning, r.warning) if w),
         resolvable_margin=_resolvable(d, r.resolvable_margin),
         expand_ceiling=_ceilings(d, r.expand_ceiling),
         warmup_shift=round(100 * d.warmup_shift, 2) if d.warmup_shift is not None else r.warmup_shift,
@@ -440,8 +440,8 @@ def _recorded_look(r: RolloutStatus, d: Decision, t: str, confident: bool) -> Ro
 
 
 def _margin_told(warning: str | None) -> bool:
-    """Whether rollout.warning already holds the margin warning (its other lines are expandCeiling's)."""
-    return any(w and not w.startswith("expandCeiling.") for w in (warning or "").split("; "))
+    """Whether rollout.warning already holds the margin warning (one line; its other lines are expandCeiling's)."""
+    return any(w and not w.startswith("expandCeiling.") for w in (warning or "").splitlines())
 
 
 def _ceiling_told(c: _Round, r: RolloutStatus, d: Decision) -> RolloutStatus:
@@ -449,12 +449,12 @@ def _ceiling_told(c: _Round, r: RolloutStatus, d: Decision) -> RolloutStatus:
     (CanaryExpandCeilingCapped) and a line in rollout.warning, once per rollout and setting."""
     if not d.ceiling_warning:
         return r
-    new = [w for w in d.ceiling_warning.split("; ")
-           if w.split(" ", 1)[0] not in {x.split(" ", 1)[0] for x in (r.warning or "").split("; ")}]
+    told = {x.split(" ", 1)[0] for x in (r.warning or "").splitlines()}
+    new = [w for w in d.ceiling_warning.splitlines() if w.split(" ", 1)[0] not in told]
     if not new:
         return r
     c.event("Warning", "CanaryExpandCeilingCapped", f"canary {c.rev}: {'; '.join(new)}")
-    return _upd(r, warning="; ".join([w for w in (r.warning, *new) if w]))
+    return _upd(r, warning="\n".join([w for w in (r.warning, *new) if w]))
 
 
 def _verdict(c: _Round, r: RolloutStatus) -> tuple[RolloutStatus, bool]:

@@ -267,7 +267,9 @@ def running_health(
         rollout_phase=rollout.phase if rollout else None,
         rollout_message=rollout.message if rollout else None,
         rollout_analyses=rollout.analyses if rollout else 0,
-        rollout_warning=rollout.warning if rollout else None,
+        # The margin's (or the update's outage) warning; expandCeiling's lines say nothing of the margin.
+        rollout_warning="\n".join(w for w in (rollout.warning or "").splitlines()
+                                   if not w.startswith("expandCeiling.")) or None if rollout else None,
         rollout_waiting=rollout.waiting if rollout else None,
         ipc_active=ipc_active,
         ipc_reason=ipc_reason,

@@ -277,8 +277,8 @@ def _resolution(policy: GatePolicy, resolvable: float | None) -> str | None:
 
 def _ceiling_warning(signals: Sequence[SignalResult]) -> str | None:
     """A warning when a fixed expandCeiling is below the default one canary pod's noise calls for: a harmless
-    canary then rarely expands, and its steps wait for maxDuration (onInconclusive). Each starts with the
-    setting's name, which is what says whether it was already told (rollout.steps)."""
+    canary then rarely expands, and its steps wait for maxDuration (onInconclusive). One line per signal, each
+    starting with the setting's name, which is what says whether it was already told (rollout.steps)."""
     out = []
     for s in signals:
         if s.default_ceiling is None or s.harmless_expand_rate is None or s.ceiling is None:
@@ -289,8 +289,8 @@ def _ceiling_warning(signals: Sequence[SignalResult]) -> str | None:
             f"expandCeiling.{key}{f' ({member})' if member else ''} {s.ceiling:.1%} is below the {s.default_ceiling:.1%} "
             f"one canary pod's measured noise calls for: a harmless canary passes the expand test at a look about "
             f"{s.harmless_expand_rate:.0%} of the time (99% at the default), so steps may wait for maxDuration and "
-            f"onInconclusive; raise the ceiling or remove it")
-    return "; ".join(dict.fromkeys(out)) or None
+            f"onInconclusive: raise the ceiling or remove it")
+    return "\n".join(dict.fromkeys(out)) or None
 
 
 def _severity(s: SignalResult) -> float:

@@ -378,16 +378,21 @@ def test_a_capped_expand_ceiling_is_a_warning_event_once_beside_the_margin_warni
     w, _, _ = canary_world()
     t = analysing(w)
     cap = ("expandCeiling.loopLatency 3.0% is below the 7.1% one canary pod's measured noise calls for: a harmless "
-           "canary passes the expand test at a look about 20% of the time")
+           "canary passes the expand test at a look about 20% of the time (99% at the default), so steps may wait "
+           "for maxDuration and onInconclusive: raise the ceiling or remove it")
+    stage = cap.replace("expandCeiling.loopLatency", "expandCeiling.stageTime (run_batch)")
     d = decision("Continue", reason="AwaitingEvidence", ceiling_warning=cap)
     first = w.step(t + 60, decision=d)
     assert [e.reason for e in first.events] == ["CanaryExpandCeilingCapped"] and first.rollout.warning == cap
     again = w.step(t + 120, decision=replace(d, ceiling_warning=cap.replace("20%", "25%")))
     assert not again.events and again.rollout.warning == cap  # once per setting, whatever the look's numbers
-    margin = replace(d, warning="pods of the baseline differ by 3.0% (sd)")
-    later = w.step(t + 180, decision=margin)  # the margin warning is still told, beside the ceiling's
+    both = w.step(t + 150, decision=replace(d, ceiling_warning=f"{cap}\n{stage}"))  # a second setting: told
+    assert [e.reason for e in both.events] == ["CanaryExpandCeilingCapped"] and stage in both.events[0].message
+    assert both.rollout.warning == f"{cap}\n{stage}"
+    margin = replace(d, warning="pods of the baseline differ by 3.0% (sd); add pods or widen the margin")
+    later = w.step(t + 180, decision=margin)  # the margin warning is still told, beside the ceilings'
     assert [e.reason for e in later.events] == ["CanaryMarginUnresolvable"]
-    assert later.rollout.warning == f"pods of the baseline differ by 3.0% (sd); {cap}"
+    assert later.rollout.warning == f"{margin.warning}\n{cap}\n{stage}"
     assert not w.step(t + 240, decision=margin).events
 
 

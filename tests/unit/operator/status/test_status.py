@@ -180,6 +180,18 @@ def test_margin_resolvable_follows_the_gate_s_warning_during_a_rollout():
     assert cond(rollout_phase="Promoted", rollout_analyses=9, rollout_warning="x")[:2] == (None, "NotAnalysing")
 
 
+def test_an_expand_ceiling_warning_says_nothing_of_the_margin():
+    cap = "expandCeiling.loopLatency 3.0% is below the 14.9% one canary pod's measured noise calls for: ..."
+
+    def margin(warning: str) -> tuple:
+        r = api.RolloutStatus(revision="r2", phase="Analysing", analyses=3, warning=warning)
+        h = S.running_health(O.Observed(pods=()), want=1, rollout=r, ipc_active=None)
+        return next((c.status, c.reason, c.message) for c in S.health_conditions(h) if c.type == "MarginResolvable")
+
+    assert margin(cap)[:2] == (True, "WithinResolution")
+    assert margin(f"pods differ by 3.0% (sd)\n{cap}") == (False, "PodSpreadTooLarge", "pods differ by 3.0% (sd)")
+
+
 # ---- failure reasons: what keeps pods from serving, from their real status shapes
 
 
