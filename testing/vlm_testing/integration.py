@@ -135,3 +135,40 @@ def _kept(sent: Any, got: Any, where: str = "") -> list[str]:
             return [where]
         return [p for i, (a, b) in enumerate(zip(sent, got, strict=True)) for p in _kept(a, b, f"{where}[{i}]")]
     return [] if sent == got or str(sent) == str(got) else [where]
+
+
+def _monitoring_crd(plural: str, kind: str) -> dict:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "names": {"plural": plural, "singular": kind.lower(), "kind": kind, "listKind": f"{kind}List"},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1", "served": True, "storage": True,
+                          "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
+        },
+    }
+
+
+def ensure_monitoring_crds(kube) -> None:
+    """The Prometheus Operator's PodMonitor and PrometheusRule CRDs, Established: minimal stand-ins (same group,
+    kinds and scope; schema left open) unless another worker installed them (or the real ones) already. They stay
+    for the session on the shared testbed; a test whose operators must all see the same CRDs (one that restarts
+    its operator) installs them first, so a worker installing them meanwhile changes nothing for it."""
+    ext = client.ApiextensionsV1Api(kube)
+    names = {c.metadata.name for c in ext.list_custom_resource_definition().items}
+    for plural, kind in (("podmonitors", "PodMonitor"), ("prometheusrules", "PrometheusRule")):
+        if f"{plural}.monitoring.coreos.com" not in names:
+            try:
+                ext.create_custom_resource_definition(_monitoring_crd(plural, kind))
+            except ApiException as e:
+                if e.status != 409:  # another worker installed the real ones meanwhile (shared testbed)
+                    raise
+        # Polled, not `kubectl wait --for=condition`: that fails at once on a CRD the API server has given no
+        # condition yet (one another worker applied a moment ago, on a shared testbed).
+        wait_for(lambda p=plural: any(c.type == "Established" and c.status == "True" for c in
+                                      ext.read_custom_resource_definition(f"{p}.monitoring.coreos.com").status.conditions
+                                      or []),
+                 60, f"CRD {plural}.monitoring.coreos.com Established", interval=0.5)

@@ -9,43 +9,14 @@ import copy
 import pytest
 from kubernetes import client
 from vlm_testing.cluster import wait_for
-from vlm_testing.integration import EXAMPLES, create, wait_condition
+from vlm_testing.integration import EXAMPLES, create, ensure_monitoring_crds, wait_condition
 from vlm_testing.operator_proc import install_crd, run_operator
-
-
-def _crd(plural: str, kind: str) -> dict:
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
-        "spec": {
-            "group": "monitoring.coreos.com",
-            "names": {"plural": plural, "singular": kind.lower(), "kind": kind, "listKind": f"{kind}List"},
-            "scope": "Namespaced",
-            "versions": [{"name": "v1", "served": True, "storage": True,
-                          "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
-        },
-    }
 
 
 @pytest.fixture(scope="module")
 def monitoring_crds(cluster, kube):
     install_crd(cluster.kubectl)
-    ext = client.ApiextensionsV1Api(kube)
-    names = {c.metadata.name for c in ext.list_custom_resource_definition().items}
-    for plural, kind in (("podmonitors", "PodMonitor"), ("prometheusrules", "PrometheusRule")):
-        if f"{plural}.monitoring.coreos.com" not in names:
-            try:
-                ext.create_custom_resource_definition(_crd(plural, kind))
-            except client.ApiException as e:
-                if e.status != 409:  # another worker installed the real ones meanwhile (shared testbed)
-                    raise
-        # Polled, not `kubectl wait --for=condition`: that fails at once on a CRD the API server has given no
-        # condition yet (one another worker applied a moment ago, on a shared testbed).
-        wait_for(lambda p=plural: any(c.type == "Established" and c.status == "True" for c in
-                                      ext.read_custom_resource_definition(f"{p}.monitoring.coreos.com").status.conditions
-                                      or []),
-                 60, f"CRD {plural}.monitoring.coreos.com Established", interval=0.5)
+    ensure_monitoring_crds(kube)
 
 
 def test_podmonitor_and_prometheusrule_follow_the_service(cluster, kube, namespace, monitoring_crds, tmp_path):

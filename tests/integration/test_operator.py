@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from vlm_testing.cluster import wait_for
-from vlm_testing.integration import EXAMPLES, create, patch_spec, wait_condition
+from vlm_testing.integration import EXAMPLES, create, ensure_monitoring_crds, patch_spec, wait_condition
 from vlm_testing.operator_proc import (
     GROUP,
     PLURAL,
@@ -265,6 +265,9 @@ def test_auto_on_old_sglang_reports_ipc_cache_inactive(kube, namespace, operator
 
 
 def test_restart_writes_nothing(cluster, kube, namespace, crd, tmp_path):
+    # Both operators must see the same CRDs: another worker installing the Prometheus Operator's between them
+    # (CI, 2026-12-06) made the second one create PodMonitors and PrometheusRules the first never had.
+    ensure_monitoring_crds(kube)
     names = []
     gen = run_operator(cluster.kubeconfig, namespace, tmp_path)
     op = next(gen)

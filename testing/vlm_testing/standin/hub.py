@@ -9,7 +9,8 @@ Serves repos from memory (repo id -> {file name: bytes}) at one commit each:
   the client resumes a download from its ``.incomplete`` file.
 
 Bodies go out at ``rate`` bytes per second (0: at once), so a test can stop a download half-way; with ``hold_at``
-the first body stops after that many bytes until ``release()``, whatever the machine's speed. Every request
+the first body stops after that many bytes (then a byte a second, so the client does not time out and
+retry) until ``release()``, whatever the machine's speed. Every request
 is logged in ``requests`` (method, path, Range header, bytes sent). A bearer token, when ``token`` is set, is
 required on every request (401 without it). Never shipped; standard library only.
 """
@@ -172,14 +173,21 @@ class Hub:
                 if hub.hold_at and not hub._held:
                     hub._held, hold = True, hub.hold_at
                 try:
-                    for i in range(start, len(data), chunk):
-                        if hold and rec["sent"] >= hold:
-                            while not hub._released.wait(0.2):  # a killed client shows as a broken pipe below
-                                pass
-                            hold = 0
+                    i = start
+                    while i < len(data):
+                        if hold and rec["sent"] >= hold and not hub._released.is_set():
+                            # Held: a byte a second, so the client's read timeout (10 s in huggingface_hub) never
+                            # fires and it does not retry with a Range request of its own; a killed client shows
+                            # as a broken pipe here.
+                            self.wfile.write(data[i:i + 1])
+                            rec["sent"] += 1
+                            i += 1
+                            hub._released.wait(1.0)
+                            continue
                         part = data[i:i + chunk]
                         self.wfile.write(part)
                         rec["sent"] += len(part)
+                        i += len(part)
                         if hub.rate > 0:
                             time.sleep(len(part) / hub.rate)
                 except (BrokenPipeError, ConnectionResetError):
