@@ -100,10 +100,15 @@ def _ceilings(d: Decision, before: dict[str, float] | None) -> dict[str, float] 
     out = dict(before or {})
     for s in d.signals:
         if s.ceiling is not None:
-            family, _, member = s.name.partition(":")
-            key = "".join(w if i == 0 else w.title() for i, w in enumerate(family.split("_")))
-            out[f"{key}:{member}" if member else key] = round(100 * s.ceiling, 2)
+            out[_status_key(s.name)] = round(100 * s.ceiling, 2)
     return out or None
+
+
+def _status_key(signal: str) -> str:
+    """A gated signal's key in status maps: its family camelCased, then the member (`stageTime:run_batch`)."""
+    family, _, member = signal.partition(":")
+    key = "".join(w if i == 0 else w.title() for i, w in enumerate(family.split("_")))
+    return f"{key}:{member}" if member else key
 
 
 def _resolvable(d: Decision, before: dict[str, float] | None) -> dict[str, float] | None:
@@ -113,9 +118,7 @@ def _resolvable(d: Decision, before: dict[str, float] | None) -> dict[str, float
     out = dict(before or {})
     for s in d.signals:
         if s.resolvable is not None and s.name != "loop_latency":
-            family, _, member = s.name.partition(":")
-            key = "".join(w if i == 0 else w.title() for i, w in enumerate(family.split("_")))
-            out[f"{key}:{member}" if member else key] = round(100 * s.resolvable, 2)
+            out[_status_key(s.name)] = round(100 * s.resolvable, 2)
     if d.resolvable_margin is not None:
         out["loopLatency"] = round(100 * d.resolvable_margin, 2)
     return out or None
