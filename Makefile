@@ -56,7 +56,7 @@ crds: venv
 	$(PY) -m vlm_operator.api.crdgen
 
 lint: venv
-	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff check --no-cache .
 	$(VENV)/bin/lint-imports
 	$(PY) -m vlm_operator.api.crdgen --check
 	$(PY) -m vlm_operator.desired.alerts --check

@@ -56,6 +56,7 @@ from pathlib import Path
 
 import numpy as np
 from scipy import stats as _st
+
 from vlm_operator.analysis import gate
 from vlm_operator.api import names
 

@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kubernetes import client, config
+
 from vlm_testing.operator_proc import GROUP, PLURAL, VERSION, OperatorProcess, install_crd, pod_network_here
 
 REPO = Path(__file__).resolve().parents[1]

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from gate_quality import kayenta_classify, kayenta_score, mann_whitney_hl  # bench/, this script's folder
 from vlm_operator.analysis.gate import Before, Calibration, GatePolicy, Layout, Window, decide
 from vlm_operator.api import v1alpha1 as api

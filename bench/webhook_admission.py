@@ -124,6 +124,7 @@ def main() -> int:
 
     from kubernetes import client, config
     from kubernetes.client.rest import ApiException
+
     from vlm_testing.operator_proc import free_port
 
     info = json.loads(subprocess.run([sys.executable, str(REPO / "hack" / "testbed"), "env", "--json"],

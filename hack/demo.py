@@ -82,6 +82,7 @@ def agent() -> None:
         raise SystemExit("the demo needs the testbed's pod network: run as root without VLM_TESTBED_NETNS=0 "
                          "(docs/testbed.md)")
     from kubernetes import config
+
     from vlm_testing.operator_proc import OperatorProcess, free_port
     from vlm_testing.standin.monitoring import Monitoring
     from vlm_testing.standin.podmap import PodMapper

@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
+
 from vlm_operator import __version__
 from vlm_operator.api import v1alpha1 as api
 from vlm_operator.api.settings import Settings, env_name

@@ -8,9 +8,9 @@ import json
 import time
 
 from kubernetes import client
+
 from vlm_operator.api.units import parse_duration
 from vlm_operator.desired import alerts
-
 from vlm_testing.cluster import wait_for
 from vlm_testing.operator_proc import (
     GROUP,

@@ -14,7 +14,6 @@ from vlm_operator.controller import act
 from vlm_operator.desired import builders
 from vlm_operator.rollout import placement
 from vlm_operator.rollout import steps as rollout
-
 from vlm_testing.fakekube import FakeKube
 
 T0 = 1_800_000_000.0

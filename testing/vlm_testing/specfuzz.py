@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 from hypothesis import strategies as st
 from pydantic import ValidationError
+
 from vlm_operator.api.v1alpha1 import VLMServiceSpec
 
 REPO = Path(__file__).resolve().parents[2]

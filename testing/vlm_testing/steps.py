@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from vlm_operator.desired import builders
-
 from vlm_testing.fakekube import SPEC, T0, SidecarCluster
 
 STEPS = {

@@ -33,6 +33,7 @@ from functools import cached_property
 from pathlib import Path
 
 import pytest
+
 from vlm_operator.api.v1alpha1 import TelemetrySpec
 from vlm_sidecar import estimators, sglang_metrics, sglang_names
 from vlm_sidecar.config import DEFAULT_PATTERN

@@ -26,6 +26,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from vlm_sidecar import roles
 from vlm_sidecar.discovery import (
     _LAUNCHER_RE,

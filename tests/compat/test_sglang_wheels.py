@@ -32,6 +32,7 @@ from functools import cached_property
 from pathlib import Path
 
 import pytest
+
 from vlm_operator.api.errors import InvalidSpec
 from vlm_operator.desired import sglang
 from vlm_operator.desired.sglang import ENV_CACHE, ENV_POOL_MB, ENV_TRANSPORT, FLAG_TRANSPORT, plan_ipc_cache

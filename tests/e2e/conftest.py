@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+
 from vlm_testing import binaries
 from vlm_testing.cluster import wait_for
 from vlm_testing.e2e import ALERTMANAGER, PROMETHEUS, _operator_pod, alert_overrides, operator_env

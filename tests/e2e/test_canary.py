@@ -9,6 +9,7 @@ import os
 import signal
 
 from kubernetes import client
+
 from vlm_testing.cluster import gpu_nodes, wait_for
 from vlm_testing.e2e import (
     NAME,

@@ -49,6 +49,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client
+
 from vlm_operator.cli.kubectl_vlm import main as kubectl_vlm
 from vlm_testing.api_recorder import ApiRecorder
 from vlm_testing.cluster import REPO, home_network, wait_for

@@ -31,6 +31,7 @@ import time
 
 import pytest
 from kubernetes import client
+
 from vlm_operator.desired import builders as B
 from vlm_operator.status import conditions as C
 from vlm_testing import dashboard

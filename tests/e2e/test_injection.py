@@ -10,6 +10,7 @@ import urllib.request
 import uuid
 
 from kubernetes import client
+
 from vlm_testing.cluster import wait_for
 from vlm_testing.integration import LABEL, _delete_later, webhook_configuration
 from vlm_testing.operator_proc import free_port, run_operator

@@ -12,6 +12,7 @@ import json
 
 import pytest
 from kubernetes import client
+
 from vlm_testing.cluster import wait_for
 from vlm_testing.e2e import SPEC, create, patch, ready, rollout, warnings
 from vlm_testing.operator_proc import dump

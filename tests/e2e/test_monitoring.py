@@ -43,6 +43,7 @@ import time
 
 import pytest
 from kubernetes import client
+
 from vlm_operator.analysis import gate, sources
 from vlm_operator.api import units
 from vlm_operator.api import v1alpha1 as api

@@ -15,6 +15,7 @@ import time
 
 import pytest
 from kubernetes import client
+
 from vlm_testing.cluster import gpu_nodes, wait_for
 from vlm_testing.e2e import SPEC, create, patch, ready, rollout, wait_phase, warnings
 from vlm_testing.operator_proc import dump, get_vlms

@@ -13,6 +13,7 @@ import time
 
 import pytest
 from kubernetes import client
+
 from vlm_testing.cluster import wait_for
 from vlm_testing.e2e import SPEC, create
 from vlm_testing.operator_proc import dump, get_vlms

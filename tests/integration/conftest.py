@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+
 from vlm_operator.api import crdgen
 from vlm_testing.helm import CRD_NAME, Release, read_crd
 from vlm_testing.operator_proc import install_crd

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 
 from kubernetes import client
+
 from vlm_testing.cluster import wait_for
 from vlm_testing.integration import EXAMPLES, create
 from vlm_testing.operator_proc import run_operator

@@ -26,6 +26,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
 from vlm_operator.api import crdgen
 from vlm_testing.cluster import _namespace_prefix, wait_for
 from vlm_testing.helm import CHART, CRD_NAME, Release, can_i, helm, read_crd

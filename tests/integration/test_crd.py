@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from vlm_testing.specs import INVALID
 
 REPO = Path(__file__).resolve().parents[2]

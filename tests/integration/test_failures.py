@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 from kubernetes import client
+
 from vlm_testing.cluster import wait_for
 from vlm_testing.integration import create, wait_condition
 from vlm_testing.operator_proc import condition, get_vlms, run_operator

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from vlm_testing import fetched
 from vlm_testing.cluster import wait_for
 

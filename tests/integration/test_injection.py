@@ -16,6 +16,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
 from vlm_testing.cluster import wait_for
 from vlm_testing.integration import IMAGE, LABEL, _delete_later, render_webhook, webhook_configuration
 from vlm_testing.operator_proc import free_port, run_operator

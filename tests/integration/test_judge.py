@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+
 from vlm_testing.cluster import wait_for
 from vlm_testing.integration import _token
 from vlm_testing.jsonhttp import start_json

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from vlm_testing import fetched
 from vlm_testing.cluster import wait_for
 from vlm_testing.integration import _dry_run, _established, _in, _kept
@@ -115,6 +116,7 @@ def test_argo_rollouts_follows_the_judges_verdict(cluster, crd, argo_crds, names
     import time
 
     from kubernetes import client
+
     from vlm_testing import binaries
     from vlm_testing.integration import _token
     from vlm_testing.operator_proc import OperatorProcess, free_port

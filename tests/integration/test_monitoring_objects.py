@@ -8,6 +8,7 @@ import copy
 
 import pytest
 from kubernetes import client
+
 from vlm_testing.cluster import wait_for
 from vlm_testing.integration import EXAMPLES, create, ensure_monitoring_crds, wait_condition
 from vlm_testing.operator_proc import install_crd, run_operator

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
 from vlm_testing.cluster import wait_for
 from vlm_testing.integration import EXAMPLES, create, ensure_monitoring_crds, patch_spec, wait_condition
 from vlm_testing.operator_proc import (

@@ -27,6 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
+
 from vlm_testing.cluster import wait_for
 from vlm_testing.operator_proc import GROUP, PLURAL, VERSION, condition, dump, run_operator, vlms
 from vlm_testing.specfuzz import BASE, READY_REASONS, model_accepts, mutants, mutate

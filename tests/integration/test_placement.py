@@ -23,6 +23,7 @@ import time
 
 import pytest
 from kubernetes import client, watch
+
 from vlm_testing.cluster import wait_for
 from vlm_testing.operator_proc import GROUP, PLURAL, VERSION, dump, get_vlms, run_operator, vlms
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 from kubernetes import client
+
 from vlm_testing.cluster import wait_for
 from vlm_testing.operator_proc import GROUP, PLURAL, VERSION, get_vlms, run_operator, vlms
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 from kubernetes import client
+
 from vlm_testing.api_recorder import ApiRecorder, Request
 from vlm_testing.cluster import wait_for
 from vlm_testing.helm import can_i

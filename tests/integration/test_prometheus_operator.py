@@ -37,6 +37,7 @@ import pytest
 import yaml
 from kubernetes import client
 from prometheus_client import CollectorRegistry, generate_latest
+
 from vlm_operator.api import metrics
 from vlm_operator.api.settings import Settings
 from vlm_operator.desired import alerts, builders

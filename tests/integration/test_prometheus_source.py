@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from vlm_operator.analysis.sources import prometheus as prom_source
 from vlm_operator.analysis.sources.base import PrometheusAuth, SignalsUnavailable, get_json
 

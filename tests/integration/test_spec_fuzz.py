@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
+
 from vlm_operator.api.v1alpha1 import VLMServiceSpec
 from vlm_testing.specfuzz import BASE, EXAMPLES, MIN_INVALID, PATHS, edge_cases, mutate, values
 

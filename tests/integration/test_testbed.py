@@ -20,6 +20,7 @@ import urllib.request
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
 from vlm_testing.cluster import TESTBED, Cluster, home_network, netns, wait_for
 from vlm_testing.jsonhttp import serve_json
 

@@ -8,6 +8,7 @@ import runpy
 from pathlib import Path
 
 import pytest
+
 from vlm_operator.api import v1alpha1 as api
 from vlm_operator.api.settings import Settings, env_name
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from vlm_testing.benches import load_bench
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from vlm_testing.benches import load_bench
 
 feature_sizes = load_bench("gpu/feature_sizes")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client
+
 from vlm_testing.standin import kube_sd, prom_operator
 
 NS = "mon"

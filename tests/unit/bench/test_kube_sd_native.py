@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client
+
 from vlm_testing.standin import kube_sd
 
 NS = "mon"

@@ -12,6 +12,7 @@ import sys
 import threading
 
 import pytest
+
 from vlm_operator.analysis import sources
 from vlm_operator.api.settings import Settings
 from vlm_operator.controller import reconcile

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from vlm_testing.benches import load_bench
 
 ROOT = Path(__file__).resolve().parents[3]

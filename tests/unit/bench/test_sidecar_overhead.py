@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+
 from vlm_testing import REPO as ROOT
 from vlm_testing.benches import load_bench
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from vlm_testing import binaries
 
 REPO = Path(__file__).resolve().parents[3]

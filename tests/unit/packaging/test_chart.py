@@ -18,6 +18,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+
 from vlm_operator.api import crdgen
 from vlm_operator.desired import alerts
 from vlm_testing.chart import (

@@ -6,6 +6,7 @@ operator's own settings (what it would start with), and every file it names lies
 from __future__ import annotations
 
 import pytest
+
 from vlm_operator.analysis.sources.base import PrometheusAuth
 from vlm_operator.api.settings import Settings
 from vlm_testing.chart import GOLDEN, by_kind, docs, helm, template

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from vlm_operator.api import names
 from vlm_operator.api import v1alpha1 as api
 from vlm_operator.api.settings import DEFAULT_PROFILER_PEERS, Settings

@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 
 import yaml
+
 from vlm_operator.api.names import GROUP
 from vlm_operator.judge import evaluate as judge
 from vlm_operator.judge import server as judge_server

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from vlm_operator.api import names
 from vlm_operator.cli import kubectl_vlm as vlm
 

@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from vlm_testing import fetched, wheels
 
 REPO = Path(__file__).resolve().parents[3]

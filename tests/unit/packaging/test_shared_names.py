@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
+
 from vlm_operator.analysis.window import Window
 from vlm_operator.api import metrics
 from vlm_operator.api import names as op

@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+
 from vlm_testing import binaries
 from vlm_testing.sidecar import Standin
 

@@ -22,6 +22,7 @@ import time
 import urllib.request
 
 import pytest
+
 from vlm_sidecar.collector import ProfileStore
 from vlm_sidecar.config import SidecarConfig
 from vlm_sidecar.discovery import discover

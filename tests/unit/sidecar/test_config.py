@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from vlm_sidecar.config import DEFAULT_RATE_HZ, ConfigError, load_config, parse_duration
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from vlm_sidecar.discovery import discover, tp_rank
 from vlm_testing.sidecar import fake_proc
 

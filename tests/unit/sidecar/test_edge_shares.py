@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from vlm_sidecar.collector import ProfileStore, build_families
 from vlm_sidecar.estimators import EDGE_CALLERS, edge_shares, function_shares, select_edges, summarize
 from vlm_sidecar.model import EDGE_SEP, ParsedTrace, Segment

@@ -16,6 +16,7 @@ import random
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+
 from vlm_sidecar.estimators import classify, estimate_loop, stage_shares
 from vlm_sidecar.parser import function_name
 from vlm_testing.loopsim import SHAPES, Shape, random_shape, simulate

@@ -17,6 +17,7 @@ import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
 from vlm_sidecar.collector import ProfileStore, build_families
 from vlm_sidecar.config import SidecarConfig
 from vlm_sidecar.discovery import discover

@@ -19,6 +19,7 @@ import statistics
 import time
 
 import pytest
+
 from vlm_sidecar.collector import ProfileStore
 from vlm_sidecar.config import FRONTEND_ROLES, SidecarConfig
 from vlm_sidecar.discovery import discover_roles

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from vlm_operator.analysis.gate import GatePolicy, Window, decide
 from vlm_sidecar.collector import ProfileStore
 from vlm_sidecar.config import SidecarConfig

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from prometheus_client.parser import text_string_to_metric_families
+
 from vlm_sidecar import roles
 from vlm_sidecar.collector import ProfileStore
 from vlm_sidecar.config import FRONTEND_ROLES, SidecarConfig

@@ -18,6 +18,7 @@ import json
 import os
 
 import pytest
+
 from vlm_sidecar.estimators import summarize
 from vlm_sidecar.parser import function_name, parse_chrometrace, parse_collapsed
 from vlm_testing.sidecar import GOLDEN

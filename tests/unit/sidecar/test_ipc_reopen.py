@@ -9,6 +9,7 @@ import inspect
 import os
 
 import pytest
+
 from vlm_operator.analysis.profile import REOPEN_FRACTION
 from vlm_sidecar import ipc
 from vlm_sidecar.collector import ProfileStore, build_families

@@ -6,6 +6,7 @@ import json
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from vlm_sidecar.estimators import pick_scheduler_thread
 from vlm_sidecar.parser import (
     collapse_segments,

@@ -12,6 +12,7 @@ import statistics
 import subprocess
 
 import pytest
+
 from vlm_sidecar.collector import ProfileStore
 from vlm_sidecar.config import SidecarConfig
 from vlm_sidecar.discovery import discover

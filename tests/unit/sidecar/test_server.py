@@ -6,6 +6,7 @@ import json
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
 from vlm_sidecar.collector import ProfileStore, is_stale
 from vlm_sidecar.parser import format_collapsed
 from vlm_sidecar.server import SidecarHTTP

@@ -8,6 +8,7 @@ import urllib.request
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from vlm_sidecar.collector import ProfileStore
 from vlm_sidecar.server import SidecarHTTP
 from vlm_testing.sidecar import LABELS, fill

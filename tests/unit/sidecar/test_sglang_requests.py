@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from vlm_sidecar import sglang_metrics, sglang_names
 
 TEXT = """\

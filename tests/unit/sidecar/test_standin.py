@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from vlm_sidecar import sglang_metrics
 from vlm_testing.standin.sglang_standin import (
     N_STAGES,

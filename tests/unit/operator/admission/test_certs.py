@@ -11,6 +11,7 @@ import threading
 
 import pytest
 from cryptography import x509
+
 from vlm_operator.admission import certs
 
 # The real time: the handshakes check validity against the system clock (plan takes it as an argument).

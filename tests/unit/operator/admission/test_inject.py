@@ -13,6 +13,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from vlm_operator.admission import inject
 from vlm_operator.api import v1alpha1 as api
 from vlm_operator.api.settings import Settings

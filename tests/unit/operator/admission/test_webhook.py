@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from vlm_operator.admission import certs, webhook
 from vlm_operator.api.settings import Settings
 from vlm_operator.cluster.connection import ApiError

@@ -12,6 +12,7 @@ import zlib
 from dataclasses import replace
 
 import pytest
+
 from vlm_operator.analysis.gate import GatePolicy, Window, decide, regressed_function
 from vlm_operator.analysis.gate.attribution import grown_caller
 from vlm_operator.analysis.gate.samples import make_units

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from vlm_operator.analysis.gate import Decision, GatePolicy, Window, regressed_function
 from vlm_operator.analysis.gate import decide as _decide
 from vlm_operator.analysis.gate.paired import Calibration
@@ -523,6 +524,7 @@ def test_loop_p95_is_gated_only_when_the_spec_sets_its_margin_and_a_slower_tail_
 @pytest.mark.parametrize("bad", [{"minSamples": 2}, {"interval": "0s"}, {"maxRegression": {"stageShare": 5}}])
 def test_analysis_the_gate_cannot_run_is_refused_by_the_model(bad):
     from pydantic import ValidationError
+
     from vlm_operator.api import v1alpha1 as api
 
     with pytest.raises(ValidationError):

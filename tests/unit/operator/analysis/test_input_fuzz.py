@@ -9,6 +9,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from vlm_operator.analysis import gate, sources
 from vlm_operator.analysis.sources import base, prometheus
 

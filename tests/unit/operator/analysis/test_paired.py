@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+
 from vlm_operator.analysis import stats
 from vlm_operator.analysis.gate import Before, Calibration, GatePolicy, Layout, Window, decide
 from vlm_operator.analysis.gate.paired import Evidence, Variances, plan_pods, pooled

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
 from vlm_operator.analysis.sources import base
 from vlm_operator.analysis.sources import prometheus as prom_source
 from vlm_operator.analysis.sources.base import PrometheusAuth, SignalsUnavailable

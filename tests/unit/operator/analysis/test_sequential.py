@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+
 from vlm_operator.analysis.gate import sequential
 
 ALPHA = 0.05

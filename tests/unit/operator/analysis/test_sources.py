@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from vlm_operator.analysis import sources
 from vlm_operator.analysis.sources import sidecars
 from vlm_testing.jsonhttp import serve_json

@@ -33,6 +33,7 @@ from decimal import Decimal
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
 from vlm_operator.analysis import gate, sources
 from vlm_operator.analysis.sources import prometheus as prometheus_source
 from vlm_sidecar.collector import ProfileStore

@@ -9,6 +9,7 @@ import socket
 import time
 
 import pytest
+
 from vlm_operator.analysis import sources
 from vlm_operator.analysis.sources import sidecars
 from vlm_testing.jsonhttp import serve_json

@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+
 from vlm_operator.analysis import stats
 
 

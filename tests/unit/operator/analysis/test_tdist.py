@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 from scipy import stats as ref
+
 from vlm_operator.analysis import stats, tdist
 
 RNG = np.random.default_rng(7)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 from pydantic import ValidationError
+
 from vlm_operator.api import v1alpha1 as api
 from vlm_testing.specs import INVALID, MINIMAL
 

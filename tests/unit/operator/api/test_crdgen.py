@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import yaml
+
 from vlm_operator.api import crdgen
 
 ROOT = Path(__file__).resolve().parents[4]

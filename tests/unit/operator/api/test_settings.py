@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from vlm_operator.__main__ import JsonFormatter, QuietSuccess
 from vlm_operator.api.settings import DEFAULT_PROFILER_PEERS, Settings, SettingsError, env_name
 from vlm_operator.desired import alerts

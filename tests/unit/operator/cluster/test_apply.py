@@ -11,6 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
+
 from vlm_operator.api.errors import PermanentError, TemporaryError
 from vlm_operator.cluster import client as apply
 from vlm_operator.cluster.connection import ApiError

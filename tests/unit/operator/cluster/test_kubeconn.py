@@ -11,6 +11,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
 from vlm_operator.api.errors import PermanentError
 from vlm_operator.cluster import client as apply
 from vlm_operator.cluster import connection as kubeconn

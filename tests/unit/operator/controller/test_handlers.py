@@ -9,6 +9,7 @@ import os
 
 import kopf
 import pytest
+
 from vlm_operator.api.names import PREFIX
 from vlm_operator.controller import handlers as H
 from vlm_operator.desired import builders as B

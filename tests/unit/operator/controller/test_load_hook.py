@@ -20,6 +20,7 @@ import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
 from vlm_operator.api import v1alpha1 as api
 from vlm_operator.api.settings import Settings
 from vlm_operator.desired import builders

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from prometheus_client import REGISTRY
+
 from vlm_operator.api import names
 from vlm_operator.api import v1alpha1 as api
 from vlm_operator.api.errors import TemporaryError

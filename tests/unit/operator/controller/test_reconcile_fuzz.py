@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+
 from vlm_operator.api import v1alpha1 as api
 from vlm_testing.fakekube import T0, FakeCluster
 from vlm_testing.specfuzz import BASE, READY_REASONS, model_accepts, mutants, mutate

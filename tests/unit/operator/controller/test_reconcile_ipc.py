@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 from prometheus_client import REGISTRY
+
 from vlm_operator.analysis import gate
 from vlm_operator.analysis import profile as P
 from vlm_operator.status import conditions as C

@@ -5,6 +5,7 @@ profiler status is rewritten only when what a user sees changes."""
 from __future__ import annotations
 
 from prometheus_client import REGISTRY
+
 from vlm_operator.api.settings import Settings
 from vlm_operator.desired import builders
 from vlm_testing.fakekube import ROLLOUT, T0, SidecarCluster, place, ready

@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
+
 from vlm_operator.api import metrics as om
 from vlm_operator.desired import alerts, builders
 from vlm_testing.standin.prom_operator import chart_objects

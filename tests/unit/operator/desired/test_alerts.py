@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from vlm_operator.desired import alerts
 
 ROOT = Path(__file__).resolve().parents[4]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from vlm_operator.api import v1alpha1 as api
 from vlm_operator.api.errors import InvalidSpec
 from vlm_operator.api.settings import Settings

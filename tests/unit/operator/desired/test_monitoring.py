@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+
 from vlm_operator.api import metrics
 from vlm_operator.api.settings import Settings, SettingsError
 from vlm_operator.desired import builders

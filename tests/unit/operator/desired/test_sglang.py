@@ -16,6 +16,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+
 from vlm_operator.api.errors import InvalidSpec
 from vlm_operator.desired import sglang
 from vlm_operator.desired.sglang import (

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from vlm_operator.api import v1alpha1 as api
 from vlm_operator.api.settings import Settings
 from vlm_operator.desired import builders

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from vlm_operator.analysis import handoff as analysis
 from vlm_operator.analysis import sources
 from vlm_operator.api import v1alpha1 as api

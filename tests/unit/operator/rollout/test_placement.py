@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+
 from vlm_operator.api import v1alpha1 as api
 from vlm_operator.cluster.observed import PodInfo
 from vlm_operator.rollout import placement

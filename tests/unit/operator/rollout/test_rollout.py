@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+
 from vlm_operator.analysis import handoff as analysis
 from vlm_operator.api import units
 from vlm_operator.cluster.observed import BASELINE_KEY, Observed

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 from pydantic import ValidationError
+
 from vlm_operator.analysis import profile as P
 from vlm_operator.analysis.gate import Window
 from vlm_operator.api import v1alpha1 as api
