@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import time
+import urllib.request
 
 import pytest
 from kubernetes import client
@@ -83,6 +84,34 @@ def _in_alertmanager(mon, namespace: str, name: str) -> list[dict]:
     """The alerts `name` of this service in Alertmanager."""
     return [a for a in mon.alerts() if a["labels"].get("alertname") == name
             and a["labels"].get("namespace") == namespace and a["labels"].get("vlmservice") == FRONT]
+
+
+def _alert_path(op, mon, namespace: str) -> str:
+    """Each hop of VLMCanaryRolledBack's way, for a failure's message: the operator's own series, the scrape
+    of it, the series in Prometheus, the rules' alert states, what Prometheus sent and what Alertmanager holds."""
+    out = []
+
+    def hop(name, f):
+        try:
+            out.append(f"{name}: {f()}")
+        except Exception as x:  # a diagnostic: every hop is reported, whatever fails
+            out.append(f"{name}: failed: {x!r}")
+    hop("operator /metrics", lambda: [line for line in op.metrics().splitlines()
+                                      if line.startswith("vlm_operator_canary_rollback_info")])
+    hop("operator scrape targets", lambda: [
+        {k: t.get(k) for k in ("scrapeUrl", "health", "lastError", "lastScrape", "lastScrapeDuration")}
+        for t in mon.api("targets")["activeTargets"] if "serviceMonitor" in t.get("scrapePool", "")])
+    hop("in Prometheus", lambda: mon.query(f'vlm_operator_canary_rollback_info{{namespace="{namespace}"}}'))
+    hop("rules", lambda: [(g["name"], r["name"], r.get("health"), r.get("lastError"), r.get("lastEvaluation"),
+                           [a["state"] for a in r.get("alerts", [])])
+                          for g in mon.api("rules")["groups"] for r in g["rules"]
+                          if r["name"] == "VLMCanaryRolledBack"])
+    hop("sent", lambda: [line for line in urllib.request.urlopen(f"{mon.prometheus_url}/metrics", timeout=5)
+                         .read().decode().splitlines() if line.startswith("prometheus_notifications_")])
+    hop("alertmanagers", lambda: mon.api("alertmanagers"))
+    hop("in Alertmanager", lambda: [(a["labels"].get("alertname"), a["labels"].get("vlmservice")) for a in mon.alerts()])
+    hop("operator log", lambda: op.log_tail(20))
+    return "\n".join(out)
 
 
 @pytest.mark.alert_for("30s")
@@ -168,5 +197,8 @@ def test_front_end_saturation_ipc_cache_not_observed_faster_front_end_promoted_s
                 and a["labels"].get("vlmservice") == FRONT]
     # Operator scrape (30 s), rule evaluation and Alertmanager's group wait: about 90 s quiet, up to twice that
     # beside two other xdist workers (a CI run timed out at 120 s with the rollback already in status).
-    got = wait_for(alerted, 240, "VLMCanaryRolledBack in Alertmanager", interval=3.0)
+    try:
+        got = wait_for(alerted, 240, "VLMCanaryRolledBack in Alertmanager", interval=3.0)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{_alert_path(op, mon, namespace)}") from None
     assert got[0]["labels"]["function"] == "convert_color", got[0]["labels"]
