@@ -358,9 +358,28 @@ def direct_objects(ns: str, i: int, monitoring: bool, settings=None) -> list[dic
     return out
 
 
-def direct(ns: str, count: int, deployments: Counted, kube=None) -> dict:
+# What the operator writes of its own for a new service besides its objects: the status (one merge patch, here a
+# first status of its size and shape) and kopf's record of the handled spec (one annotation merge patch).
+FIRST_STATUS = {"observedGeneration": 1, "phase": "Pending", "replicas": 1, "readyReplicas": 0,
+                "selector": "serving.vlmops.dev/vlmservice=svc", "stableRevision": "0123456789",
+                "sglang": {"image": "lmsysorg/sglang:v0.5.23", "version": "0.5.23"},
+                "conditions": [{"type": t, "status": "False", "reason": "ReplicasNotReady", "observedGeneration": 1,
+                                "lastTransitionTime": "2026-01-01T00:00:00Z", "message": "0/1 replicas ready"}
+                               for t in ("Ready", "Degraded", "Progressing", "IPCCacheActive", "ModelReady")]}
+KOPF_ANNOTATION = "serving.vlmops.dev/last-applied-spec"  # the operator's kopf diff base (controller/handlers.py)
+
+
+def vlmservice(ns: str, i: int) -> dict:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "VLMService",
+            "metadata": {"name": f"svc-{i:04d}", "namespace": ns}, "spec": SPEC}
+
+
+def direct(ns: str, count: int, deployments: Counted, kube=None, everything: bool = False) -> dict:
     """The operator's writes for `count` new services, from a client that does nothing else (`kube`: the
-    operator's `Kube` on the testbed's kubeconfig unless given, e.g. a fake in the unit test)."""
+    operator's `Kube` on the testbed's kubeconfig unless given, e.g. a fake in the unit test). With
+    `everything` (--direct-all), every request a new service costs the API server through an operator, in the
+    operator's order: the VLMService created (as the operator mode's bench does), its objects, its first status
+    and kopf's annotation, with no operator computing anything: the floor all_objects_s is held to."""
     if kube is None:
         from vlm_operator.cluster.client import Kube
         from vlm_operator.cluster.connection import Connection
@@ -369,15 +388,33 @@ def direct(ns: str, count: int, deployments: Counted, kube=None) -> dict:
     # The operator writes a PodMonitor and a PrometheusRule too where the Prometheus Operator's CRDs exist.
     monitoring = kube.crd_exists("podmonitors.monitoring.coreos.com") and not os.environ.get("BENCH_DIRECT_NO_MONITORING")
 
+    def one(i: int) -> None:
+        if everything:
+            kube.apply(vlmservice(ns, i), None)
+        objs = direct_objects(ns, i, monitoring)
+        if everything:  # the operator's order: the policy before the Deployment, the Service after it
+            order = ["NetworkPolicy", "PodDisruptionBudget", "Deployment", "Service", "PodMonitor", "PrometheusRule"]
+            objs.sort(key=lambda o: order.index(o["kind"]))
+        for o in objs:
+            kube.apply(o, None)
+        if everything:
+            name = f"svc-{i:04d}"
+            kube.patch_status(ns, name, {}, FIRST_STATUS)
+            kube.request_json("PATCH", f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}/{name}",
+                              body={"metadata": {"annotations": {KOPF_ANNOTATION: json.dumps({"spec": SPEC})}}},
+                              content_type="application/merge-patch+json")
+
     t0 = time.time()
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda i: [kube.apply(o, None) for o in direct_objects(ns, i, monitoring)], range(count)))
+        list(pool.map(one, range(count)))
     t_written = time.time() - t0
     if not deployments.wait(count, 900):
         raise SystemExit(f"only {len(deployments.names)} of {count} Deployments after 900 s")
-    return {"services": count, "direct_writes_s": round(t_written, 1),
+    # (every write answered is every object there: all_objects_s, the floor the operator's is held to)
+    return {"services": count, "direct_writes_s": round(t_written, 1), "all_objects_s": round(t_written, 1),
             "direct_all_deployments_s": round(time.time() - t0, 1), "deployments_seen_s": deployments.curve(t0, count),
-            "writes_per_service": len(direct_objects(ns, 0, monitoring)), "monitoring": monitoring}
+            "writes_per_service": len(direct_objects(ns, 0, monitoring)) + (3 if everything else 0),
+            "monitoring": monitoring, "everything": everything}
 
 
 def main() -> int:
@@ -389,6 +426,13 @@ def main() -> int:
                    help="no operator: write the objects it would write for each service (Service, Deployment, "
                         "NetworkPolicy, server-side apply on 16 threads, like its handler threads) and time them: "
                         "what this control plane allows, the floor for all_deployments_s")
+    p.add_argument("--direct-all", action="store_true",
+                   help="--direct with every other request a new service costs through an operator: the VLMService "
+                        "created, its first status and kopf's annotation (3 more per service): the like-for-like "
+                        "floor for the operator's all_objects_s")
+    p.add_argument("--burst-only", action="store_true",
+                   help="stop once every object of every service exists (all_objects_s, against --direct's floor); "
+                        "no statuses, convergence or steady state")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="extra environment for the operator (an experiment; the default is the shipped settings)")
     p.add_argument("--json", type=Path, default=None,
@@ -450,8 +494,9 @@ def main() -> int:
     for f in followers:
         f.start()
     try:
-        if a.direct:
-            result, out_name = direct(ns, a.count, deployments), "operator_scale_direct.json"
+        if a.direct or a.direct_all:
+            result = direct(ns, a.count, deployments, everything=a.direct_all)
+            out_name = "operator_scale_direct_all.json" if a.direct_all else "operator_scale_direct.json"
         else:
             op.start()
             print(f"[bench] operator pid {op.proc.pid}, log {op.log_path}", file=sys.stderr)
@@ -470,86 +515,100 @@ def main() -> int:
             burst_cpu, burst_writes = cpu_seconds(op.proc.pid) - cpu_start, metric_sum(op, "vlm_operator_api_writes_total")
             print(f"[bench] all {a.count} Deployments at {t_deploy:.1f} s, operator peak RSS "
                   f"{rss_peak_kib(op.proc.pid) / 1024:.0f} MiB", file=sys.stderr)
-
-            def statuses() -> dict[str, dict]:
-                """Every service's status, by name (the one list each wait and the steady census read)."""
-                for attempt in range(5):  # a full list of 1000 services can break off on a loaded API server
-                    try:
-                        items = co.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _request_timeout=120)["items"]
-                        return {o["metadata"]["name"]: o.get("status") or {} for o in items}
-                    except Exception as e:
-                        if attempt == 4:
-                            raise
-                        print(f"[bench] service list failed ({e}), again", file=sys.stderr)
-                        time.sleep(3.0)
-                raise AssertionError("unreachable")
-
-            def profiled() -> tuple[int, int]:
-                st = statuses().values()
-                return (sum(1 for s in st if s.get("observedGeneration")),
-                        sum(1 for s in st if (s.get("profiler") or {}).get("lastSampleTime")))
-
-            while profiled()[0] < a.count:
-                time.sleep(3)
-            t_status = time.time() - t0
-            print(f"[bench] all statuses at {t_status:.1f} s", file=sys.stderr)
-            # Every pod mapped to an endpoint, then 95% of the live ones shown in status.profiler.
-            # (allowing 1%: kwok may hand a recreated pod the IP of one still terminating)
-            while (len(sidecars.servers) < a.count - max(1, a.count // 100)
-                   or profiled()[1] < 0.95 * (len(sidecars.servers) - len(sidecars.dead))):
-                if time.time() - t0 > t_status + 300:
-                    print(f"[bench] only {profiled()[1]} services profiled after 300 s", file=sys.stderr)
-                    break
-                time.sleep(2)
-            t_profiled = time.time() - t0
-            # Converged: every service's Deployment caught up with (Progressing False: the controller-manager,
-            # starved on a 2-core machine by the burst, can trail the creations by minutes; each catch-up is one
-            # status write, which is the burst's tail, not the steady state).
-            def converged() -> int:
-                return sum(1 for st in statuses().values() for c in st.get("conditions") or []
-                           if c["type"] == "Progressing" and c["status"] == "False")
-
-            while converged() < a.count and time.time() - t0 < t_profiled + 300:
-                time.sleep(3)
-            t_converged = time.time() - t0
-            time.sleep(30)  # past the first-read burst: dead sidecars are now remembered
-            before = statuses()
-            w0, h0 = metric_sum(op, "vlm_operator_api_writes_total"), histogram(op, "vlm_operator_reconcile_duration_seconds")
-            c0, r0, s0 = cpu_seconds(op.proc.pid), metric_sum(op, "vlm_operator_reconcile_duration_seconds_count"), time.time()
-            time.sleep(a.steady)
-            # What the steady writes changed: per status field (conditions by type), how many services.
-            changed = status_changes(before, statuses())
-            if "VLM_TRACEMALLOC_DUMP" in extra:  # the operator writes its allocation sites on SIGUSR1
-                os.kill(op.proc.pid, signal.SIGUSR1)
-                time.sleep(20)
-            w1, h1 = metric_sum(op, "vlm_operator_api_writes_total"), histogram(op, "vlm_operator_reconcile_duration_seconds")
-            c1, r1, s1 = cpu_seconds(op.proc.pid), metric_sum(op, "vlm_operator_reconcile_duration_seconds_count"), time.time()
-            result = {
+            for kind, c in [("Services", services), *monitoring.items()]:
+                if not c.wait(a.count, 900 - (time.time() - t0)):
+                    raise SystemExit(f"only {len(c.names)} of {a.count} {kind} after 900 s")
+            t_objects = time.time() - t0
+            print(f"[bench] every object of every service at {t_objects:.1f} s", file=sys.stderr)
+            burst = {
                 "services": a.count,
-                "sidecars_live": len(sidecars.servers) - len(sidecars.dead),
-                "sidecars_dead": len(sidecars.dead),
                 "create_requests_s": round(t_applied, 1),
                 "all_deployments_s": round(t_deploy, 1),
+                "all_objects_s": round(max([t_deploy, *[c.curve(t0, a.count)["100%"]
+                                                        for c in [services, *monitoring.values()]]]), 1),
                 "deployments_seen_s": deployments.curve(t0, a.count),
                 "services_seen_s": services.curve(t0, a.count),
                 **{f"{kind}_seen_s": c.curve(t0, a.count) for kind, c in monitoring.items()},
                 "burst_operator_cpu_cores": round(burst_cpu / t_deploy, 2),
                 "burst_writes_per_service": round(burst_writes / a.count, 1),
-                "all_status_s": round(t_status, 1),
-                "profiled_95pct_of_live_s": round(t_profiled, 1),
-                "all_converged_s": round(t_converged, 1),
                 "operator_peak_rss_mib": round(rss_peak_kib(op.proc.pid) / 1024, 1),
-                "operator_steady_rss_mib": round(rss_peak_kib(op.proc.pid, "VmRSS") / 1024, 1),
                 "operator_env": extra,
-                "steady_cpu_cores": round((c1 - c0) / (s1 - s0), 3),
-                "steady_reconciles_per_s": round((r1 - r0) / (s1 - s0), 1),
-                "steady_writes_per_s": round((w1 - w0) / (s1 - s0), 3),
-                "reconcile_p50_s": quantile(h0, h1, 0.5),
-                "reconcile_p99_s": quantile(h0, h1, 0.99),
-                "sidecar_requests": sidecars.requests,
-                "steady_status_changes": changed,
             }
-            out_name = "operator_scale.json"
+
+            if a.burst_only:
+                result, out_name = burst, "operator_scale_burst.json"
+            else:
+                def statuses() -> dict[str, dict]:
+                    """Every service's status, by name (the one list each wait and the steady census read)."""
+                    for attempt in range(5):  # a full list of 1000 services can break off on a loaded API server
+                        try:
+                            items = co.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _request_timeout=120)["items"]
+                            return {o["metadata"]["name"]: o.get("status") or {} for o in items}
+                        except Exception as e:
+                            if attempt == 4:
+                                raise
+                            print(f"[bench] service list failed ({e}), again", file=sys.stderr)
+                            time.sleep(3.0)
+                    raise AssertionError("unreachable")
+
+                def profiled() -> tuple[int, int]:
+                    st = statuses().values()
+                    return (sum(1 for s in st if s.get("observedGeneration")),
+                            sum(1 for s in st if (s.get("profiler") or {}).get("lastSampleTime")))
+
+                while profiled()[0] < a.count:
+                    time.sleep(3)
+                t_status = time.time() - t0
+                print(f"[bench] all statuses at {t_status:.1f} s", file=sys.stderr)
+                # Every pod mapped to an endpoint, then 95% of the live ones shown in status.profiler.
+                # (allowing 1%: kwok may hand a recreated pod the IP of one still terminating)
+                while (len(sidecars.servers) < a.count - max(1, a.count // 100)
+                       or profiled()[1] < 0.95 * (len(sidecars.servers) - len(sidecars.dead))):
+                    if time.time() - t0 > t_status + 300:
+                        print(f"[bench] only {profiled()[1]} services profiled after 300 s", file=sys.stderr)
+                        break
+                    time.sleep(2)
+                t_profiled = time.time() - t0
+                # Converged: every service's Deployment caught up with (Progressing False: the controller-manager,
+                # starved on a 2-core machine by the burst, can trail the creations by minutes; each catch-up is one
+                # status write, which is the burst's tail, not the steady state).
+                def converged() -> int:
+                    return sum(1 for st in statuses().values() for c in st.get("conditions") or []
+                               if c["type"] == "Progressing" and c["status"] == "False")
+
+                while converged() < a.count and time.time() - t0 < t_profiled + 300:
+                    time.sleep(3)
+                t_converged = time.time() - t0
+                time.sleep(30)  # past the first-read burst: dead sidecars are now remembered
+                before = statuses()
+                w0, h0 = metric_sum(op, "vlm_operator_api_writes_total"), histogram(op, "vlm_operator_reconcile_duration_seconds")
+                c0, r0, s0 = cpu_seconds(op.proc.pid), metric_sum(op, "vlm_operator_reconcile_duration_seconds_count"), time.time()
+                time.sleep(a.steady)
+                # What the steady writes changed: per status field (conditions by type), how many services.
+                changed = status_changes(before, statuses())
+                if "VLM_TRACEMALLOC_DUMP" in extra:  # the operator writes its allocation sites on SIGUSR1
+                    os.kill(op.proc.pid, signal.SIGUSR1)
+                    time.sleep(20)
+                w1, h1 = metric_sum(op, "vlm_operator_api_writes_total"), histogram(op, "vlm_operator_reconcile_duration_seconds")
+                c1, r1, s1 = cpu_seconds(op.proc.pid), metric_sum(op, "vlm_operator_reconcile_duration_seconds_count"), time.time()
+                result = {
+                    **burst,
+                    "sidecars_live": len(sidecars.servers) - len(sidecars.dead),
+                    "sidecars_dead": len(sidecars.dead),
+                    "all_status_s": round(t_status, 1),
+                    "profiled_95pct_of_live_s": round(t_profiled, 1),
+                    "all_converged_s": round(t_converged, 1),
+                    "operator_peak_rss_mib": round(rss_peak_kib(op.proc.pid) / 1024, 1),
+                    "operator_steady_rss_mib": round(rss_peak_kib(op.proc.pid, "VmRSS") / 1024, 1),
+                    "steady_cpu_cores": round((c1 - c0) / (s1 - s0), 3),
+                    "steady_reconciles_per_s": round((r1 - r0) / (s1 - s0), 1),
+                    "steady_writes_per_s": round((w1 - w0) / (s1 - s0), 3),
+                    "reconcile_p50_s": quantile(h0, h1, 0.5),
+                    "reconcile_p99_s": quantile(h0, h1, 0.99),
+                    "sidecar_requests": sidecars.requests,
+                    "steady_status_changes": changed,
+                }
+                out_name = "operator_scale.json"
     finally:
         stop.set()
         for f in followers:

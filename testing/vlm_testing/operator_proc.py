@@ -87,7 +87,9 @@ class OperatorProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vlm_operator", "--namespace", self.namespace,
              "--liveness", f"http://127.0.0.1:{free_port()}/healthz", *self.args],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+            # Not the checkout's root: `-m` puts the working directory first on sys.path, where the root's
+            # vlm_operator link would shadow PYTHONPATH (a bench running another worktree's operator).
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.log_path.parent,
         )
         deadline = time.time() + 120  # the import alone took 56 s on a loaded 2-core machine
         while time.time() < deadline:

@@ -1,6 +1,7 @@
-"""bench/operator_scale.py's two modes, end to end at a tiny size on the testbed (they need the API server: the unit
-tier holds the pure part, tests/unit/bench/test_operator_scale.py): the operator's burst and steady state, and the
---direct floor; each writes a well-formed result whose numbers are plausible."""
+"""bench/operator_scale.py's modes, end to end at a tiny size on the testbed (they need the API server: the unit
+tier holds the pure part, tests/unit/bench/test_operator_scale.py): the operator's burst and steady state, its
+burst alone (--burst-only), and the --direct and --direct-all floors; each writes a well-formed result whose
+numbers are plausible."""
 
 from __future__ import annotations
 
@@ -30,11 +31,14 @@ def _bench(tmp_path: Path, *args: str, timeout: float = 500) -> dict:
 
 
 @pytest.mark.slow
-def test_the_direct_floor_writes_every_object_and_times_it(cluster, crd, tmp_path):
-    r = _bench(tmp_path, "--direct")
-    assert r["writes_per_service"] in (3, 5)  # Service, Deployment, NetworkPolicy (+ PodMonitor, PrometheusRule)
-    assert r["writes_per_service"] == (5 if r["monitoring"] else 3)
+@pytest.mark.parametrize("mode", ["--direct", "--direct-all"])
+def test_the_direct_floor_writes_every_object_and_times_it(cluster, crd, tmp_path, mode):
+    r = _bench(tmp_path, mode)
+    # Service, Deployment, NetworkPolicy (+ PodMonitor, PrometheusRule); --direct-all: + the VLMService, its
+    # status and kopf's annotation
+    assert r["writes_per_service"] == (5 if r["monitoring"] else 3) + (3 if mode == "--direct-all" else 0)
     assert 0 < r["direct_writes_s"] <= r["direct_all_deployments_s"] < 120
+    assert r["all_objects_s"] == r["direct_writes_s"]  # every write answered: every object there
     assert r["deployments_seen_s"]["100%"] <= r["direct_all_deployments_s"]
 
 
@@ -44,7 +48,17 @@ def test_the_operator_mode_reports_the_burst_and_the_steady_state(cluster, crd, 
     assert r["sidecars_dead"] == 0 and r["sidecars_live"] >= COUNT - 1
     assert 0 < r["all_deployments_s"] <= r["all_status_s"] <= r["all_converged_s"] < 600
     assert r["deployments_seen_s"]["100%"] <= r["all_deployments_s"]
-    assert r["services_seen_s"]["100%"] > 0  # every Service came
+    assert 0 < r["services_seen_s"]["100%"] <= r["all_objects_s"]  # every Service came
+    assert r["deployments_seen_s"]["100%"] <= r["all_objects_s"] <= r["all_converged_s"]
     assert 1 <= r["burst_writes_per_service"] < 50 and r["burst_operator_cpu_cores"] >= 0
     assert 20 < r["operator_peak_rss_mib"] < 1000 and r["steady_reconciles_per_s"] >= 0
     assert r["steady_writes_per_s"] >= 0 and r["sidecar_requests"] > 0
+
+
+@pytest.mark.slow
+def test_the_burst_only_mode_stops_once_every_object_exists(cluster, crd, tmp_path):
+    r = _bench(tmp_path, "--burst-only", "--dead", "0")
+    assert 0 < r["deployments_seen_s"]["100%"] <= r["all_deployments_s"] <= r["all_objects_s"] < 120
+    assert r["services_seen_s"]["100%"] <= r["all_objects_s"]
+    assert "all_status_s" not in r and "steady_writes_per_s" not in r  # it stopped at the burst
+    assert 1 <= r["burst_writes_per_service"] < 50 and 20 < r["operator_peak_rss_mib"] < 1000

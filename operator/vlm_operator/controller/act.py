@@ -32,16 +32,15 @@ Emit = Callable[[str, str, str], None]  # (type, reason, message)
 def intended(uid: str, status: Mapping[str, Any], generation: int | None, spec: api.VLMServiceSpec,
              plan: rollout.Plan, observed: Observed, owner: builders.Owner, *, service: Mapping[str, Any],
              deployments: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any] | None,
-             network_policy: Mapping[str, Any] | None, pdb: Mapping[str, Any] | None, busy: bool, monitoring: bool,
+             network_policy: Mapping[str, Any] | None, pdb: Mapping[str, Any] | None, monitoring: bool,
              monitoring_labels: Mapping[str, str], alert_overrides: Any, load_job: Mapping[str, Any] | None = None,
              weights_job: Mapping[str, Any] | None = None) -> list[Write]:
     """Every write the plan wants, in order (pure; `Writer.write` sends them): the weights Job (even while hands
     off: the weights come before anything else can), the budget and the policy once per spec generation, before
     the Deployments (a pod never runs without its NetworkPolicy), the pods' writes, the Deployments and the
-    Service (each only where it differs), the load Job, then the monitoring objects. In a burst of new services
-    (`busy`) a missing Service waits for the service's next resync, like the monitoring objects: a Service costs
-    the API server more than itself (the endpoints controller makes an Endpoints object and an EndpointSlice for
-    it), and nothing routes to a pod for many seconds after its Deployment anyway; the Deployments go first."""
+    Service (each only where it differs), the load Job, then the monitoring objects. A new service gets all of
+    them in its first pass, in a burst of new services too (docs/benchmarks.md, "All objects of a burst in one
+    pass": holding its Service and monitoring objects back to a later resync cost more time than it saved)."""
     out: list[Write] = []
     if weights_job is not None:
         out += _job(owner, weights_job, observed)
@@ -69,11 +68,10 @@ def intended(uid: str, status: Mapping[str, Any], generation: int | None, spec: 
         out.append(Delete("apps/v1", "Deployment", owner.namespace, _name(observed.deployments[BASELINE_KEY])))
     out += [Delete("apps/v1", "Deployment", owner.namespace, _name(body))
             for rev, body in sorted(observed.deployments.items()) if rev != BASELINE_KEY and rev not in deployments]
-    if observed.service is not None or not busy:
-        out.append(Apply(service, observed.service))
+    out.append(Apply(service, observed.service))
     out += load_writes(owner, load_job, observed)
     if monitoring:
-        out += _monitoring(changed, spec, observed, owner, busy=busy, extra=monitoring_labels,
+        out += _monitoring(changed, spec, observed, owner, extra=monitoring_labels,
                            overrides=alert_overrides)
     return out
 
@@ -131,18 +129,16 @@ def pod_writes(namespace: str, plan: rollout.Plan, observed: Observed) -> list[P
     return out
 
 
-def _monitoring(changed: bool, spec: api.VLMServiceSpec, observed: Observed, owner: builders.Owner, *, busy: bool,
+def _monitoring(changed: bool, spec: api.VLMServiceSpec, observed: Observed, owner: builders.Owner, *,
                 extra: Mapping[str, str], overrides: Any) -> list[Write]:
     """The PodMonitor and the PrometheusRule: re-applied at each spec generation (they follow the spec and the
     operator's settings), and created where the index does not hold them (a new service, or one deleted by
-    hand: drift repair). Creation waits while the operator is `busy` with a burst of new services, like a new
-    Service's (`intended`): their Deployments go first, these follow at each service's next resync (a pod
-    takes longer than that to be scraped anyway). A spec change of an existing service never waits."""
+    hand: drift repair)."""
     # shown by the index: one deleted from now on is re-created at once
     out: list[Write] = [Confirm((builders.MONITORING_API_VERSION, kind, owner.namespace, owner.name))
                         for kind in observed.monitoring]
     wanted = [kind for kind in builders.MONITORING_KINDS
-              if (kind in observed.monitoring and changed) or (kind not in observed.monitoring and not busy)]
+              if changed or kind not in observed.monitoring]
     if "PodMonitor" in wanted:
         out.append(Apply(builders.build_pod_monitor(owner, extra, spec.telemetry.interval)))
     if "PrometheusRule" in wanted:

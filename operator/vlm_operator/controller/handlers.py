@@ -257,7 +257,7 @@ def forget_vlmservice(namespace: str, name: str, uid: str, memo: kopf.Memo) -> N
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def count_vlmservices(type: str | None, name: str, namespace: str, memo: kopf.Memo, uid: str, meta: kopf.Meta,
+async def count_vlmservices(type: str | None, name: str, namespace: str, memo: kopf.Memo, uid: str,
                             **_: Any) -> None:
     """Gauge of managed services (the watch's own stream, no extra reads); a deleted service is forgotten.
     The watch's DELETED event is the one sign of a deletion every service gives: VLMServices carry no
@@ -271,9 +271,6 @@ async def count_vlmservices(type: str | None, name: str, namespace: str, memo: k
         forget_vlmservice(namespace, name, uid, memo)
     else:
         seen.add(uid)
-        rt = getattr(memo, "rt", None)
-        if rt is not None:  # the backlog of generations not yet reconciled (Runtime.busy)
-            rt.saw(uid, meta.get("generation"))
     metrics.MANAGED.set(len(seen))
 
 

@@ -48,8 +48,8 @@ __all__ = ["UNCONFIRMED_TTL_S", "Runtime", "Target", "reconcile"]
 
 @dataclass
 class Runtime:
-    """What the operator's process keeps between reconciles: the API client behind its write cache, the sidecar
-    reader, and the backlog of generations seen on the watch and not yet reconciled."""
+    """What the operator's process keeps between reconciles: the API client behind its write cache and the
+    sidecar reader."""
 
     kube: KubeAPI
     settings: Settings
@@ -58,10 +58,6 @@ class Runtime:
     writer: Writer | None = None  # over `kube`, built when not given
     # uid -> when status.profiler was last recomputed (in memory: at most one read per interval per service)
     profiler_reads: dict[str, float] = field(default_factory=dict)
-    # uid -> the last generation reconciled by this process / the newest generation seen on the watch while no
-    # reconcile of it has ended: the services in `waiting` are the backlog (`backlog`)
-    reconciled_generation: dict[str, int | None] = field(default_factory=dict)
-    waiting: dict[str, int | None] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -99,33 +95,6 @@ class Runtime:
         self.w.forget(uid)
         with self._lock:
             self.profiler_reads.pop(uid, None)
-            self.reconciled_generation.pop(uid, None)
-            self.waiting.pop(uid, None)
-
-    def saw(self, uid: str, generation: int | None) -> None:
-        """The watch showed generation `generation` of a service (called for every event, on the event loop)."""
-        with self._lock:
-            if self.reconciled_generation.get(uid, -1) != generation:
-                self.waiting[uid] = generation
-            else:
-                self.waiting.pop(uid, None)
-
-    def reconciled(self, uid: str, generation: int | None) -> None:
-        """A reconcile of generation `generation` ended (whatever its result)."""
-        with self._lock:
-            self.reconciled_generation[uid] = generation
-            if self.waiting.get(uid, -1) == generation:
-                del self.waiting[uid]
-
-    def backlog(self) -> int:
-        """How many services have a generation on the watch that no reconcile of this process has handled yet:
-        about 0 in steady state, the number still queued in a burst of creations (or after a restart, until
-        the first resyncs)."""
-        return len(self.waiting)
-
-    def busy(self) -> bool:
-        """More services wait for their first reconcile of a generation than there are handler threads."""
-        return self.backlog() > self.settings.handler_threads
 
 
 @dataclass(frozen=True)
@@ -154,7 +123,6 @@ def reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, *, now: fl
         result = "error"
         raise
     finally:
-        rt.reconciled(t.uid, t.generation)
         metrics.RECONCILE.labels(result=result).observe(time.monotonic() - started)
 
 
@@ -233,7 +201,7 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
                                                           plan.baseline)
     writes = act.intended(
         t.uid, t.status, t.generation, spec, plan, observed, owner, service=desired.service, deployments=deployments,
-        baseline=baseline, network_policy=desired.network_policy, pdb=desired.pdb, busy=rt.busy(),
+        baseline=baseline, network_policy=desired.network_policy, pdb=desired.pdb,
         monitoring=rt.monitoring, monitoring_labels=rt.settings.monitoring_labels,
         alert_overrides=rt.settings.alert_overrides, load_job=load_job, weights_job=model.job,
     )

@@ -66,6 +66,17 @@ class RecordingKube:
             self.deployments.see("ADDED", obj)
         return True
 
+    def patch_status(self, namespace, name, current, new, resource_version=None):
+        with self.lock:
+            self.applied.append({"kind": "status", "metadata": {"namespace": namespace, "name": name}, "status": new})
+        return "1"
+
+    def request_json(self, method, path, *, body=None, query=None, content_type=None):
+        assert (method, content_type) == ("PATCH", "application/merge-patch+json")
+        with self.lock:
+            self.applied.append({"kind": "annotation", "metadata": {"namespace": path.split("/")[-3],
+                                                                    "name": path.rsplit("/", 1)[1]}, "body": body})
+
 
 @pytest.mark.parametrize("monitoring", [False, True])
 def test_the_direct_mode_writes_every_object_of_every_service_and_reports_it(monitoring, monkeypatch):
@@ -80,6 +91,23 @@ def test_the_direct_mode_writes_every_object_of_every_service_and_reports_it(mon
     assert {o["metadata"]["namespace"] for o in kube.applied} == {"bench-ns"}
     assert 0 <= result["direct_writes_s"] <= result["direct_all_deployments_s"] < 60
     assert set(result["deployments_seen_s"]) == {"25%", "50%", "90%", "100%"}
+
+
+@pytest.mark.parametrize("monitoring", [False, True])
+def test_the_direct_all_floor_adds_the_service_its_status_and_kopfs_annotation_in_the_operators_order(
+        monitoring, monkeypatch):
+    monkeypatch.delenv("BENCH_DIRECT_NO_MONITORING", raising=False)
+    deployments = scale.Counted()
+    kube = RecordingKube(deployments, monitoring)
+    result = scale.direct("bench-ns", 4, deployments, kube=kube, everything=True)
+    per = (5 if monitoring else 3) + 3
+    assert result["writes_per_service"] == per and result["everything"] is True
+    assert len(kube.applied) == 4 * per
+    one = [o["kind"] for o in kube.applied if o["metadata"]["name"].startswith("svc-0002")]
+    assert one == ["VLMService", "NetworkPolicy", "Deployment", "Service",
+                   *(["PodMonitor", "PrometheusRule"] if monitoring else []), "status", "annotation"]
+    status = next(o["status"] for o in kube.applied if o["kind"] == "status")
+    assert status["observedGeneration"] == 1 and len(status["conditions"]) == 5
 
 
 def test_no_monitoring_objects_when_told_so(monkeypatch):
@@ -125,5 +153,5 @@ def test_status_changes_count_fields_and_condition_flips():
 def test_it_parses_its_modes():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "operator_scale.py"), "--help"], capture_output=True,
                          text=True, timeout=60, check=True).stdout
-    for flag in ("--count", "--dead", "--steady", "--direct", "--env"):
+    for flag in ("--count", "--dead", "--steady", "--direct", "--direct-all", "--burst-only", "--env"):
         assert flag in out

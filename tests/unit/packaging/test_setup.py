@@ -87,7 +87,7 @@ def test_every_target_runs_the_project_venv() -> None:
             and "-m venv" not in line]
     assert not bare, bare
     _, lint = _rule("lint")
-    assert lint[:2] == ["$(VENV)/bin/ruff check .", "$(VENV)/bin/lint-imports"], lint
+    assert lint[:2] == ["$(VENV)/bin/ruff check --no-cache .", "$(VENV)/bin/lint-imports"], lint
     _, install = _rule("$(VENV_STAMP)")
     assert install[-2:] == ["$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'", "@touch $@"], install
     assert _rule("$(VENV_STAMP)")[0][0] == "pyproject.toml"  # pip again only when pyproject.toml changed

@@ -12,7 +12,7 @@ from vlm_operator.api.errors import TemporaryError
 from vlm_operator.api.settings import Settings
 from vlm_operator.controller import handlers, reconcile
 from vlm_operator.desired import builders
-from vlm_testing.fakekube import ROLLOUT, SPEC, T0, FakeCluster, FakeKube
+from vlm_testing.fakekube import ROLLOUT, SPEC, T0, FakeCluster
 
 
 def test_first_reconcile_creates_service_deployment_and_budget_then_reports_pending():
@@ -470,68 +470,34 @@ def monitored(c: FakeCluster) -> list[str]:
     return sorted(w.kind for w in c.kube.writes if w.verb == "apply" and w.kind in builders.MONITORING_KINDS)
 
 
-def test_backlog_counts_generations_seen_and_not_yet_reconciled():
-    rt = reconcile.Runtime(kube=FakeKube(), settings=Settings(handler_threads=2))
-    for uid in ("a", "b", "c"):
-        rt.saw(uid, 1)
-    assert rt.backlog() == 3 and rt.busy()
-    rt.reconciled("a", 1)
-    rt.saw("a", 1)  # its own status write comes back on the watch: same generation, still done
-    assert rt.backlog() == 2 and not rt.busy()
-    rt.saw("b", 2)  # a spec change while generation 1 was queued
-    rt.reconciled("b", 1)
-    assert rt.backlog() == 2
-    rt.reconciled("b", 2)
-    rt.forget("c")
-    assert rt.backlog() == 0
-
-
-def test_monitoring_objects_wait_out_a_burst_then_come_with_the_next_resync():
+def test_a_new_service_gets_every_object_in_its_first_pass_the_policy_before_the_deployment():
+    """All of a new service's objects in one pass, in a burst of new services too (nothing waits for a later
+    resync): the policy and the budget before the Deployment, then the Service and the monitoring objects."""
     c = FakeCluster()
     c.rt.monitoring = True
-    for i in range(c.rt.settings.handler_threads + 1):  # more new services queued than handler threads
-        c.rt.saw(f"queued-{i}", 1)
-    c.run()
-    assert monitored(c) == []  # the Deployment first
-    assert [w.kind for w in c.kube.written("apply")] == ["NetworkPolicy", "PodDisruptionBudget", "Deployment"]
-    assert c.status["observedGeneration"] == 1
-    c.kube.reset_writes()
-    c.run(T0 + 15)  # still busy: still waiting, and nothing else written
-    assert monitored(c) == [] and c.kube.written("apply") == []
-    for i in range(c.rt.settings.handler_threads + 1):
-        c.rt.reconciled(f"queued-{i}", 1)
-    c.run(T0 + 30)  # the burst is over: the next resync creates them
-    assert monitored(c) == ["PodMonitor", "PrometheusRule"]
-    assert [w.kind for w in c.kube.written("apply") if w.kind == "Service"] == ["Service"]
-    c.kube.reset_writes()
-    c.run(T0 + 45)
-    assert monitored(c) == [] and c.kube.written("apply") == []  # they exist: nothing more
-
-
-def test_the_policy_is_written_before_the_deployment_and_the_service_after_it():
-    c = FakeCluster()
     c.run()
     assert [w.kind for w in c.kube.written("apply")] == [
-        "NetworkPolicy", "PodDisruptionBudget", "Deployment", "Service"]
+        "NetworkPolicy", "PodDisruptionBudget", "Deployment", "Service", "PodMonitor", "PrometheusRule"]
+    assert c.status["observedGeneration"] == 1
+    c.kube.reset_writes()
+    c.run(T0 + 15)
+    assert c.kube.written("apply") == []  # they exist: nothing more
 
 
-def test_a_service_edited_by_hand_is_repaired_even_in_a_burst():
-    """Only a new service's Service waits out a burst: one the index showed is compared and repaired as ever
-    (here: its selector edited by hand)."""
+def test_a_service_edited_by_hand_is_repaired():
+    """A Service the index showed is compared and repaired (here: its selector edited by hand)."""
     c = FakeCluster()
     c.run()
     c.run(T0 + 15)  # the index shows it
     key = ("v1", "Service", "ns", "svc")
     c.kube.objects[key]["spec"]["selector"] = {"edited": "by-hand"}
-    for i in range(c.rt.settings.handler_threads + 1):
-        c.rt.saw(f"queued-{i}", 1)
     c.kube.reset_writes()
     c.run(T0 + 30)
     assert [w.kind for w in c.kube.written("apply")] == ["Service"]
     assert c.kube.objects[key]["spec"]["selector"] == {builders.LABEL_SERVICE: "svc"}
 
 
-def test_monitoring_objects_come_at_once_without_a_burst_and_a_deleted_one_is_recreated():
+def test_monitoring_objects_come_at_once_and_a_deleted_one_is_recreated():
     c = FakeCluster()
     c.rt.monitoring = True
     c.run()
@@ -545,12 +511,10 @@ def test_monitoring_objects_come_at_once_without_a_burst_and_a_deleted_one_is_re
     assert monitored(c) == ["PrometheusRule"]
 
 
-def test_a_spec_change_reapplies_existing_monitoring_objects_even_in_a_burst():
+def test_a_spec_change_reapplies_existing_monitoring_objects():
     c = FakeCluster()
     c.rt.monitoring = True
     c.run()
-    for i in range(c.rt.settings.handler_threads + 1):
-        c.rt.saw(f"queued-{i}", 1)
     c.kube.update_spec("svc", {**SPEC, "telemetry": {"interval": "5s"}})
     c.kube.reset_writes()
     c.run(T0 + 15)
