@@ -23,7 +23,7 @@ not Ready go first (they cost no availability, and the ReplicaSet removes them f
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vlm_operator.api.units import parse_time
 from vlm_operator.cluster.observed import PodInfo
@@ -93,174 +93,231 @@ def move(m: Move, replicas: Mapping[str, int], pods: Sequence[PodInfo], pairs: S
     """The next increment of move `m`. `replicas`: every revision Deployment's replicas as asked so far;
     `pods`: the service's pods (the fresh baseline's excluded); `pairs`: those recorded so far; `rooms`: free
     GPUs per node (None: not read this round, so no surge); `stable`: the stable revision (an old revision
-    other than it is drained first)."""
-    reps = {r: int(n) for r, n in replicas.items()}
-    reps.setdefault(m.to, 0)
-    live = [p for p in pods if not p.terminating]
-    new = [p for p in live if p.revision == m.to]
-    old = [p for p in live if p.revision != m.to and p.revision in reps]
-    # A marked pod is on its way out only while its revision has more pods than its Deployment asks for; otherwise
-    # nothing will remove it (the operator stopped between the mark and the scale-down, or the ReplicaSet took a
-    # pod that went not-Ready instead): it stands, and is the first taken again.
-    count = {r: sum(1 for p in old if p.revision == r) for r in reps}
-    standing = [p for p in old if not p.victim or count[p.revision] <= reps[p.revision]]
-    # Only the pairs of the revision being placed can be dropped: the other revision's pods go away by design (a
-    # rollback removes the canary's, a promotion the stable's).
-    by_name = {p.name: p for p in live}
-    pairs_l = [_refresh(x, by_name, now) if x.revision == m.to else x for x in pairs]
-    victims: list[str] = []
-    gone: set[str] = set()
+    other than it is drained first). In order: the surplus old pods removed, pinned pods that cannot be placed
+    given up, growth (surge or replace), then the gated pods released."""
+    s = _Placing.start(m, replicas, pods, pairs, rooms, stable, now)
+    s.drop_surplus()
+    regrow = s.give_up_unplaceable()
+    waiting, no_capacity, outage = s.grow() if regrow else (None, False, False)
+    if not regrow:
+        s.settle_scale()
+    releases = s.releases()
+    reps, new = s.reps, s.new
+    done = (sum(1 for p in new if p.ready) >= m.target and reps[m.to] >= m.target
+            and (m.hold_surplus or sum(n for r, n in reps.items() if r != m.to) <= max(m.total - m.target, 0)))
+    return Outcome(replicas=reps, victims=tuple(s.victims), releases=tuple(releases), pairs=tuple(s.pairs),
+                   waiting=waiting, no_capacity=no_capacity, outage=outage, done=done, added=s.added)
 
-    def ready_now() -> int:
+
+@dataclass
+class _Placing:
+    """One `move` call's working state: the replicas asked so far, the old pods still standing, the pairs, and
+    what this round has taken and added."""
+
+    m: Move
+    reps: dict[str, int]
+    live: list[PodInfo]
+    new: list[PodInfo]  # live pods of the move's revision
+    standing: list[PodInfo]  # old pods not on their way out
+    pairs: list[Pair]
+    rooms: Mapping[str, Room] | None
+    stable: str | None
+    now: str
+    victims: list[str] = field(default_factory=list)
+    gone: set[str] = field(default_factory=set)
+    added: int = 0
+
+    @classmethod
+    def start(cls, m: Move, replicas: Mapping[str, int], pods: Sequence[PodInfo], pairs: Sequence[Pair],
+              rooms: Mapping[str, Room] | None, stable: str | None, now: str) -> _Placing:
+        reps = {r: int(n) for r, n in replicas.items()}
+        reps.setdefault(m.to, 0)
+        live = [p for p in pods if not p.terminating]
+        new = [p for p in live if p.revision == m.to]
+        old = [p for p in live if p.revision != m.to and p.revision in reps]
+        # A marked pod is on its way out only while its revision has more pods than its Deployment asks for;
+        # otherwise nothing will remove it (the operator stopped between the mark and the scale-down, or the
+        # ReplicaSet took a pod that went not-Ready instead): it stands, and is the first taken again.
+        count = {r: sum(1 for p in old if p.revision == r) for r in reps}
+        standing = [p for p in old if not p.victim or count[p.revision] <= reps[p.revision]]
+        # Only the pairs of the revision being placed can be dropped: the other revision's pods go away by
+        # design (a rollback removes the canary's, a promotion the stable's).
+        by_name = {p.name: p for p in live}
+        pairs_l = [_refresh(x, by_name, now) if x.revision == m.to else x for x in pairs]
+        return cls(m, reps, live, new, standing, pairs_l, rooms, stable, now)
+
+    def ready_now(self) -> int:
         # An old revision counts at most as many Ready pods as its Deployment keeps (a pods index behind our own
         # mark may still show the marked pod as standing).
-        old_ready = sum(min(sum(1 for p in standing if p.revision == r and p.ready and p.name not in gone), reps[r])
-                        for r in reps if r != m.to)
-        return sum(1 for p in new if p.ready) + old_ready
+        old_ready = sum(min(sum(1 for p in self.standing if p.revision == r and p.ready and p.name not in self.gone),
+                            self.reps[r])
+                        for r in self.reps if r != self.m.to)
+        return sum(1 for p in self.new if p.ready) + old_ready
 
-    def olds_left() -> list[PodInfo]:
-        return [p for p in standing if p.name not in gone]
+    def olds_left(self) -> list[PodInfo]:
+        return [p for p in self.standing if p.name not in self.gone]
 
-    def take(victim: PodInfo) -> None:
-        victims.append(victim.name)
-        gone.add(victim.name)
-        reps[victim.revision] = max(reps.get(victim.revision, 0) - 1, 0)
+    def take(self, victim: PodInfo) -> None:
+        self.victims.append(victim.name)
+        self.gone.add(victim.name)
+        self.reps[victim.revision] = max(self.reps.get(victim.revision, 0) - 1, 0)
 
-    zone_of = {n: r.zone for n, r in (rooms or {}).items()}
-
-    def pick(candidates: list[PodInfo]) -> PodInfo | None:
+    def pick(self, candidates: list[PodInfo]) -> PodInfo | None:
         if not candidates:
             return None
-        left = olds_left()
+        zone_of = {n: r.zone for n, r in (self.rooms or {}).items()}
         per_node: dict[str | None, int] = {}
         per_zone: dict[str, int] = {}
-        for p in left:
+        for p in self.olds_left():
             per_node[p.node] = per_node.get(p.node, 0) + 1
             z = zone_of.get(p.node or "", "")
             per_zone[z] = per_zone.get(z, 0) + 1
-        return min(candidates, key=lambda p: (not p.victim, *_spread_key(p, per_node, per_zone, zone_of, p.revision != stable)))
+        return min(candidates, key=lambda p: (not p.victim, *_spread_key(p, per_node, per_zone, zone_of,
+                                                                          p.revision != self.stable)))
 
-    # 1. Surplus: old pods beyond the service's replicas (surged over, or a stray revision's), removed once the
-    #    new pods stand in for them; pods not Ready go at once (they serve nothing).
-    surplus = sum(n for r, n in reps.items() if r != m.to) + reps[m.to] - m.total
-    if surplus > 0 and not m.hold_surplus:
-        for _ in range(surplus):
-            if not olds_left():
-                break  # the surplus is the move's own revision (replicas lowered): a plain scale, below
-            # a pod not Ready, or a Ready one while the rest keep every replica Ready
-            unready = [p for p in olds_left() if not p.ready]
-            if unready:
-                take(pick(unready))  # type: ignore[arg-type]
-            elif ready_now() - 1 >= m.total:
-                paired = {x.replaced for x in pairs_l if x.kind == SURGE and x.dropped is None}
-                take(pick([p for p in olds_left() if p.name in paired]) or pick(olds_left()))  # type: ignore[arg-type]
-            else:
-                break
-    elif surplus > 0:
-        # Held: only a stray revision's pods (neither stable nor the move's) go.
-        for p in [p for p in olds_left() if p.revision != stable][:surplus]:
-            take(p)
+    def drop_surplus(self) -> None:
+        """Old pods beyond the service's replicas (surged over, or a stray revision's), removed once the new pods
+        stand in for them; pods not Ready go at once (they serve nothing)."""
+        m, reps = self.m, self.reps
+        surplus = sum(n for r, n in reps.items() if r != m.to) + reps[m.to] - m.total
+        if surplus > 0 and not m.hold_surplus:
+            for _ in range(surplus):
+                if not self.olds_left():
+                    break  # the surplus is the move's own revision (replicas lowered): a plain scale, below
+                # a pod not Ready, or a Ready one while the rest keep every replica Ready
+                unready = [p for p in self.olds_left() if not p.ready]
+                if unready:
+                    self.take(self.pick(unready))  # type: ignore[arg-type]
+                elif self.ready_now() - 1 >= m.total:
+                    paired = {x.replaced for x in self.pairs if x.kind == SURGE and x.dropped is None}
+                    self.take(self.pick([p for p in self.olds_left() if p.name in paired])
+                              or self.pick(self.olds_left()))  # type: ignore[arg-type]
+                else:
+                    break
+        elif surplus > 0:
+            # Held: only a stray revision's pods (neither stable nor the move's) go.
+            for p in [p for p in self.olds_left() if p.revision != self.stable][:surplus]:
+                self.take(p)
 
-    # A pinned pod its node has no room for after all (another pod took the GPU between the read and the
-    # placement) or that lost its node: its pair is dropped and its Deployment scaled down by one (a ReplicaSet
-    # removes unscheduled pods first); the next round places it again from fresh free-GPU counts.
-    regrow = True
-    for i, x in enumerate(pairs_l):
-        p = next((q for q in new if q.name == x.pod), None)
-        if x.dropped is not None or p is None or p.node:
-            continue
-        lost = rooms is not None and bool(x.node) and x.node not in rooms
-        stuck = bool(p.unschedulable) and bool(x.started_at) and _age(x.started_at or now, now) >= SURGED_POD_PATIENCE_S
-        if lost or stuck:
-            why = f"node {x.node} is gone" if lost else f"no room left on node {x.node}"
-            pairs_l[i] = _with(x, dropped=f"{why} for {x.pod}")
-            victims.append(p.name)  # marked: of the unplaced pods, its ReplicaSet removes this one
-            reps[m.to] = max(reps[m.to] - 1, 0)
-            new = [q for q in new if q.name != p.name]
-            regrow = False  # the scale-down must reach the ReplicaSet before a pod is added again
-
-    # 2. Growth: surge where a node with an old pod has a free GPU, else replace within the budget.
-    added = 0
-    waiting = None
-    no_capacity = outage = False
-    used: dict[str, int] = {}
-    placed = {p.name for p in new if p.node}
-    for x in pairs_l:  # a pair's pod not on its node yet holds its GPU there (the free count does not show it)
-        if x.dropped is None and x.node and x.revision == m.to and x.pod not in placed:
-            used[x.node] = used.get(x.node, 0) + m.gpus_per_replica
-    paired_old = {x.replaced for x in pairs_l if x.dropped is None and x.replaced}
-    if not olds_left() and not any(r != m.to and n for r, n in reps.items()):
-        reps[m.to] = m.target  # nothing to replace: a plain scale (a first deploy, replicas changed)
-    if m.hold_surplus and stable is not None and stable != m.to and stable in reps:
-        # A step holds the stable pods; replicas raised meanwhile are stable pods (a plain scale of its revision).
-        reps[stable] = max(reps[stable], m.total - max(reps[m.to], m.target))
-    while regrow and reps[m.to] < m.target:
-        node = None
-        if m.surge and rooms:
-            hosts = [p for p in olds_left() if p.node and p.name not in paired_old]
-            fits = [p for p in hosts if (rooms.get(p.node) or Room(0)).free_gpus - used.get(p.node, 0) >= m.gpus_per_replica]  # type: ignore[arg-type]
-            partner = pick(fits)
-            if partner is not None:
-                node = partner.node
-                used[node] = used.get(node, 0) + m.gpus_per_replica  # type: ignore[index]
-                paired_old.add(partner.name)
-                reps[m.to] += 1
-                added += 1
-                pairs_l.append(Pair(node=node, kind=SURGE, replaced=partner.name, revision=m.to, started_at=now))  # type: ignore[arg-type]
+    def give_up_unplaceable(self) -> bool:
+        """A pinned pod its node has no room for after all (another pod took the GPU between the read and the
+        placement) or that lost its node: its pair is dropped and its Deployment scaled down by one (a
+        ReplicaSet removes unscheduled pods first); the next round places it again from fresh free-GPU counts.
+        False when one was given up: the scale-down must reach the ReplicaSet before a pod is added again."""
+        regrow = True
+        for i, x in enumerate(self.pairs):
+            p = next((q for q in self.new if q.name == x.pod), None)
+            if x.dropped is not None or p is None or p.node:
                 continue
-        left = olds_left()
-        candidates = [p for p in left if p.name not in paired_old] or left
-        victim = pick(candidates)
-        after = ready_now() - (1 if victim is not None and victim.ready else 0)
-        floor = m.total - m.max_unavailable
-        blocked = None
-        if len(left) - 1 < m.keep_old:
-            blocked = (f"no free GPU on a node that runs a stable pod, and the last {m.keep_old} stable pod(s) "
-                       "must stay to compare with")
-        elif after < floor:
-            blocked = (f"{ready_now()} of {m.total} replicas Ready: replacing one more would leave {after} "
-                       f"(budget: at least {max(floor, 0)})")
-        dark = blocked is None and after == 0 and ready_now() > 0  # the replacement would leave no Ready pod
-        if blocked is not None or dark:
+            lost = self.rooms is not None and bool(x.node) and x.node not in self.rooms
+            stuck = (bool(p.unschedulable) and bool(x.started_at)
+                     and _age(x.started_at or self.now, self.now) >= SURGED_POD_PATIENCE_S)
+            if lost or stuck:
+                why = f"node {x.node} is gone" if lost else f"no room left on node {x.node}"
+                self.pairs[i] = _with(x, dropped=f"{why} for {x.pod}")
+                self.victims.append(p.name)  # marked: of the unplaced pods, its ReplicaSet removes this one
+                self.reps[self.m.to] = max(self.reps[self.m.to] - 1, 0)
+                self.new = [q for q in self.new if q.name != p.name]
+                regrow = False
+        return regrow
+
+    def settle_scale(self) -> None:
+        """The replicas of a plain scale and of a held step, whatever else this round does."""
+        m, reps = self.m, self.reps
+        if not self.olds_left() and not any(r != m.to and n for r, n in reps.items()):
+            reps[m.to] = m.target  # nothing to replace: a plain scale (a first deploy, replicas changed)
+        if m.hold_surplus and self.stable is not None and self.stable != m.to and self.stable in reps:
+            # A step holds the stable pods; replicas raised meanwhile are stable pods (a plain scale of its revision).
+            reps[self.stable] = max(reps[self.stable], m.total - max(reps[m.to], m.target))
+
+    def grow(self) -> tuple[str | None, bool, bool]:
+        """Surge where a node with an old pod has a free GPU, else replace within the budget: (why it waits,
+        waiting for a GPU, the replacement leaves no Ready pod)."""
+        m, reps = self.m, self.reps
+        used: dict[str, int] = {}
+        placed = {p.name for p in self.new if p.node}
+        for x in self.pairs:  # a pair's pod not on its node yet holds its GPU there (the free count does not show it)
+            if x.dropped is None and x.node and x.revision == m.to and x.pod not in placed:
+                used[x.node] = used.get(x.node, 0) + m.gpus_per_replica
+        paired_old = {x.replaced for x in self.pairs if x.dropped is None and x.replaced}
+        self.settle_scale()
+        outage = False
+        while reps[m.to] < m.target:
+            if self._surge_beside_old(used, paired_old):
+                continue
+            left = self.olds_left()
+            victim = self.pick([p for p in left if p.name not in paired_old] or left)
+            after = self.ready_now() - (1 if victim is not None and victim.ready else 0)
+            floor = m.total - m.max_unavailable
+            blocked = None
+            if len(left) - 1 < m.keep_old:
+                blocked = (f"no free GPU on a node that runs a stable pod, and the last {m.keep_old} stable pod(s) "
+                           "must stay to compare with")
+            elif after < floor:
+                blocked = (f"{self.ready_now()} of {m.total} replicas Ready: replacing one more would leave {after} "
+                           f"(budget: at least {max(floor, 0)})")
+            dark = blocked is None and after == 0 and self.ready_now() > 0  # the replacement would leave no Ready pod
             # A free GPU on a node without an old pod: an unpaired surge beats waiting, and beats an outage.
-            spare = sorted(n for n, room in (rooms or {}).items()
-                           if m.surge and room.free_gpus - used.get(n, 0) >= m.gpus_per_replica)
-            if spare:
-                used[spare[0]] = used.get(spare[0], 0) + m.gpus_per_replica
-                reps[m.to] += 1
-                added += 1
-                pairs_l.append(Pair(node=spare[0], kind=SURGE, replaced=None, revision=m.to, started_at=now))
+            if (blocked is not None or dark) and self._surge_on_spare(used):
                 continue
-        if blocked is not None:
-            no_capacity = len(left) - 1 < m.keep_old
-            waiting = blocked
-            break
-        assert victim is not None
-        if dark:
-            outage = True
-        take(victim)
-        paired_old.add(victim.name)
-        reps[m.to] += 1
-        added += 1
-        pairs_l.append(Pair(node=victim.node or "", kind=REPLACE, replaced=victim.name, revision=m.to, started_at=now))
+            if blocked is not None:
+                return blocked, len(left) - 1 < m.keep_old, outage
+            assert victim is not None
+            outage = outage or dark
+            self.take(victim)
+            paired_old.add(victim.name)
+            self._add(Pair(node=victim.node or "", kind=REPLACE, replaced=victim.name, revision=m.to,
+                           started_at=self.now))
+        return None, False, outage
 
-    # 3. Release the gated pods of `to`: each to the node of a pair still waiting for its pod, in order.
-    releases: list[tuple[str, str | None]] = []
-    open_pairs = [i for i, x in enumerate(pairs_l) if x.pod is None and x.dropped is None and x.revision == m.to]
-    for p in sorted((p for p in new if p.gated), key=lambda p: p.name):
-        if open_pairs:
-            i = open_pairs.pop(0)
-            releases.append((p.name, pairs_l[i].node or None))
-            pairs_l[i] = _with(pairs_l[i], pod=p.name)
-        else:
-            releases.append((p.name, None))  # a scale-up, or a pair lost with an operator that stopped
-    # Any other revision's gated pod (its ReplicaSet replaced one that died): released where the scheduler likes.
-    releases += [(p.name, None) for p in sorted(live, key=lambda p: p.name) if p.gated and p.revision != m.to]
+    def _add(self, pair: Pair) -> None:
+        self.reps[self.m.to] += 1
+        self.added += 1
+        self.pairs.append(pair)
 
-    done = (sum(1 for p in new if p.ready) >= m.target and reps[m.to] >= m.target
-            and (m.hold_surplus or sum(n for r, n in reps.items() if r != m.to) <= max(m.total - m.target, 0)))
-    return Outcome(replicas=reps, victims=tuple(victims), releases=tuple(releases), pairs=tuple(pairs_l),
-                   waiting=waiting, no_capacity=no_capacity, outage=outage, done=done, added=added)
+    def _surge_beside_old(self, used: dict[str, int], paired_old: set[str | None]) -> bool:
+        """A new pod on the node of an old pod not yet paired, where that node has a free GPU."""
+        m = self.m
+        if not (m.surge and self.rooms):
+            return False
+        hosts = [p for p in self.olds_left() if p.node and p.name not in paired_old]
+        fits = [p for p in hosts
+                if (self.rooms.get(p.node) or Room(0)).free_gpus - used.get(p.node, 0) >= m.gpus_per_replica]  # type: ignore[arg-type]
+        partner = self.pick(fits)
+        if partner is None:
+            return False
+        node = partner.node or ""
+        used[node] = used.get(node, 0) + m.gpus_per_replica
+        paired_old.add(partner.name)
+        self._add(Pair(node=node, kind=SURGE, replaced=partner.name, revision=m.to, started_at=self.now))
+        return True
+
+    def _surge_on_spare(self, used: dict[str, int]) -> bool:
+        """A new pod on a free GPU of a node without an old pod (an unpaired surge)."""
+        m = self.m
+        spare = sorted(n for n, room in (self.rooms or {}).items()
+                       if m.surge and room.free_gpus - used.get(n, 0) >= m.gpus_per_replica)
+        if not spare:
+            return False
+        used[spare[0]] = used.get(spare[0], 0) + m.gpus_per_replica
+        self._add(Pair(node=spare[0], kind=SURGE, replaced=None, revision=m.to, started_at=self.now))
+        return True
+
+    def releases(self) -> list[tuple[str, str | None]]:
+        """The gated pods of the move's revision, each to the node of a pair still waiting for its pod, in order;
+        any other revision's gated pod (its ReplicaSet replaced one that died) where the scheduler likes."""
+        out: list[tuple[str, str | None]] = []
+        open_pairs = [i for i, x in enumerate(self.pairs)
+                      if x.pod is None and x.dropped is None and x.revision == self.m.to]
+        for p in sorted((p for p in self.new if p.gated), key=lambda p: p.name):
+            if open_pairs:
+                i = open_pairs.pop(0)
+                out.append((p.name, self.pairs[i].node or None))
+                self.pairs[i] = _with(self.pairs[i], pod=p.name)
+            else:
+                out.append((p.name, None))  # a scale-up, or a pair lost with an operator that stopped
+        out += [(p.name, None) for p in sorted(self.live, key=lambda p: p.name) if p.gated and p.revision != self.m.to]
+        return out
 
 
 def _age(start: str, now: str) -> float:
