@@ -984,9 +984,6 @@ T0 = 1_000_000.0
 # The gate on the competitors' signal: only the profiler families (loop latency, stage time), as when
 # SGLang's request metrics are not scraped. Run on the trade-off rows only (it doubles the gate's cost).
 PROFILER_ONLY = "gate, profiler signals only"
-# The same gate with anytime-valid confidence sequences instead of Bonferroni over the planned looks:
-# what the guarantee for any number of looks costs in power.
-ANYTIME = "gate, anytime-valid bounds"
 FINAL_HALF = "gate, half the budget at the last look"
 # The shipped gate promotes on a request signal (TTFT, ITL, throughput) before the last look only when its
 # promotion bound excludes a regression of 2 margins; these variants promote on the estimate alone (the rule
@@ -1001,8 +998,6 @@ def variant_policies(policy: gate.GatePolicy) -> dict[str, gate.GatePolicy]:
     if keep != dict(policy.max_regression):
         out[PROFILER_ONLY] = replace(policy, max_regression=keep)
     have = {f.name for f in fields(policy)}
-    if "inference" in have:
-        out[ANYTIME] = replace(policy, inference="anytime")
     if "final_alpha_share" in have:
         out[FINAL_HALF] = replace(policy, final_alpha_share=0.5)
     if "request_bound_factor" in have:
