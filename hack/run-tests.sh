@@ -88,20 +88,19 @@ if [[ ,$TIERS, == *,parallel,* ]]; then
   # The parallel pass's failures get one more run each, alone (no other worker beside them): a wait-bound test
   # that three workers on two cores made late. The run fails if any fails again; the ones that passed alone are
   # named in the summary as flaky under load (docs/testbed.md, "Test tiers and their budgets").
-  lf_cache=$(mktemp -d)
+  failed_file=$(mktemp)
   rc_before=$rc
-  tier parallel -n "$WORKERS" --dist loadfile -m "not serial and not heavy" -o cache_dir="$lf_cache" \
+  VLM_FAILED_FILE=$failed_file tier parallel -n "$WORKERS" --dist loadfile -m "not serial and not heavy" \
     tests/integration tests/e2e "$@"
-  if [[ $rc -ne $rc_before && -s "$lf_cache/v/cache/lastfailed" ]]; then
-    mapfile -t failed < <("$PY" -c 'import json,sys; print("\n".join(sorted(json.load(open(sys.argv[1])))))' \
-                          "$lf_cache/v/cache/lastfailed")
+  if [[ $rc -ne $rc_before && -s "$failed_file" ]]; then
+    mapfile -t failed < <(sort -u "$failed_file")
     rc=$rc_before
-    tier parallel-rerun -p no:cacheprovider "${failed[@]}" "$@"
+    tier parallel-rerun "${failed[@]}" "$@"
     if [[ $rc -eq $rc_before ]]; then
       summary+=("parallel: FLAKY UNDER LOAD (failed beside the other workers, passed alone): ${failed[*]}")
     fi
   fi
-  rm -rf "$lf_cache"
+  rm -f "$failed_file"
 fi
 if [[ ,$TIERS, == *,heavy,* ]]; then
   tier heavy -n 2 --dist loadfile -m heavy tests/integration tests/e2e "$@"

@@ -88,3 +88,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             and item.config.option.markexpr != "heavy":
         pytest.fail("marked heavy (tests/conftest.py HEAVY): on xdist workers it runs only beside other heavy tests "
                     "(-m heavy, hack/run-tests.sh); beside the parallel pass py-spy's samples starve", pytrace=False)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With VLM_FAILED_FILE set, each failed test's node id is appended to that file (hack/run-tests.sh reruns the
+    parallel pass's failures from it; pytest's own last-failed cache is off in CI, `-p no:cacheprovider`).
+    Under pytest-xdist the controller and the worker both see a report: the file is read as a set."""
+    path = os.environ.get("VLM_FAILED_FILE")
+    if path and report.failed:
+        with open(path, "a") as f:
+            f.write(report.nodeid + "\n")
