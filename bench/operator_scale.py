@@ -447,7 +447,8 @@ def main() -> int:
     core, co = client.CoreV1Api(api), client.CustomObjectsApi(api)
 
     def kubectl(*args: str) -> str:
-        return subprocess.run([str(Path.home() / ".cache/vlm-operator/bin/kubectl"), f"--kubeconfig={kc}", *args],
+        cache = Path(os.environ.get("VLM_CACHE") or Path.home() / ".cache" / "vlm-operator")
+        return subprocess.run([str(cache / "bin" / "kubectl"), f"--kubeconfig={kc}", *args],
                               capture_output=True, text=True, check=True).stdout
 
     install_crd(kubectl)
