@@ -10,7 +10,8 @@ import os
 
 import pytest
 
-from vlm_operator.analysis.profile import REOPEN_FRACTION
+from vlm_operator.analysis.profile import REOPEN_FRACTION, ipc_observation
+from vlm_operator.analysis.window import Window
 from vlm_sidecar import ipc
 from vlm_sidecar.collector import ProfileStore, build_families
 from vlm_sidecar.config import SidecarConfig
@@ -140,16 +141,21 @@ def test_pyspy_on_the_standin_sees_reopens_only_where_the_cache_does_not_work(st
     sampler = PySpySampler(cfg.pyspy, cfg.rate_hz, cfg.duration_s)
     runner = Runner(cfg, ProfileStore(), sampler, lambda: discover("/proc", cfg.process_pattern, s.proc.pid),
                     scrape=None)
-    [w] = runner.run_window()
-    assert w.result == "ok", w.error
-    print(version, mode, w.feature_transport_share, w.ipc_handle_reopen_share, w.feature_transport_samples)
-    assert w.feature_transport_samples and w.feature_transport_samples >= 3  # features were seen either way
-    reopened = w.ipc_handle_reopen_share / w.feature_transport_share
+    # Two windows, read as the operator reads a pod's windows (`ipc_observation` pools them): one window sees
+    # only 10-40 feature samples.
+    ws = [w for _ in range(2) for w in runner.run_window()]
+    for w in ws:
+        assert w.result == "ok", w.error
+        print(version, mode, w.feature_transport_share, w.ipc_handle_reopen_share, w.feature_transport_samples)
+        assert w.feature_transport_samples and w.feature_transport_samples >= 3  # features were seen either way
+    seen = ipc_observation([Window.from_sidecar("r", "pod", w.to_json()) for w in ws])
+    assert seen is not None and seen.windows == 2, seen
+    reopened = seen.reopen_fraction["pod"]
     if cache:
-        # A working cache re-opens nothing, but one window sees only 10-40 feature samples, and a sample that
-        # lands in reconstruct_on_target_device's own code (the 0.5.10-0.5.17 inline shape) reads as a
-        # re-open: one such sample in 20 is 0.05 (two CI runs of 0.5.15 read 0.052 and 0.068). The bound is
-        # the operator's NotObserved threshold (profile_summary.REOPEN_FRACTION), far below the cache-off cases.
-        assert reopened < REOPEN_FRACTION, w
+        # A working cache re-opens nothing, but a sample that lands in reconstruct_on_target_device's own code
+        # (the 0.5.10-0.5.17 inline shape) reads as a re-open: one such sample in 20 is 0.05 (two CI runs of
+        # 0.5.15 read 0.052 and 0.068 in one window; a cold CI run, with the control plane building beside it,
+        # 0.205). The bound is the operator's NotObserved threshold, far below the cache-off cases.
+        assert reopened < REOPEN_FRACTION and seen.reopening == [], ws
     else:
-        assert reopened > 0.5, w
+        assert reopened > 0.5 and seen.reopening == ["pod"], ws
