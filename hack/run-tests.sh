@@ -36,6 +36,7 @@ tier() {  # tier NAME pytest-args...
   t0=$(date +%s)
   "$PY" -m pytest "$@"
   rcode=$?
+  last_rc=$rcode
   t=$(( $(date +%s) - t0 ))
   # 5: no tests collected (a -k that selects none of a pass): not a failure of the run.
   if [[ $rcode -ne 0 && $rcode -ne 5 ]]; then rc=1; fi
@@ -92,11 +93,11 @@ if [[ ,$TIERS, == *,parallel,* ]]; then
   rc_before=$rc
   VLM_FAILED_FILE=$failed_file tier parallel -n "$WORKERS" --dist loadfile -m "not serial and not heavy" \
     tests/integration tests/e2e "$@"
-  if [[ $rc -ne $rc_before && -s "$failed_file" ]]; then
+  if [[ $last_rc -ne 0 && $last_rc -ne 5 && -s "$failed_file" ]]; then
     mapfile -t failed < <(sort -u "$failed_file")
     rc=$rc_before
     tier parallel-rerun "${failed[@]}" "$@"
-    if [[ $rc -eq $rc_before ]]; then
+    if [[ $last_rc -eq 0 ]]; then
       summary+=("parallel: FLAKY UNDER LOAD (failed beside the other workers, passed alone): ${failed[*]}")
     fi
   fi
