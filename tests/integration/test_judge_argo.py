@@ -104,6 +104,9 @@ class StandIns:
             s.shutdown()
 
 
+# A cold run (nothing built) waits here for the Argo Rollouts controller, built behind the other stages while the
+# parallel pass runs: over 600 s in a cold CI run (2026-12-06), so the default timeout would end the test mid-wait.
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("slower", [0.20, 0.0], ids=["slower-aborted", "unchanged-promoted"])
 def test_argo_rollouts_follows_the_judges_verdict(cluster, crd, argo_crds, namespace, kube, tmp_path, slower):
     """Argo Rollouts v1.8.3's own controller runs the example AnalysisTemplate (its web metric against the judge
