@@ -6,7 +6,8 @@
 #      control plane's build in the background (nice 19, paused while they measure) and leaves it running for the
 #      next passes; `unit` (every other unit and compat test: pure code, recorded samples) on 2 xdist workers.
 #   2. integration + e2e on $VLM_TEST_WORKERS pytest-xdist workers (default 3; --dist loadfile: a module's
-#      fixtures stay on one worker) sharing ONE testbed, each test in its own namespace:
+#      fixtures stay on one worker; --no-loadscope-reorder: files go out longest first, tests/conftest.py
+#      LONGEST_FIRST, not by how many tests they hold) sharing ONE testbed, each test in its own namespace:
 #      `-m "not serial and not heavy"`. Its failures get one more run each, alone (`parallel-rerun`); the run
 #      fails when one fails again, and the summary names the others FLAKY UNDER LOAD.
 #   3. the tests whose verdicts rest on py-spy's samples (tests/conftest.py HEAVY), two workers: `-m heavy`.
@@ -91,7 +92,7 @@ if [[ ,$TIERS, == *,parallel,* ]]; then
   # named in the summary as flaky under load (docs/testbed.md, "Test tiers and their budgets").
   failed_file=$(mktemp)
   rc_before=$rc
-  VLM_FAILED_FILE=$failed_file tier parallel -n "$WORKERS" --dist loadfile -m "not serial and not heavy" \
+  VLM_FAILED_FILE=$failed_file tier parallel -n "$WORKERS" --dist loadfile --no-loadscope-reorder -m "not serial and not heavy" \
     tests/integration tests/e2e "$@"
   if [[ $last_rc -ne 0 && $last_rc -ne 5 && -s "$failed_file" ]]; then
     mapfile -t failed < <(sort -u "$failed_file")
@@ -104,7 +105,7 @@ if [[ ,$TIERS, == *,parallel,* ]]; then
   rm -f "$failed_file"
 fi
 if [[ ,$TIERS, == *,heavy,* ]]; then
-  tier heavy -n 2 --dist loadfile -m heavy tests/integration tests/e2e "$@"
+  tier heavy -n 2 --dist loadfile --no-loadscope-reorder -m heavy tests/integration tests/e2e "$@"
 fi
 if [[ ,$TIERS, == *,serial,* ]]; then
   tier serial -m serial tests/integration tests/e2e "$@"

@@ -43,17 +43,21 @@ HEAVY = {
     "e2e/test_node_pairs.py": "measures node speeds through py-spy: two samplers at most beside it",
     "e2e/test_monitoring.py": "the shipped cadence's verdicts and a surge next to a stable pod: two samplers at most",
 }
-# The longest files of the parallel pass (CI, 2026-12-06, seconds on 3 workers), handed out first under
-# pytest-xdist (--dist loadfile gives a worker a whole file, in collection order): the longest last would
-# leave the other workers idle behind it.
+# The longest files of the parallel pass (seconds of setup, call and teardown on 3 workers, 2026-12-06 17:20,
+# `--durations=0`), handed out first: hack/run-tests.sh passes --no-loadscope-reorder, so pytest-xdist hands
+# whole files (--dist loadfile) out in this collection order, two to a worker at the start, then one to each
+# worker that finishes. xdist's default order (files with the most tests first) handed these single-test files
+# out last and left the other workers idle behind them: 919 s of wall time for 2140 s of tests on 3 workers.
 LONGEST_FIRST = (
-    "integration/test_operator_fuzz.py",  # 539
-    "e2e/test_canary.py",  # 168 + 122 (its cache-off/harmless pair merged into the node pairs)
-    "e2e/test_frontend.py",  # 280
-    "integration/test_judge_argo.py",  # 146 + 95
-    "e2e/test_load_hook.py",  # 123
-    "integration/test_spec_fuzz.py",  # 100
-    "integration/test_bench_operator_scale.py",  # 88
+    "e2e/test_canary.py",  # 379 (two tests)
+    "integration/test_operator_fuzz.py",  # 342
+    "e2e/test_frontend.py",  # 262
+    "integration/test_judge_argo.py",  # 237
+    "integration/test_bench_operator_scale.py",  # 236
+    "integration/test_operator.py",  # 179
+    "e2e/test_load_hook.py",  # 124
+    "e2e/test_weights.py",  # 88
+    "integration/test_placement.py",  # 80
 )
 _TESTS = Path(__file__).resolve().parent
 

@@ -8,7 +8,7 @@ the API server (the model reads `true` as 1 where the schema wants an integer: t
 2-core testbed runs; every other value stays as drawn (GPU counts no node has, tensor parallelism, odd
 durations, margins at their bounds, telemetry off, ...). What must hold, for every accepted spec:
 - the service ends with a Ready condition whose reason says what happened (AllReplicasReady,
-  ReplicasNotReady, InvalidSpec or Unschedulable; FailedCreate where a drawn service account does not exist)
+  ReplicasNotReady, InvalidSpec or Unschedulable; FailedCreate where a drawn service account or priority class does not exist)
   for the generation it was given, and again after the
   template change (a hundred of them: canaries and in-place rolls);
 - the operator never crashes and never loops on a handler error: it stays up, logs no traceback and no
@@ -87,12 +87,16 @@ def _settled(kube, namespace: str, names: list[str]) -> dict[str, dict]:
 
 
 def _refused_pods(obj: dict) -> bool:
-    """FailedCreate is this cluster's answer, not the operator's, where the spec names a service account that
-    does not exist (a drawn `pod.serviceAccountName`): the API server refuses the pods, and Ready says so."""
+    """FailedCreate is this cluster's answer, not the operator's, where the spec names an object the cluster
+    does not have (a drawn `pod.serviceAccountName` or `pod.priorityClassName`): the API server refuses the pods,
+    and Ready says so with its message naming that object."""
     ready = condition(obj, "Ready")
-    account = ((obj["spec"].get("pod") or {}).get("serviceAccountName"))
-    return (ready["reason"] == "FailedCreate" and isinstance(account, str) and account != ""
-            and f'serviceaccount "{account}" not found' in ready.get("message", ""))
+    pod = obj["spec"].get("pod") or {}
+    refusals = (("serviceAccountName", 'serviceaccount "{}" not found'),
+                ("priorityClassName", "no PriorityClass with name {} was found"))
+    return ready["reason"] == "FailedCreate" and any(
+        isinstance(v := pod.get(field), str) and v != "" and says.format(v) in ready.get("message", "")
+        for field, says in refusals)
 
 
 def _check(objs: dict[str, dict]) -> list[str]:
