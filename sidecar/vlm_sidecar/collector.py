@@ -217,6 +217,11 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
     rate = GaugeMetricFamily("vlm_profiler_effective_rate_hz", "Samples per second py-spy achieved, last window.",
                              labels=names)
     stale = GaugeMetricFamily("vlm_profiler_stale", "1 when the exported profile is not current.", labels=names)
+    sglang_stage = GaugeMetricFamily(
+        "vlm_sglang_stage_share_ratio",
+        "SGLang's own share of the scheduler's wall time per stage (sglang:scheduler_stage_seconds_total and the idle "
+        "counter, their deltas over the window; idle included), last window: the gate's profiler-free stage signal.",
+        labels=[*names, "stage"])
     agree = GaugeMetricFamily("vlm_profiler_sglang_stage_share_abs_diff_ratio",
                               "|sidecar - SGLang scheduler_stage_seconds_total| stage share, last window.",
                               labels=[*names, "stage"])
@@ -271,6 +276,8 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
             w = rs.last_ok
             for st in STAGES:
                 stage.add_metric(lv(r, st), w.stage_shares.get(st, 0.0))
+            for st, v in sorted((w.sglang_stage_shares or {}).items()):
+                sglang_stage.add_metric(lv(r, st), v)
             for fn, v in w.function_shares.items():
                 func.add_metric(lv(r, fn, "inclusive"), v)
             for fn, v in w.self_shares.items():
@@ -293,7 +300,7 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
         windows.add_metric(lv(r, result), v)
     for (r, kind), v in sorted(snap.errors_total.items()):
         errors.add_metric(lv(r, kind), v)
-    return [hist, stage, func, edge, windows, samples, last_ts, errors, rate, stale, agree, agree_max,
+    return [hist, stage, func, edge, windows, samples, last_ts, errors, rate, stale, sglang_stage, agree, agree_max,
             *per_window.values(), *frontend_families(snap, labels)]
 
 

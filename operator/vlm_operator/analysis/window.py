@@ -139,6 +139,10 @@ class Window:
     # few largest callers of each): which caller a shared helper's time came from. Empty: unknown (an older
     # sidecar); an edge missing next to others into the same function had at most their smallest share.
     edge_shares: Mapping[str, float] = field(default_factory=dict)
+    # SGLang's own stage accounting over the window (`sglang:scheduler_stage_seconds_total{category}` and the idle
+    # counter, 0.5.20 on, as the sidecar scraped them at the window's start and end): each category's share of the
+    # window's wall time, "idle" included. Empty: SGLang exports no such counter (older versions, metrics off).
+    sglang_stage_shares: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_sidecar(cls, revision: str, pod: str, d: Any) -> Window:
@@ -185,6 +189,7 @@ class Window:
             unexported_self_share_max=_share(d.get("unexported_self_share_max")),
             frontend=_roles(d.get("frontend")),
             edge_shares=_edges(d.get("edge_shares")),
+            sglang_stage_shares=_shares(d.get("sglang_stage_shares")),
         )
 
 

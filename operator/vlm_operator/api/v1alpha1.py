@@ -630,7 +630,9 @@ class MaxRegression(KubeModel):
     stage_time: float = Field(
         5.0,
         description="Allowed growth of one scheduler stage's time per loop iteration, in percent of the baseline's "
-        "loop time (share x loop latency, so a canary that is faster overall never fails it).",
+        "loop time (share x loop latency, so a canary that is faster overall never fails it). Where SGLang (0.5.20 "
+        "on) counts its stages itself, the same margin also holds each stage's share of the scheduler's wall time "
+        "at the baseline's request rate (signal sglang_stage_time).",
         ge=0,
         le=100,
     )
@@ -1037,6 +1039,12 @@ class RolloutStatus(KubeModel):
     warmup_shift: float | None = Field(
         None, description="How much slower (percent) the canary pods ran in the first minute after Ready, which "
         "the gate leaves out, than after it.")
+    sglang_agreement: dict[str, float] | None = Field(
+        None, description="Per side (baseline, canary), how far apart (percentage points) the sidecar's stage shares "
+        "and SGLang's own stage counters (sglang:scheduler_stage_seconds_total, SGLang 0.5.20 on) were at the last "
+        "look: per pod window the largest difference over the stages both know, each side renormalised over them, "
+        "the median over the windows. Absent where SGLang exports no stage counters. Above 2 points one of the two "
+        "no longer measures the scheduler the other sees (the alert VLMProfilerDisagreesWithSGLang, per pod).")
     decisions: list[StepDecision] = Field(
         default_factory=list, max_length=32,
         description="What decided each step of this rollout: the evidence, the harm ceiling or the clock.")

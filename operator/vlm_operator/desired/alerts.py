@@ -158,8 +158,9 @@ def rules(scope: str = "") -> list[dict[str, Any]]:
             "The profiler of {{ $labels.pod }} and SGLang's own stage counters disagree by "
             "{{ $value | humanizePercentage }}",
             "For 15 minutes a scheduler stage's share of time as the sidecar's py-spy samples estimate it and as "
-            "SGLang's sglang:scheduler_stage_seconds_total counts it differed by more than 2 points. The gate's "
-            "stage-time signal rests on the sidecar's estimate: check the sampling rate "
+            "SGLang's sglang:scheduler_stage_seconds_total counts it differed by more than 2 points. The gate reads "
+            "both (stage_time from the sidecar, sglang_stage_time from SGLang's counters; the rollout's status "
+            "shows their distance as sglangAgreement): check the sampling rate "
             "(vlm_profiler_effective_rate_hz), the stage mapping for this SGLang version, and "
             "vlm_profiler_sglang_stage_share_abs_diff_ratio{stage} for which stage differs.",
         ),

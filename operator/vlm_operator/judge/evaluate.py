@@ -378,6 +378,7 @@ def response(req: JudgeRequest, d: gate.Decision, windows: Sequence[Window], pod
             "windows": {BASELINE: sum(1 for w in windows if w.revision == BASELINE), CANARY: len(canary)},
             "resolvableMargin": _num(d.resolvable_margin),
             "warmupShift": _num(d.warmup_shift),
+            "sglangAgreement": {k: round(100 * v, 2) for k, v in d.sglang_disagreement.items()} or None,
         },
     }
 

@@ -436,6 +436,7 @@ def _recorded_look(r: RolloutStatus, d: Decision, t: str, confident: bool) -> Ro
         resolvable_margin=_resolvable(d, r.resolvable_margin),
         expand_ceiling=_ceilings(d, r.expand_ceiling),
         warmup_shift=round(100 * d.warmup_shift, 2) if d.warmup_shift is not None else r.warmup_shift,
+        sglang_agreement={k: round(100 * v, 2) for k, v in d.sglang_disagreement.items()} or r.sglang_agreement,
         comparison=list(d.pairing) or r.comparison,
         data_started_at=r.data_started_at or (
             _iso(d.clock_started_at) if d.clock_started_at is not None else None),

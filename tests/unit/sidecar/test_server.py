@@ -41,8 +41,11 @@ def test_metrics_names_labels_and_values(server):
     for name in ("vlm_scheduler_loop_seconds", "vlm_scheduler_stage_share_ratio", "vlm_scheduler_function_share_ratio",
                  "vlm_profiler_windows", "vlm_profiler_samples", "vlm_profiler_last_window_timestamp_seconds",
                  "vlm_profiler_errors", "vlm_profiler_effective_rate_hz", "vlm_profiler_stale",
-                 "vlm_profiler_sglang_stage_share_abs_diff_ratio", "vlm_profiler_sglang_agreement_max_abs_diff_ratio"):
+                 "vlm_profiler_sglang_stage_share_abs_diff_ratio", "vlm_profiler_sglang_agreement_max_abs_diff_ratio",
+                 "vlm_sglang_stage_share_ratio"):
         assert name in fams, name
+    sglang = {s.labels["stage"]: s.value for s in fams["vlm_sglang_stage_share_ratio"].samples}
+    assert sglang == pytest.approx(windows[-1].sglang_stage_shares) and sglang["run_batch"] > 0
     stage = {s.labels["stage"]: s.value for s in fams["vlm_scheduler_stage_share_ratio"].samples}
     assert stage == pytest.approx(windows[-1].stage_shares)
     s0 = fams["vlm_scheduler_stage_share_ratio"].samples[0]

@@ -121,6 +121,8 @@ def instances(
                         _ends(b), _ends(c),
                     )
                 )
+        elif family == "sglang_stage_time":
+            out += _sglang_stage_instances(b, c, ref)
         elif family == "frontend_busy":
             for role in FRONTEND_ROLES:
                 busy = _busy_at_reference_rate(role, b, c, ref)
@@ -136,29 +138,55 @@ def instances(
     return out
 
 
+def _sglang_stage_instances(b: Sequence[Unit], c: Sequence[Unit], ref: Sequence[Unit]) -> list[Instance]:
+    """One test per stage of SGLang's own counters: the stage's share of the scheduler's wall time at the
+    baseline's request rate (`_at_reference_rate`, as a front-end role's busy share). A share of wall time is work
+    per request times requests: a canary that is faster elsewhere serves more requests where its loop is
+    saturated, and every other stage's share grows with them; at the baseline's traffic it does not. A stage is
+    compared only where both revisions have values: an SGLang older than 0.5.20 on either side, or its metrics
+    off, leaves the family out."""
+    keys = set().union(*(u.sglang_stage_shares for u in (*b, *c))) - {NOT_A_REGRESSION_STAGE}
+    order = {s: i for i, s in enumerate(STAGES)}
+    out = []
+    for k in sorted(keys, key=lambda s: (order.get(s, len(order)), s)):
+        scaled = _at_reference_rate(
+            lambda u, k=k: u.sglang_stage_shares.get(k, 0.0) if u.sglang_stage_shares else None, b, c, ref)
+        vb, vc = tuple(scaled(u) for u in b), tuple(scaled(u) for u in c)
+        if any(v is not None for v in vb) and any(v is not None for v in vc):
+            out.append(Instance("sglang_stage_time", f"sglang_stage_time:{k}", vb, vc, _pods(b), _pods(c),
+                                tuple(scaled(u) for u in ref), _pods(ref), _ends(b), _ends(c)))
+    return out
+
+
 def _busy_at_reference_rate(
     role: str, b: Sequence[Unit], c: Sequence[Unit], ref: Sequence[Unit]
 ) -> Callable[[Unit], float | None]:
-    """A front-end role's busy share per unit, at the baseline's request rate.
+    """A front-end role's busy share per unit, at the baseline's request rate (`_at_reference_rate`).
 
     A front end's busy share is its work per request times the requests it gets: a pod that happens to get
-    more traffic (uneven balancing, a client pinned to it) is busier without being slower. So each unit's
-    share is scaled to the baseline's median request rate: busy x rate_ref / rate, "how busy this pod
-    would be at the baseline's traffic", still in points of busy share (the margin's unit). A unit with no
-    request in its window has no per-request cost and is left out. Where a unit that sampled the role has
-    no request rate at all (no SGLang metrics, an older sidecar), no unit is scaled: the raw shares are
-    compared, as both revisions then share one Service's traffic only on average."""
-    units = [u for u in (*b, *c, *ref) if role in u.frontend_busy]
-    rates = sorted(r for u in b if role in u.frontend_busy and (r := u.request_rate) is not None and r > 0)
+    more traffic (uneven balancing, a client pinned to it) is busier without being slower."""
+    return _at_reference_rate(lambda u: u.frontend_busy.get(role), b, c, ref)
+
+
+def _at_reference_rate(
+    raw: Callable[[Unit], float | None], b: Sequence[Unit], c: Sequence[Unit], ref: Sequence[Unit]
+) -> Callable[[Unit], float | None]:
+    """A share of time per unit scaled to the baseline's median request rate: share x rate_ref / rate, "this pod's
+    share at the baseline's traffic", still in points of share (the margin's unit). A unit with no request in its
+    window has no per-request cost and is left out. Where a unit with a share has no request rate at all (no
+    SGLang metrics, an older sidecar), no unit is scaled: the raw shares are compared, as both revisions then
+    share one Service's traffic only on average."""
+    units = [u for u in (*b, *c, *ref) if raw(u) is not None]
+    rates = sorted(r for u in b if raw(u) is not None and (r := u.request_rate) is not None and r > 0)
     if not rates or any(u.request_rate is None for u in units):
-        return lambda u: u.frontend_busy.get(role)
+        return raw
     rate_ref = rates[len(rates) // 2]
 
-    def busy(u: Unit) -> float | None:
-        v, r = u.frontend_busy.get(role), u.request_rate
+    def scaled(u: Unit) -> float | None:
+        v, r = raw(u), u.request_rate
         return None if v is None or not r else v * rate_ref / r
 
-    return busy
+    return scaled
 
 
 def _pods(units: Sequence[Unit]) -> tuple[str, ...]:

@@ -44,7 +44,7 @@ from vlm_operator.analysis.gate.compare import (
     resolvable,
 )
 from vlm_operator.analysis.gate.policy import SIGNALS, GatePolicy, family_of
-from vlm_operator.analysis.gate.samples import Side, Unit, make_units, side
+from vlm_operator.analysis.gate.samples import Side, Unit, make_units, sglang_disagreement, side
 from vlm_operator.analysis.gate.verdict import Decision, SignalResult
 from vlm_operator.analysis.window import Window
 
@@ -135,6 +135,8 @@ def decide(
             return None, None
         if signal is not None and family_of(signal) == "frontend_busy":
             return regressed_role_function(b.units, c.units, signal.split(":", 1)[1]), None
+        if signal is not None and family_of(signal) == "sglang_stage_time":  # the stage SGLang's counters name
+            return regressed_function(b.units, c.units), signal.split(":", 1)[1]
         return regressed_function(b.units, c.units), regressed_stage(b.units, c.units)
 
     decision = _judge(policy, b, c, signals, elapsed, step_duration_s, attribution, last_step)
@@ -145,6 +147,8 @@ def decide(
         decision, warning=_resolution(policy, resolvable), ceiling_warning=_ceiling_warning(signals),
         clock_started_at=clock, evidence=evidence,
         resolvable_margin=resolvable, pairing=kinds, warmup_shift=_warmup_shift(warm, c.units, policy),
+        sglang_disagreement={side: v for side, units in (("baseline", b.units), ("canary", c.units))
+                             if (v := sglang_disagreement(units)) is not None},
     )
 
 

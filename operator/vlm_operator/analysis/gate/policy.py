@@ -48,6 +48,13 @@ SIGNALS: Mapping[str, SignalSpec] = {
     # Time per iteration in one stage (share x loop mean), divided by the baseline's loop mean: a
     # difference of 0.05 means the stage now takes 5% of the old loop time more per iteration.
     "stage_time": SignalSpec("linear", True, "StageTimeRegressed", "time per iteration"),
+    # SGLang's own stage accounting (sglang:scheduler_stage_seconds_total, 0.5.20 on, through the sidecar's
+    # windows): one stage's share of the scheduler's wall time at the baseline's request rate (gate.compare
+    # _at_reference_rate), a second stage signal that needs no profiler. A difference of 0.05 means the stage
+    # would take 5 points more of the scheduler's time at the same traffic; it shares stage_time's
+    # margin (maxRegression.stageTime) and ceiling, and is compared only where both revisions' SGLang exports it.
+    "sglang_stage_time": SignalSpec("linear", True, "StageTimeRegressed", "share of SGLang's stage time",
+                                    required=False),
     # Busy share of one front-end role (FRONTEND_ROLES; the sidecar samples them when told to): the fraction
     # of the role's time not waiting for work, scaled to the baseline's request rate (_busy_at_reference_rate)
     # so a pod that got more traffic is not read as slower. A difference of 0.10 means the role would be busy
@@ -63,7 +70,8 @@ class GatePolicy:
 
     max_regression: signal -> allowed worsening. Latencies (loop_latency, loop_p95, ttft, itl): relative
         increase (0.03 = 3% slower). throughput: relative drop. stage_time: growth of one stage's time
-        per iteration, as a fraction of the baseline's loop time (0.05 = 5 points). frontend_busy: growth
+        per iteration, as a fraction of the baseline's loop time (0.05 = 5 points). sglang_stage_time: growth of
+        one stage's share of the scheduler's wall time in SGLang's own counters (0.05 = 5 points). frontend_busy: growth
         of one front-end role's busy share at the baseline's request rate (0.10 = 10 points).
     confidence: 1 - the error budget of each test over the whole rollout: rolling back a canary within half its
         margin (split over the gated signals) and promoting one beyond its promotion margin.
@@ -89,7 +97,7 @@ class GatePolicy:
     """
 
     max_regression: Mapping[str, float] = field(
-        default_factory=lambda: {"loop_latency": 0.03, "stage_time": 0.05}
+        default_factory=lambda: {"loop_latency": 0.03, "stage_time": 0.05, "sglang_stage_time": 0.05}
     )
     confidence: float = 0.95
     steps: int = 1
@@ -161,13 +169,14 @@ class GatePolicy:
                 "itl": m.itl / 100,
                 "throughput": m.throughput / 100,
                 "stage_time": m.stage_time / 100,
+                "sglang_stage_time": m.stage_time / 100,
                 "frontend_busy": m.frontend_busy / 100,
                 # Gated only when set (the p95 of a window is noisier than its mean: an opt-in signal).
                 **({"loop_p95": m.loop_p95 / 100} if m.loop_p95 is not None else {}),
             },
-            expand_ceiling={
+            expand_ceiling=_sglang_too({
                 k: v / 100 for k, v in (a.expand_ceiling.model_dump(by_alias=False) if a.expand_ceiling else {}).items()
-                if v is not None and (k != "loop_p95" or m.loop_p95 is not None)},
+                if v is not None and (k != "loop_p95" or m.loop_p95 is not None)}),
             confidence=a.confidence,
             steps=len(schedule),
             step_durations_s=tuple(parse_duration(s.analysis) for s in schedule),
@@ -179,6 +188,11 @@ class GatePolicy:
             stale_after_s=max(3 * parse_duration(telemetry_interval), 60.0),
             pair_s=parse_duration(telemetry_interval),
         )
+
+
+def _sglang_too(ceilings: dict[str, float]) -> dict[str, float]:
+    """SGLang's stage signal holds to stage_time's fixed ceiling, where one is set (one setting for both)."""
+    return {**ceilings, "sglang_stage_time": ceilings["stage_time"]} if "stage_time" in ceilings else ceilings
 
 
 def family_of(name: str) -> str:

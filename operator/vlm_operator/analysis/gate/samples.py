@@ -37,6 +37,12 @@ class Unit:
         return _mean_shares([w.stage_shares for w in self.windows])
 
     @cached_property
+    def sglang_stage_shares(self) -> Mapping[str, float]:
+        """SGLang's own stage shares of wall time (its stage counters), TP ranks averaged; empty: not exported."""
+        return _mean_shares([w.sglang_stage_shares for w in self.windows if w.sglang_stage_shares]) \
+            if any(w.sglang_stage_shares for w in self.windows) else {}
+
+    @cached_property
     def function_shares(self) -> Mapping[str, float]:
         # The keys of a window's function_shares are what its sidecar exported (the watch list plus the
         # top N by self time, a set that changes from window to window): a missing key is unknown, not 0.
@@ -156,6 +162,21 @@ def mean_present(maps: Sequence[Mapping[str, float]]) -> Mapping[str, float]:
         for k, v in m.items():
             total.setdefault(k, []).append(v)
     return {k: sum(v) / len(v) for k, v in total.items()}
+
+
+def sglang_disagreement(units: Sequence[Unit]) -> float | None:
+    """How far the sidecar's stage shares and SGLang's own stage counters are apart in these units: per unit the
+    largest |difference| over the stages both know (each side renormalised over those stages, as the sidecar's
+    vlm_profiler_sglang_agreement_max_abs_diff_ratio), the median over units. None: no unit has both."""
+    diffs = []
+    for u in units:
+        a, b = u.stage_shares, u.sglang_stage_shares
+        common = [k for k in b if k in a]
+        ta, tb = sum(a[k] for k in common), sum(b[k] for k in common)
+        if ta > 0 and tb > 0:
+            diffs.append(max(abs(a[k] / ta - b[k] / tb) for k in common))
+    diffs.sort()
+    return diffs[len(diffs) // 2] if diffs else None
 
 
 def _mean_shares(maps: Sequence[Mapping[str, float]]) -> Mapping[str, float]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from vlm_operator.analysis.gate.paired import Evidence, Kind
 from vlm_operator.analysis.gate.policy import SignalVerdict, Verdict
@@ -70,3 +71,6 @@ class Decision:
     pairing: tuple[Kind, ...] = ()
     # How much slower the canary pods ran in the warm-up the gate left out (relative; None: not measured).
     warmup_shift: float | None = None
+    # Per side ("baseline", "canary"): how far the sidecar's stage shares and SGLang's own stage counters are apart
+    # (gate.samples.sglang_disagreement, a fraction); a side whose SGLang exports no stage counters is left out.
+    sglang_disagreement: Mapping[str, float] = field(default_factory=dict)

@@ -260,6 +260,9 @@ def from_prometheus(
     for sr in series("vlm_scheduler_stage_share_ratio", by=f"{_KEY}, stage"):
         st = sr["metric"].get("stage", "")
         assign(sr, lambda w, v, st=st: w.share("stage_shares", st, v))
+    for sr in series("vlm_sglang_stage_share_ratio", by=f"{_KEY}, stage"):
+        st = sr["metric"].get("stage", "")
+        assign(sr, lambda w, v, st=st: w.share("sglang_stage_shares", st, v))
     for sr in series("vlm_scheduler_function_share_ratio", by=f"{_KEY}, function, kind"):
         kind, fn = _KINDS.get(sr["metric"].get("kind", "")), sr["metric"].get("function", "")
         if kind is not None:
@@ -296,5 +299,6 @@ def from_prometheus(
             unexported_self_share_max=w.scalars.get("unexported_self_share_max"),
             frontend=fe[min(near)] if near else {},
             edge_shares=_edges(w.shares.get("edge_shares", {})),
+            sglang_stage_shares=w.shares_of("sglang_stage_shares"),
         ))
     return out

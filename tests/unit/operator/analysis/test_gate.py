@@ -841,6 +841,88 @@ def test_a_front_end_sampled_on_one_side_only_is_not_compared_and_costs_nothing(
     assert plain.signals[0].ci_low == without.signals[0].ci_low  # no budget spent on an absent family
 
 
+SG_POLICY = replace(POLICY, max_regression={"loop_latency": 0.03, "stage_time": 0.05, "sglang_stage_time": 0.05})
+
+
+def with_sglang(ws: list[Window], shares: dict[str, float], *, rate: float | None = None, sd: float = 0.005,
+                seed: int = 0) -> list[Window]:
+    """The windows with SGLang's own stage counters read over each: `shares` of the scheduler's wall time per
+    stage (idle included) plus window noise, and optionally a request rate."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for w in ws:
+        noisy = {k: max(0.0, v + rng.normal(0, sd)) for k, v in shares.items()}
+        total = sum(noisy.values())
+        out.append(replace(w, sglang_stage_shares={k: v / total for k, v in noisy.items()},
+                           request_rate=rate if rate is not None else w.request_rate))
+    return out
+
+
+# SGLang's wall-time shares of a loop 95% busy (signals.STAGES without the profiler's "other").
+SGLANG = {"recv_requests": 0.04, "process_input_requests": 0.14, "get_next_batch_to_run": 0.06, "run_batch": 0.58,
+          "process_batch_result": 0.13, "idle": 0.05}
+
+
+def test_sglang_stage_counters_roll_back_a_slower_stage_the_profiler_did_not_see():
+    """The profiler's windows are identical; SGLang's own counters show the input stage taking 10 more points of
+    the scheduler's time at the same traffic: rolled back on the second stage signal, naming SGLang's category."""
+    slower = dict(SGLANG, process_input_requests=0.24, idle=0.0, run_batch=0.53)
+    base = with_sglang(windows("stable", n=30, pods=3, seed=61, sd=0.01), SGLANG, rate=10.0, seed=1)
+    can = with_sglang(windows("canary", n=30, seed=62, sd=0.01), slower, rate=10.0, seed=2)
+    d = run(base, can, SG_POLICY)
+    assert (d.verdict, d.reason) == ("Rollback", "StageTimeRegressed"), d.message
+    assert d.regressed_stage == "process_input_requests"
+    sig = {s.name: s for s in d.signals}
+    assert sig["sglang_stage_time:process_input_requests"].verdict == "fail"
+    assert sig["sglang_stage_time:process_input_requests"].delta == pytest.approx(0.10, abs=0.02)
+    assert sig["stage_time:process_input_requests"].verdict != "fail"  # the profiler saw nothing
+    assert "sglang_stage_time:idle" not in sig  # more idle time is never a regression
+    # The same windows with the family switched off (an older SGLang): nothing to roll back on.
+    assert run(base, can, POLICY).verdict != "Rollback"
+
+
+def test_a_saturated_canary_faster_in_one_stage_is_not_held_for_the_other_stages_shares():
+    """A loop with no idle time: the canary's input stage costs 10 points less, so it serves 1/0.9 the requests
+    and every other stage's share of wall time grows by the same factor. At the baseline's request rate it is
+    unchanged and promoted; the raw shares (no request rate) would read run_batch +6 points and roll it back."""
+    busy = dict(SGLANG, idle=0.0, run_batch=0.63)
+    rest = 1 - busy["process_input_requests"]
+    fast = {k: (v / (rest + 0.04) if k != "process_input_requests" else 0.04 / (rest + 0.04)) for k, v in busy.items()}
+    base = windows("stable", n=30, pods=3, seed=63, sd=0.01)
+    can = windows("canary", n=30, seed=64, sd=0.01)
+    d = run(with_sglang(base, busy, rate=9.0, seed=3), with_sglang(can, fast, rate=9.0 * fast["run_batch"] / busy["run_batch"],
+                                                                    seed=4), SG_POLICY)
+    assert (d.verdict, d.reason) == ("Promote", "NoRegression"), d.message
+    sig = {s.name: s for s in d.signals}
+    assert abs(sig["sglang_stage_time:run_batch"].delta) < 0.01 and sig["sglang_stage_time:run_batch"].verdict == "pass"
+    raw = run(with_sglang(base, busy, seed=3), with_sglang(can, fast, seed=4), SG_POLICY)
+    assert (raw.verdict, raw.reason) == ("Rollback", "StageTimeRegressed"), raw.message
+
+
+def test_sglang_counters_on_one_side_only_are_not_compared_and_the_distance_is_reported():
+    """The canary runs an SGLang that counts its stages, the baseline one that does not: the family is left out
+    and costs no budget. Where both count, the sidecar/SGLang distance is reported per side."""
+    base = windows("stable", n=30, pods=3, seed=65, sd=0.01)
+    can = windows("canary", n=30, seed=66, sd=0.01)
+    one_side = run(base, with_sglang(can, SGLANG, rate=5.0), SG_POLICY)
+    assert not any(s.name.startswith("sglang_stage_time") for s in one_side.signals)
+    assert one_side.signals[0].ci_low == run(base, with_sglang(can, SGLANG, rate=5.0), POLICY).signals[0].ci_low
+    assert set(one_side.sglang_disagreement) == {"canary"}
+    # The profiler's shares (signals.STAGES, "other" only the sidecar knows) against SGLang's: over the stages
+    # both know, renormalised, they are under a point apart; a canary SGLang counts 3 points more input is 3 apart.
+    both = run(with_sglang(base, SGLANG, sd=0.0), with_sglang(can, dict(SGLANG, process_input_requests=0.17,
+                                                                         run_batch=0.55), sd=0.0), SG_POLICY)
+    assert both.sglang_disagreement["baseline"] < 0.01
+    assert both.sglang_disagreement["canary"] == pytest.approx(0.03, abs=0.005)
+
+
+def test_from_sidecar_reads_sglang_s_stage_shares_and_drops_garbage():
+    w = Window.from_sidecar("r", "p", {"sglang_stage_shares": {"run_batch": 0.6, "idle": 0.1, "bad": "x", "neg": -1}})
+    assert w.sglang_stage_shares == {"run_batch": 0.6, "idle": 0.1}
+    assert Window.from_sidecar("r", "p", {"sglang_stage_shares": None}).sglang_stage_shares == {}
+    assert Window.from_sidecar("r", "p", {"sglang_stage_shares": [1, 2]}).sglang_stage_shares == {}
+
+
 def test_from_sidecar_reads_the_front_end_roles_and_drops_garbage():
     good = Window.from_sidecar("r", "p", {"frontend": {"roles": {
         "mm_processor": _pool(0.3, 0.0, 0.01), "detokenizer": {"busy_share": 0.05},

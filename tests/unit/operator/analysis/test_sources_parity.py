@@ -4,7 +4,7 @@ The windows are made by the sidecar's own code: its `Runner` samples a recorded 
 cache_off chrometrace, tests/golden/sidecar) through a fake sampler, reshaped a little per window (each stage
 a few percent longer or shorter, the IPC transport frames named as SGLang's), with the front end
 (tokenizer_manager and two mm_processor workers) sampled beside it and SGLang's /metrics counters moving under
-it; its store keeps them and its HTTP handler serves `/windows.json` and `/metrics`.
+it (its stage counters included); its store keeps them and its HTTP handler serves `/windows.json` and `/metrics`.
 
 - The sidecar source reads `/windows.json` through a `SidecarReader` whose fetch calls that handler.
 - The Prometheus source reads a fake Prometheus: every pod's `/metrics` scraped every 7.5 s (the PodMonitor's
@@ -50,11 +50,13 @@ T0 = 1_750_000_000.0
 INTERVAL, DURATION, FRONTEND_DURATION, SCRAPE = 15.0, 5.0, 2.0, 7.5
 N_WINDOWS = 12
 NOW = T0 + N_WINDOWS * INTERVAL + 12
+SGLANG_STAGES = {"recv_requests": 0.04, "process_input_requests": 0.14, "get_next_batch_to_run": 0.06,
+                 "run_batch": 0.58, "process_batch_result": 0.13, "idle": 0.05}  # SGLang's counters' shares
 PODS = {"svc-stable-0": ("stable", 2), "svc-stable-1": ("stable", 1),  # pod -> (revision, TP ranks)
         "svc-canary-0": ("canary", 2), "svc-canary-1": ("canary", 1)}
 POLICY = gate.GatePolicy(
-    max_regression={"loop_latency": 0.03, "stage_time": 0.05, "ttft": 0.10, "itl": 0.10, "throughput": 0.10,
-                    "frontend_busy": 0.10},
+    max_regression={"loop_latency": 0.03, "stage_time": 0.05, "sglang_stage_time": 0.05, "ttft": 0.10, "itl": 0.10,
+                    "throughput": 0.10, "frontend_busy": 0.10},
     min_samples=5, interval_s=60.0, max_duration_s=900.0, stale_after_s=60.0, pair_s=INTERVAL)
 
 # The scheduler's new work on the first canary (inside process_input_requests) and the mm_processor's on the
@@ -203,14 +205,22 @@ class Sidecar:
             first = self.sglang_calls == 1
         k = self.k + (0 if first else 1)
         n, ttft, itl, itl_n, tokens = 0, 0.0, 0.0, 0, 0
+        stage = dict.fromkeys(SGLANG_STAGES, 0.0)  # SGLang's own stage counters (0.5.20 on), idle included
         for j in range(k):
             r = random.Random(f"{self.pod}/sglang/{j}")
             dn = r.randint(15, 30)
             n, ttft = n + dn, ttft + dn * r.uniform(0.3, 0.5)
             di = r.randint(2000, 3000)
             itl_n, itl, tokens = itl_n + di, itl + di * r.uniform(0.018, 0.022), tokens + di + dn
+            for st, share in SGLANG_STAGES.items():
+                stage[st] += DURATION * share * r.uniform(0.9, 1.1)
         lab = 'model_name="m"'
-        return (f"# TYPE sglang:time_to_first_token_seconds histogram\n"
+        counters = "".join(f'sglang:scheduler_stage_seconds_total{{{lab},category="{st}"}} {v!r}\n'
+                           for st, v in stage.items() if st != "idle")
+        return (f"# TYPE sglang:scheduler_stage_seconds_total counter\n{counters}"  # as SGLang writes them
+                f"# TYPE sglang:scheduler_idle_seconds_total counter\n"
+                f"sglang:scheduler_idle_seconds_total{{{lab}}} {stage['idle']!r}\n"
+                f"# TYPE sglang:time_to_first_token_seconds histogram\n"
                 f"sglang:time_to_first_token_seconds_bucket{{{lab},le=\"+Inf\"}} {n}\n"
                 f"sglang:time_to_first_token_seconds_sum{{{lab}}} {ttft!r}\n"
                 f"sglang:time_to_first_token_seconds_count{{{lab}}} {n}\n"
@@ -377,6 +387,7 @@ def test_both_sources_give_the_same_windows_and_the_same_decision(case, fn, monk
         assert w.self_shares and w.function_shares and w.unexported_self_share_max is not None, w
         assert w.feature_transport_share and w.ipc_handle_reopen_share and w.feature_transport_samples, w
         assert w.request_rate and w.ttft_seconds and w.itl_seconds and w.throughput and w.iterations, w
+        assert set(w.sglang_stage_shares) == set(SGLANG_STAGES), w
         assert w.samples > 1 and not w.stale and w.loop_mean_seconds and w.loop_p95_seconds, w
         assert set(w.frontend) == {"tokenizer_manager", "mm_processor"}, w
         mm = w.frontend["mm_processor"]
