@@ -4,7 +4,8 @@
 #   1. unit + compat, before the testbed starts, in two sessions: `unit-quiet` (tests/unit/sidecar and
 #      tests/unit/bench: py-spy against real processes, timings; one at a time, they need a quiet CPU) starts the
 #      control plane's build in the background (nice 19, paused while they measure) and leaves it running for the
-#      next passes; `unit` (every other unit and compat test: pure code, recorded samples) on 2 xdist workers.
+#      next passes; `unit` (every other unit and compat test: pure code, recorded samples) on 2 xdist workers,
+#      run beside pass 2 at nice 19 when pass 2 runs too (`unit-beside`: pass 2 mostly waits on the testbed).
 #   2. integration + e2e on $VLM_TEST_WORKERS pytest-xdist workers (default 3; --dist loadfile: a module's
 #      fixtures stay on one worker; --no-loadscope-reorder: files go out longest first, tests/conftest.py
 #      LONGEST_FIRST, not by how many tests they hold) sharing ONE testbed, each test in its own namespace:
@@ -22,7 +23,8 @@ PY=${PY:-python3}
 WORKERS=${VLM_TEST_WORKERS:-3}
 TIERS=${VLM_TEST_TIERS:-unit,parallel,heavy,serial}
 # Budgets in seconds on the 2-core CI machine, warm (binaries built); docs/testbed.md states them and why.
-declare -A BUDGET=([unit-quiet]=${VLM_BUDGET_UNIT_QUIET:-480} [unit]=${VLM_BUDGET_UNIT:-180} [parallel]=${VLM_BUDGET_PARALLEL:-1080} [heavy]=${VLM_BUDGET_HEAVY:-540}
+declare -A BUDGET=([unit-quiet]=${VLM_BUDGET_UNIT_QUIET:-480} [unit]=${VLM_BUDGET_UNIT:-180}
+                   [unit-beside]=${VLM_BUDGET_UNIT_BESIDE:-900} [parallel]=${VLM_BUDGET_PARALLEL:-1080} [heavy]=${VLM_BUDGET_HEAVY:-540}
                    [serial]=${VLM_BUDGET_SERIAL:-480} [parallel-rerun]=${VLM_BUDGET_PARALLEL_RERUN:-480})
 CACHE=${VLM_CACHE:-$HOME/.cache/vlm-operator}
 rc=0
@@ -31,12 +33,16 @@ summary=()
 started_testbed=0
 
 tier() {  # tier NAME pytest-args...
-  local name=$1 t0 t rcode
+  local name=$1 t0
   shift
   echo "[tiers] $name: pytest $(printf '%q ' "$@")"
   t0=$(date +%s)
   "$PY" -m pytest "$@"
-  rcode=$?
+  record "$name" "$t0" $?
+}
+
+record() {  # record NAME START-EPOCH PYTEST-EXIT: a pass's wall time against its budget, into the summary
+  local name=$1 t0=$2 rcode=$3 t
   last_rc=$rcode
   t=$(( $(date +%s) - t0 ))
   # 5: no tests collected (a -k that selects none of a pass): not a failure of the run.
@@ -48,6 +54,7 @@ tier() {  # tier NAME pytest-args...
 }
 
 finish() {
+  if [[ -n ${unit_pid:-} ]]; then kill "$unit_pid" 2>/dev/null || true; fi  # a run cut short: unit-beside goes too
   if (( started_testbed )); then
     echo "[tiers] stopping the testbed this run started"
     "$PY" hack/testbed down >/dev/null 2>&1 || true
@@ -66,9 +73,13 @@ finish() {
 }
 trap finish EXIT
 
+UNIT=(-n 2 tests/unit tests/compat --ignore=tests/unit/sidecar --ignore=tests/unit/bench)
+unit_beside=0
 if [[ ,$TIERS, == *,unit,* ]]; then
   VLM_BUILD_BEHIND=1 tier unit-quiet tests/unit/sidecar tests/unit/bench "$@"
-  tier unit -n 2 tests/unit tests/compat --ignore=tests/unit/sidecar --ignore=tests/unit/bench "$@"
+  # With the parallel pass to come, the rest of the unit tier runs beside it (below), at the lowest CPU priority:
+  # the parallel pass's tests mostly wait on the testbed and leave CPU over; pure code takes only that.
+  if [[ ,$TIERS, == *,parallel,* ]]; then unit_beside=1; else tier unit "${UNIT[@]}" "$@"; fi
 fi
 
 if [[ ,$TIERS, == *,parallel,* || ,$TIERS, == *,heavy,* || ,$TIERS, == *,serial,* ]]; then
@@ -90,11 +101,29 @@ if [[ ,$TIERS, == *,parallel,* ]]; then
   # The parallel pass's failures get one more run each, alone (no other worker beside them): a wait-bound test
   # that three workers on two cores made late. The run fails if any fails again; the ones that passed alone are
   # named in the summary as flaky under load (docs/testbed.md, "Test tiers and their budgets").
+  if (( unit_beside )); then
+    unit_log=$(mktemp)
+    unit_t0=$(date +%s)
+    echo "[tiers] unit-beside: nice -n 19 pytest $(printf '%q ' "${UNIT[@]}" "$@")(its output follows the parallel pass)"
+    nice -n 19 "$PY" -m pytest "${UNIT[@]}" "$@" >"$unit_log" 2>&1 &
+    unit_pid=$!
+  fi
   failed_file=$(mktemp)
   rc_before=$rc
   VLM_FAILED_FILE=$failed_file tier parallel -n "$WORKERS" --dist loadfile --no-loadscope-reorder -m "not serial and not heavy" \
     tests/integration tests/e2e "$@"
-  if [[ $last_rc -ne 0 && $last_rc -ne 5 && -s "$failed_file" ]]; then
+  parallel_rc=$last_rc
+  if (( unit_beside )); then  # done before any rerun: a rerun runs alone
+    wait "$unit_pid"
+    unit_rc=$?
+    echo "[tiers] unit-beside's output:"
+    cat "$unit_log"
+    rm -f "$unit_log"
+    record unit-beside "$unit_t0" "$unit_rc"
+    unit_pid=""
+    if [[ $unit_rc -ne 0 && $unit_rc -ne 5 ]]; then rc_before=1; fi
+  fi
+  if [[ $parallel_rc -ne 0 && $parallel_rc -ne 5 && -s "$failed_file" ]]; then
     mapfile -t failed < <(sort -u "$failed_file")
     rc=$rc_before
     tier parallel-rerun "${failed[@]}" "$@"

@@ -245,6 +245,9 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
                                          "Mean inter-token latency (SGLang's histogram), last window.", labels=names),
         "throughput": GaugeMetricFamily("vlm_sglang_window_generation_tokens_per_second",
                                         "Generation throughput (SGLang's token counter), last window.", labels=names),
+        "forward_pass_rate": GaugeMetricFamily("vlm_sglang_window_forward_passes_per_second",
+                                               "Forward passes (batches) SGLang's scheduler ran per second "
+                                               "(sglang:cuda_graph_passes_total), last window.", labels=names),
         "request_rate": GaugeMetricFamily("vlm_sglang_window_requests_per_second",
                                           "Requests that reached their first token per second (SGLang's TTFT "
                                           "histogram count), last window.", labels=names),

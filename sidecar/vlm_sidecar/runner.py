@@ -141,7 +141,8 @@ class Runner:
                     summary = replace(summary, sglang_stage_shares=shares)
                 req = sglang_metrics.request_signals(sglang_before, after, outcome.ended - outcome.started)
                 summary = replace(summary, ttft_seconds=req.get("ttft_seconds"), itl_seconds=req.get("itl_seconds"),
-                                  throughput=req.get("throughput"), request_rate=req.get("request_rate"))
+                                  throughput=req.get("throughput"), request_rate=req.get("request_rate"),
+                                  forward_pass_rate=req.get("forward_pass_rate"))
         self.store.add_window(summary, stacks, rate, agreement)
         if result != "ok":
             event("Profiling window failed" if result == "error" else "Profiling window partial",

@@ -95,6 +95,10 @@ def parse(text: str, names: dict[str, str] | None = None) -> dict[str, float]:
             for s in fam.samples:
                 if s.name.endswith("_total"):
                     add("stage:idle", s.value)
+        elif fam.name in (sglang_names.FORWARD_PASSES, sglang_names.FORWARD_PASSES + "_total"):
+            for s in fam.samples:
+                if s.name.endswith("_total"):
+                    add("forward_passes", s.value)
         elif fam.name in (n["ttft"], n["itl"]):
             key = "ttft" if fam.name == n["ttft"] else "itl"
             for s in fam.samples:
@@ -133,6 +137,10 @@ def request_signals(before: dict[str, float], after: dict[str, float], seconds: 
             out[f"{key}_seconds"] = ds / dc
         if key == "ttft" and "ttft_count" in after and "ttft_count" in before and dc >= 0 and seconds > 0:
             out["request_rate"] = dc / seconds
+    if "forward_passes" in after and "forward_passes" in before and seconds > 0:
+        d = after["forward_passes"] - before["forward_passes"]
+        if d >= 0:
+            out["forward_pass_rate"] = d / seconds
     if "generation_tokens" in after and "generation_tokens" in before and seconds > 0:
         d = after["generation_tokens"] - before["generation_tokens"]
         if d >= 0:

@@ -45,6 +45,8 @@ REQUEST_METRICS: dict[str, dict[str, str]] = {
 STAGE_COUNTER = "sglang:scheduler_stage_seconds"  # labels: category (+ forward_overlap from 0.5.23)
 IDLE_COUNTER = "sglang:scheduler_idle_seconds"
 STAGE_COUNTERS_SINCE = "0.5.20"
+# Forward passes by CUDA graph use (label mode), every supported release: the batches the scheduler ran.
+FORWARD_PASSES = "sglang:cuda_graph_passes"
 
 
 def _key(version: str) -> tuple[int, ...]:

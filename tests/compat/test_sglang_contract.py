@@ -584,6 +584,10 @@ def test_metric_names_exist(wheel):
                 problems.append(f"{sglang_metrics.STAGE_COUNTER}_total labels {sorted(stage[1])}")
     elif stage is not None or idle is not None:
         problems.append("stage/idle counters exist, the table says they do not")
+    # The forward passes the gate scales SGLang's stage shares by: every supported release declares the counter.
+    passes = declared.get(sglang_names.FORWARD_PASSES + "_total")
+    if passes is None or passes[0] != "Counter" or "mode" not in passes[1]:
+        problems.append(f"{sglang_names.FORWARD_PASSES}_total: {passes} (a Counter with a mode label expected)")
     assert not problems, f"SGLang {wheel.version}:\n" + "\n".join(problems)
 
 

@@ -124,6 +124,9 @@ class Window:
     # 0.0: none did; None: unknown (no SGLang metrics, an older sidecar).
     request_rate: float | None = None
     iterations: int | None = None
+    # Forward passes (batches) SGLang's scheduler ran per second in the window (sglang:cuda_graph_passes_total);
+    # None: unknown. SGLang's stage shares are compared at the baseline's pass rate (gate.compare).
+    forward_pass_rate: float | None = None
     # The CUDA IPC feature transport (sidecar vlm_sidecar.ipc): share of the scheduler's time in it, the
     # share re-opening IPC handles, and the samples in it. None: unknown (an older sidecar, a bad value).
     feature_transport_share: float | None = None
@@ -180,6 +183,7 @@ class Window:
             itl_seconds=_positive(pick("itl_seconds")),
             throughput=_positive(pick("throughput")),
             request_rate=_nonnegative(pick("request_rate")),
+            forward_pass_rate=_nonnegative(pick("forward_pass_rate")),
             tp_rank=_count(d.get("tp_rank")),
             iterations=None if _num(iterations) is None else _count(iterations),
             feature_transport_share=_share(d.get("feature_transport_share")),

@@ -632,7 +632,7 @@ class MaxRegression(KubeModel):
         description="Allowed growth of one scheduler stage's time per loop iteration, in percent of the baseline's "
         "loop time (share x loop latency, so a canary that is faster overall never fails it). Where SGLang (0.5.20 "
         "on) counts its stages itself, the same margin also holds each stage's share of the scheduler's wall time "
-        "at the baseline's request rate (signal sglang_stage_time).",
+        "at the baseline's forward-pass rate (signal sglang_stage_time).",
         ge=0,
         le=100,
     )

@@ -57,9 +57,9 @@ STAGES = (
     "other",
 )
 N_STAGES = len(STAGES)
-# Per-rank slots in the shared accounting array: stage seconds, iterations, loop seconds, heartbeat, and
-# the number of rows written to the iteration ring.
-RANK_SLOTS = N_STAGES + 4
+# Per-rank slots in the shared accounting array: stage seconds, iterations, loop seconds, heartbeat, the
+# number of rows written to the iteration ring, and the forward passes (iterations that ran a batch).
+RANK_SLOTS = N_STAGES + 5
 # Per-rank ring of iterations, one row each: end (unix s), duration, seconds per stage, batch kind, flags.
 RING_SIZE = 1 << 16  # 30+ minutes of a 30 ms loop, ~1 minute of an idle one
 RING_FIELDS = 2 + N_STAGES + 2
@@ -1035,6 +1035,8 @@ class Scheduler:
         a[b + N_STAGES] = self.iterations
         a[b + N_STAGES + 1] = self.loop_s
         a[b + N_STAGES + 2] = time.time()
+        if batch is not None:  # SGLang counts a forward pass per batch run (sglang:cuda_graph_passes_total)
+            a[b + N_STAGES + 4] += 1
         if self.ring is not None:
             off = self.ring_base + (self.ring_n % RING_SIZE) * RING_FIELDS
             self.ring[off:off + RING_FIELDS] = [t_end + self.unix_offset, dt, *it,
@@ -1321,6 +1323,10 @@ def render_metrics(cfg: StandinConfig, snap: list[float], stats: list[float], th
         lines.append("# HELP sglang:scheduler_idle_seconds_total Scheduler idle wall time.")
         lines.append("# TYPE sglang:scheduler_idle_seconds_total counter")
         lines.append(f"sglang:scheduler_idle_seconds_total{{{lab}}} {snap[5]}")
+    # Every supported release counts forward passes by CUDA graph use (mode); the stand-in runs no graphs.
+    lines.append("# HELP sglang:cuda_graph_passes_total Total number of forward passes categorized by CUDA graph.")
+    lines.append("# TYPE sglang:cuda_graph_passes_total counter")
+    lines.append(f'sglang:cuda_graph_passes_total{{{lab},mode="decode_none"}} {snap[N_STAGES + 4]:.0f}')
     return "\n".join(lines) + "\n"
 
 

@@ -45,6 +45,19 @@ def test_nothing_moved_or_restart_gives_nothing():
     assert sglang_metrics.request_signals({}, {}, 5.0) == {}
 
 
+def test_forward_passes_are_summed_over_modes_and_read_as_a_rate():
+    """sglang:cuda_graph_passes_total{mode}: every batch the scheduler ran, with or without a CUDA graph, decode and
+    prefill alike; the window's rate is what the gate scales SGLang's stage shares by."""
+    text = ('# HELP sglang:cuda_graph_passes_total Total number of forward passes categorized by CUDA graph.\n'
+            '# TYPE sglang:cuda_graph_passes_total counter\n'
+            'sglang:cuda_graph_passes_total{{model_name="m",mode="decode_cuda_graph"}} {}\n'
+            'sglang:cuda_graph_passes_total{{model_name="m",mode="prefill_none"}} {}\n')
+    before, after = sglang_metrics.parse(text.format(100, 10)), sglang_metrics.parse(text.format(280, 30))
+    assert before["forward_passes"] == 110
+    assert sglang_metrics.request_signals(before, after, 5.0)["forward_pass_rate"] == pytest.approx(200 / 5.0)
+    assert "forward_pass_rate" not in sglang_metrics.request_signals(after, before, 5.0)  # restarted: nothing
+
+
 def test_names_are_the_checked_table():
     names = sglang_names.request_metrics("0.5.23")
     assert names["ttft"] == "sglang:time_to_first_token_seconds"
@@ -64,7 +77,7 @@ def test_every_per_window_gauge_is_read_by_the_gates_prometheus_source():
     w = WindowSummary(id=1, tp_rank=0, pid=1, start=0.0, end=5.0, samples=5000, loop_mean_seconds=0.02,
                       loop_p50_seconds=0.02, loop_p95_seconds=0.03, iterations=250, stage_shares={},
                       function_shares={}, self_shares={}, top_function=None, stale=False, error=None,
-                      ttft_seconds=0.4, itl_seconds=0.02, throughput=900.0, request_rate=3.5,
+                      ttft_seconds=0.4, itl_seconds=0.02, throughput=900.0, request_rate=3.5, forward_pass_rate=41.0,
                       feature_transport_share=0.08, ipc_handle_reopen_share=0.07, feature_transport_samples=400,
                       unexported_self_share_max=0.012)
     store.add_window(w, None, 1000.0)

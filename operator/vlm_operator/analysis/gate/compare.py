@@ -140,17 +140,23 @@ def instances(
 
 def _sglang_stage_instances(b: Sequence[Unit], c: Sequence[Unit], ref: Sequence[Unit]) -> list[Instance]:
     """One test per stage of SGLang's own counters: the stage's share of the scheduler's wall time at the
-    baseline's request rate (`_at_reference_rate`, as a front-end role's busy share). A share of wall time is work
-    per request times requests: a canary that is faster elsewhere serves more requests where its loop is
-    saturated, and every other stage's share grows with them; at the baseline's traffic it does not. A stage is
-    compared only where both revisions have values: an SGLang older than 0.5.20 on either side, or its metrics
-    off, leaves the family out."""
+    baseline's forward-pass rate, share x passes_ref / passes (`_at_reference_rate`), in points of wall time: the
+    stage's time per forward pass, in the unit of the baseline's. A share of wall time is the time per pass times
+    the passes run, and a canary faster elsewhere runs more passes (smaller batches sooner, or more of them where
+    the loop is saturated), so every other stage's share grows with its pass count; per pass it does not. (Scaled
+    per request instead, such a canary read +12 points of run_batch on the testbed: a faster loop runs more
+    passes per request.) A stage is compared only where both revisions count their stages and every unit that
+    does has a pass rate: an SGLang older than 0.5.20 on either side, or its metrics off, leaves the family out."""
+    def raw(k: str) -> Callable[[Unit], float | None]:
+        return lambda u: u.sglang_stage_shares.get(k, 0.0) if u.sglang_stage_shares else None
+
     keys = set().union(*(u.sglang_stage_shares for u in (*b, *c))) - {NOT_A_REGRESSION_STAGE}
+    if any(u.sglang_stage_shares and u.forward_pass_rate is None for u in (*b, *c, *ref)):
+        return []  # a share of wall time alone is not "worse": without the passes nothing is compared
     order = {s: i for i, s in enumerate(STAGES)}
     out = []
     for k in sorted(keys, key=lambda s: (order.get(s, len(order)), s)):
-        scaled = _at_reference_rate(
-            lambda u, k=k: u.sglang_stage_shares.get(k, 0.0) if u.sglang_stage_shares else None, b, c, ref)
+        scaled = _at_reference_rate(raw(k), b, c, ref, rate=lambda u: u.forward_pass_rate)
         vb, vc = tuple(scaled(u) for u in b), tuple(scaled(u) for u in c)
         if any(v is not None for v in vb) and any(v is not None for v in vc):
             out.append(Instance("sglang_stage_time", f"sglang_stage_time:{k}", vb, vc, _pods(b), _pods(c),
@@ -169,21 +175,22 @@ def _busy_at_reference_rate(
 
 
 def _at_reference_rate(
-    raw: Callable[[Unit], float | None], b: Sequence[Unit], c: Sequence[Unit], ref: Sequence[Unit]
+    raw: Callable[[Unit], float | None], b: Sequence[Unit], c: Sequence[Unit], ref: Sequence[Unit],
+    rate: Callable[[Unit], float | None] = lambda u: u.request_rate,
 ) -> Callable[[Unit], float | None]:
-    """A share of time per unit scaled to the baseline's median request rate: share x rate_ref / rate, "this pod's
-    share at the baseline's traffic", still in points of share (the margin's unit). A unit with no request in its
-    window has no per-request cost and is left out. Where a unit with a share has no request rate at all (no
+    """A share of time per unit scaled to the baseline's median rate (requests by default): share x rate_ref /
+    rate, "this pod's share at the baseline's rate", still in points of share (the margin's unit). A unit with no
+    event in its window has no per-event cost and is left out. Where a unit with a share has no rate at all (no
     SGLang metrics, an older sidecar), no unit is scaled: the raw shares are compared, as both revisions then
     share one Service's traffic only on average."""
     units = [u for u in (*b, *c, *ref) if raw(u) is not None]
-    rates = sorted(r for u in b if raw(u) is not None and (r := u.request_rate) is not None and r > 0)
-    if not rates or any(u.request_rate is None for u in units):
+    rates = sorted(r for u in b if raw(u) is not None and (r := rate(u)) is not None and r > 0)
+    if not rates or any(rate(u) is None for u in units):
         return raw
     rate_ref = rates[len(rates) // 2]
 
     def scaled(u: Unit) -> float | None:
-        v, r = raw(u), u.request_rate
+        v, r = raw(u), rate(u)
         return None if v is None or not r else v * rate_ref / r
 
     return scaled

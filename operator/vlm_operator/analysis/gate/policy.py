@@ -49,9 +49,9 @@ SIGNALS: Mapping[str, SignalSpec] = {
     # difference of 0.05 means the stage now takes 5% of the old loop time more per iteration.
     "stage_time": SignalSpec("linear", True, "StageTimeRegressed", "time per iteration"),
     # SGLang's own stage accounting (sglang:scheduler_stage_seconds_total, 0.5.20 on, through the sidecar's
-    # windows): one stage's share of the scheduler's wall time at the baseline's request rate (gate.compare
-    # _at_reference_rate), a second stage signal that needs no profiler. A difference of 0.05 means the stage
-    # would take 5 points more of the scheduler's time at the same traffic; it shares stage_time's
+    # windows): one stage's share of the scheduler's wall time at the baseline's forward-pass rate (gate.compare
+    # _sglang_stage_instances), a second stage signal that needs no profiler. A difference of 0.05 means the stage
+    # takes 5 points more of the scheduler's time per forward pass; it shares stage_time's
     # margin (maxRegression.stageTime) and ceiling, and is compared only where both revisions' SGLang exports it.
     "sglang_stage_time": SignalSpec("linear", True, "StageTimeRegressed", "share of SGLang's stage time",
                                     required=False),

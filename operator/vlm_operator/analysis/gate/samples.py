@@ -86,6 +86,11 @@ class Unit:
         return mean([w.request_rate for w in self.windows])
 
     @cached_property
+    def forward_pass_rate(self) -> float | None:
+        """SGLang's forward passes per second in this pod's window (TP ranks read the same counter)."""
+        return mean([w.forward_pass_rate for w in self.windows])
+
+    @cached_property
     def frontend_busy(self) -> Mapping[str, float]:
         """Busy share per sampled front-end role (TP ranks' copies of one front-end window averaged)."""
         return mean_present([{r: x.busy_share for r, x in w.frontend.items()} for w in self.windows])
@@ -171,7 +176,7 @@ def sglang_disagreement(units: Sequence[Unit]) -> float | None:
     diffs = []
     for u in units:
         a, b = u.stage_shares, u.sglang_stage_shares
-        common = [k for k in b if k in a]
+        common = sorted(k for k in b if k in a)  # one order of summation, whichever source built the dicts
         ta, tb = sum(a[k] for k in common), sum(b[k] for k in common)
         if ta > 0 and tb > 0:
             diffs.append(max(abs(a[k] / ta - b[k] / tb) for k in common))

@@ -844,16 +844,16 @@ def test_a_front_end_sampled_on_one_side_only_is_not_compared_and_costs_nothing(
 SG_POLICY = replace(POLICY, max_regression={"loop_latency": 0.03, "stage_time": 0.05, "sglang_stage_time": 0.05})
 
 
-def with_sglang(ws: list[Window], shares: dict[str, float], *, rate: float | None = None, sd: float = 0.005,
-                seed: int = 0) -> list[Window]:
-    """The windows with SGLang's own stage counters read over each: `shares` of the scheduler's wall time per
-    stage (idle included) plus window noise, and optionally a request rate."""
+def with_sglang(ws: list[Window], shares: dict[str, float], *, passes: float | None, rate: float | None = None,
+                sd: float = 0.005, seed: int = 0) -> list[Window]:
+    """The windows with SGLang's own counters read over each: `shares` of the scheduler's wall time per stage
+    (idle included) plus window noise, `passes` forward passes per second, and optionally a request rate."""
     rng = np.random.default_rng(seed)
     out = []
     for w in ws:
         noisy = {k: max(0.0, v + rng.normal(0, sd)) for k, v in shares.items()}
         total = sum(noisy.values())
-        out.append(replace(w, sglang_stage_shares={k: v / total for k, v in noisy.items()},
+        out.append(replace(w, sglang_stage_shares={k: v / total for k, v in noisy.items()}, forward_pass_rate=passes,
                            request_rate=rate if rate is not None else w.request_rate))
     return out
 
@@ -865,10 +865,10 @@ SGLANG = {"recv_requests": 0.04, "process_input_requests": 0.14, "get_next_batch
 
 def test_sglang_stage_counters_roll_back_a_slower_stage_the_profiler_did_not_see():
     """The profiler's windows are identical; SGLang's own counters show the input stage taking 10 more points of
-    the scheduler's time at the same traffic: rolled back on the second stage signal, naming SGLang's category."""
+    the scheduler's time at the same pass rate: rolled back on the second stage signal, naming SGLang's category."""
     slower = dict(SGLANG, process_input_requests=0.24, idle=0.0, run_batch=0.53)
-    base = with_sglang(windows("stable", n=30, pods=3, seed=61, sd=0.01), SGLANG, rate=10.0, seed=1)
-    can = with_sglang(windows("canary", n=30, seed=62, sd=0.01), slower, rate=10.0, seed=2)
+    base = with_sglang(windows("stable", n=30, pods=3, seed=61, sd=0.01), SGLANG, passes=40.0, seed=1)
+    can = with_sglang(windows("canary", n=30, seed=62, sd=0.01), slower, passes=40.0, seed=2)
     d = run(base, can, SG_POLICY)
     assert (d.verdict, d.reason) == ("Rollback", "StageTimeRegressed"), d.message
     assert d.regressed_stage == "process_input_requests"
@@ -881,22 +881,31 @@ def test_sglang_stage_counters_roll_back_a_slower_stage_the_profiler_did_not_see
     assert run(base, can, POLICY).verdict != "Rollback"
 
 
-def test_a_saturated_canary_faster_in_one_stage_is_not_held_for_the_other_stages_shares():
-    """A loop with no idle time: the canary's input stage costs 10 points less, so it serves 1/0.9 the requests
-    and every other stage's share of wall time grows by the same factor. At the baseline's request rate it is
-    unchanged and promoted; the raw shares (no request rate) would read run_batch +6 points and roll it back."""
-    busy = dict(SGLANG, idle=0.0, run_batch=0.63)
-    rest = 1 - busy["process_input_requests"]
-    fast = {k: (v / (rest + 0.04) if k != "process_input_requests" else 0.04 / (rest + 0.04)) for k, v in busy.items()}
+def test_a_canary_faster_in_one_stage_is_not_held_for_the_other_stages_shares():
+    """A loop 75% busy. The canary's input stage costs 9 points less per pass; at the same traffic its loop runs
+    1.3x the passes (smaller batches, sooner), each as long in run_batch, so run_batch takes 1.3x the wall time:
+    +13.5 points of share. Per forward pass it is unchanged and promoted; at the same traffic without the pass
+    count (shares as they are, which is what scaling per request gives here) it reads +13.5 points and is rolled
+    back, as a faster canary was on the testbed; without a pass count the family is left out."""
+    lighter = {"recv_requests": 0.03, "process_input_requests": 0.14, "get_next_batch_to_run": 0.04, "run_batch": 0.45,
+               "process_batch_result": 0.09, "idle": 0.25}
+    fast = {k: 1.3 * v for k, v in dict(lighter, process_input_requests=0.05).items() if k != "idle"}
+    fast["idle"] = 1 - sum(fast.values())
     base = windows("stable", n=30, pods=3, seed=63, sd=0.01)
     can = windows("canary", n=30, seed=64, sd=0.01)
-    d = run(with_sglang(base, busy, rate=9.0, seed=3), with_sglang(can, fast, rate=9.0 * fast["run_batch"] / busy["run_batch"],
-                                                                    seed=4), SG_POLICY)
+    sg_base, sg_can = with_sglang(base, lighter, passes=40.0, rate=10.0, seed=3), \
+        with_sglang(can, fast, passes=52.0, rate=10.0, seed=4)
+    d = run(sg_base, sg_can, SG_POLICY)
     assert (d.verdict, d.reason) == ("Promote", "NoRegression"), d.message
     sig = {s.name: s for s in d.signals}
-    assert abs(sig["sglang_stage_time:run_batch"].delta) < 0.01 and sig["sglang_stage_time:run_batch"].verdict == "pass"
-    raw = run(with_sglang(base, busy, seed=3), with_sglang(can, fast, seed=4), SG_POLICY)
-    assert (raw.verdict, raw.reason) == ("Rollback", "StageTimeRegressed"), raw.message
+    assert abs(sig["sglang_stage_time:run_batch"].delta) < 0.02 and sig["sglang_stage_time:run_batch"].verdict == "pass"
+    assert sig["sglang_stage_time:process_input_requests"].delta < -0.05
+    per_request = run(with_sglang(base, lighter, passes=10.0, seed=3), with_sglang(can, fast, passes=10.0, seed=4),
+                      SG_POLICY)  # a pass count that does not move: the shares as they are, at the same traffic
+    assert (per_request.verdict, per_request.reason) == ("Rollback", "StageTimeRegressed"), per_request.message
+    no_passes = run(with_sglang(base, lighter, passes=None, seed=3), with_sglang(can, fast, passes=None, seed=4),
+                    SG_POLICY)
+    assert not any(s.name.startswith("sglang_stage_time") for s in no_passes.signals)
 
 
 def test_sglang_counters_on_one_side_only_are_not_compared_and_the_distance_is_reported():
@@ -904,14 +913,14 @@ def test_sglang_counters_on_one_side_only_are_not_compared_and_the_distance_is_r
     and costs no budget. Where both count, the sidecar/SGLang distance is reported per side."""
     base = windows("stable", n=30, pods=3, seed=65, sd=0.01)
     can = windows("canary", n=30, seed=66, sd=0.01)
-    one_side = run(base, with_sglang(can, SGLANG, rate=5.0), SG_POLICY)
+    one_side = run(base, with_sglang(can, SGLANG, passes=40.0), SG_POLICY)
     assert not any(s.name.startswith("sglang_stage_time") for s in one_side.signals)
-    assert one_side.signals[0].ci_low == run(base, with_sglang(can, SGLANG, rate=5.0), POLICY).signals[0].ci_low
+    assert one_side.signals[0].ci_low == run(base, with_sglang(can, SGLANG, passes=40.0), POLICY).signals[0].ci_low
     assert set(one_side.sglang_disagreement) == {"canary"}
     # The profiler's shares (signals.STAGES, "other" only the sidecar knows) against SGLang's: over the stages
     # both know, renormalised, they are under a point apart; a canary SGLang counts 3 points more input is 3 apart.
-    both = run(with_sglang(base, SGLANG, sd=0.0), with_sglang(can, dict(SGLANG, process_input_requests=0.17,
-                                                                         run_batch=0.55), sd=0.0), SG_POLICY)
+    both = run(with_sglang(base, SGLANG, passes=40.0, sd=0.0),
+               with_sglang(can, dict(SGLANG, process_input_requests=0.17, run_batch=0.55), passes=40.0, sd=0.0), SG_POLICY)
     assert both.sglang_disagreement["baseline"] < 0.01
     assert both.sglang_disagreement["canary"] == pytest.approx(0.03, abs=0.005)
 
@@ -921,6 +930,8 @@ def test_from_sidecar_reads_sglang_s_stage_shares_and_drops_garbage():
     assert w.sglang_stage_shares == {"run_batch": 0.6, "idle": 0.1}
     assert Window.from_sidecar("r", "p", {"sglang_stage_shares": None}).sglang_stage_shares == {}
     assert Window.from_sidecar("r", "p", {"sglang_stage_shares": [1, 2]}).sglang_stage_shares == {}
+    assert Window.from_sidecar("r", "p", {"forward_pass_rate": 41.5}).forward_pass_rate == 41.5
+    assert Window.from_sidecar("r", "p", {"forward_pass_rate": -1}).forward_pass_rate is None
 
 
 def test_from_sidecar_reads_the_front_end_roles_and_drops_garbage():

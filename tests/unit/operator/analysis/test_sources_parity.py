@@ -206,18 +206,23 @@ class Sidecar:
         k = self.k + (0 if first else 1)
         n, ttft, itl, itl_n, tokens = 0, 0.0, 0.0, 0, 0
         stage = dict.fromkeys(SGLANG_STAGES, 0.0)  # SGLang's own stage counters (0.5.20 on), idle included
+        passes = 0  # decode passes (sglang:cuda_graph_passes_total; the prefill ones are k)
         for j in range(k):
             r = random.Random(f"{self.pod}/sglang/{j}")
             dn = r.randint(15, 30)
             n, ttft = n + dn, ttft + dn * r.uniform(0.3, 0.5)
             di = r.randint(2000, 3000)
             itl_n, itl, tokens = itl_n + di, itl + di * r.uniform(0.018, 0.022), tokens + di + dn
+            passes += r.randint(150, 250)
             for st, share in SGLANG_STAGES.items():
                 stage[st] += DURATION * share * r.uniform(0.9, 1.1)
         lab = 'model_name="m"'
         counters = "".join(f'sglang:scheduler_stage_seconds_total{{{lab},category="{st}"}} {v!r}\n'
                            for st, v in stage.items() if st != "idle")
         return (f"# TYPE sglang:scheduler_stage_seconds_total counter\n{counters}"  # as SGLang writes them
+                f"# TYPE sglang:cuda_graph_passes_total counter\n"
+                f'sglang:cuda_graph_passes_total{{{lab},mode="decode_cuda_graph"}} {passes}\n'
+                f'sglang:cuda_graph_passes_total{{{lab},mode="prefill_none"}} {k}\n'
                 f"# TYPE sglang:scheduler_idle_seconds_total counter\n"
                 f"sglang:scheduler_idle_seconds_total{{{lab}}} {stage['idle']!r}\n"
                 f"# TYPE sglang:time_to_first_token_seconds histogram\n"
@@ -387,7 +392,7 @@ def test_both_sources_give_the_same_windows_and_the_same_decision(case, fn, monk
         assert w.self_shares and w.function_shares and w.unexported_self_share_max is not None, w
         assert w.feature_transport_share and w.ipc_handle_reopen_share and w.feature_transport_samples, w
         assert w.request_rate and w.ttft_seconds and w.itl_seconds and w.throughput and w.iterations, w
-        assert set(w.sglang_stage_shares) == set(SGLANG_STAGES), w
+        assert set(w.sglang_stage_shares) == set(SGLANG_STAGES) and w.forward_pass_rate, w
         assert w.samples > 1 and not w.stale and w.loop_mean_seconds and w.loop_p95_seconds, w
         assert set(w.frontend) == {"tokenizer_manager", "mm_processor"}, w
         mm = w.frontend["mm_processor"]
