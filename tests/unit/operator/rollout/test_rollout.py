@@ -501,3 +501,18 @@ def test_fewer_replicas_of_the_stable_revision_is_a_plain_scale_down():
     p = w.step(T0)
     assert p.replicas[rev] == 2 and p.victims == () and p.rollout is None
     assert len(w.serving()) == 2 and all(x.ready for x in w.serving())
+
+
+def test_a_look_records_how_far_the_sidecar_and_sglang_stage_accounting_are_apart():
+    """status.rollout.sglangAgreement: per side, in points, from each look that could measure it; a look that
+    could not (an SGLang that does not count its stages) keeps the last one."""
+    from vlm_operator.analysis.gate import Decision
+    from vlm_operator.api.v1alpha1 import RolloutStatus
+
+    r = RolloutStatus(phase="Analysing")
+    d = Decision("Continue", "StepInProgress", "", sglang_disagreement={"baseline": 0.0123, "canary": 0.031})
+    r = rollout._recorded_look(r, d, "2026-12-06T18:00:00Z", confident=False)
+    assert r.sglang_agreement == {"baseline": 1.23, "canary": 3.1}
+    assert r.model_dump(by_alias=True)["sglangAgreement"] == {"baseline": 1.23, "canary": 3.1}
+    r = rollout._recorded_look(r, Decision("Continue", "StepInProgress", ""), "2026-12-06T18:01:00Z", confident=False)
+    assert r.sglang_agreement == {"baseline": 1.23, "canary": 3.1}
