@@ -64,9 +64,9 @@ lint: venv
 	$(PY) hack/chart-readme.py --check
 	$(PY) hack/gen-docs.py --check
 
-# The unit tier's live py-spy tests alone, the rest of unit and the SGLang wheel compatibility tier on 2 xdist
-# workers (all before the control plane starts), then integration and e2e on pytest-xdist workers sharing one
-# testbed, the py-spy-bound e2e tests two at a time, then the tests that need the testbed to themselves
+# The unit tier's live py-spy tests alone (before the control plane starts), then integration and e2e on
+# pytest-xdist workers sharing one testbed with the rest of unit and the SGLang wheel compatibility tier beside
+# them on 2 xdist workers at nice 19, the py-spy-bound e2e tests two at a time, then the tests that need the testbed to themselves
 # (hack/run-tests.sh; docs/testbed.md, "Test tiers and their budgets").
 # Only the tools the unit tier needs are built in front; the control plane's binaries are built by the unit
 # session in the background (nice 19) while the unit tier runs, the Prometheus Operator after them while the
