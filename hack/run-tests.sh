@@ -5,7 +5,8 @@
 #      tests/unit/bench: py-spy against real processes, timings; one at a time, they need a quiet CPU) starts the
 #      control plane's build in the background (nice 19, paused while they measure) and leaves it running for the
 #      next passes; `unit` (every other unit and compat test: pure code, recorded samples) on 2 xdist workers,
-#      run beside pass 2 at nice 19 when pass 2 runs too (`unit-beside`: pass 2 mostly waits on the testbed).
+#      run beside pass 2 at nice 19 when pass 2 runs too and nothing builds behind the tests any more
+#      (`unit-beside`: pass 2 mostly waits on the testbed); alone before it otherwise (a cold run).
 #   2. integration + e2e on $VLM_TEST_WORKERS pytest-xdist workers (default 3; --dist loadfile: a module's
 #      fixtures stay on one worker; --no-loadscope-reorder: files go out longest first, tests/conftest.py
 #      LONGEST_FIRST, not by how many tests they hold) sharing ONE testbed, each test in its own namespace:
@@ -78,8 +79,18 @@ unit_beside=0
 if [[ ,$TIERS, == *,unit,* ]]; then
   VLM_BUILD_BEHIND=1 tier unit-quiet tests/unit/sidecar tests/unit/bench "$@"
   # With the parallel pass to come, the rest of the unit tier runs beside it (below), at the lowest CPU priority:
-  # the parallel pass's tests mostly wait on the testbed and leave CPU over; pure code takes only that.
-  if [[ ,$TIERS, == *,parallel,* ]]; then unit_beside=1; else tier unit "${UNIT[@]}" "$@"; fi
+  # the parallel pass's tests mostly wait on the testbed and leave CPU over; pure code takes only that. Not while
+  # binaries still build behind the tests (a cold run): the build (also nice 19) and the parallel pass then leave
+  # it too little, and a cold run's image-install test timed out beside them (600 s); it runs alone, now.
+  building=0
+  if [[ -s "$CACHE/build-behind.pgid" ]] && kill -0 -- "-$(cat "$CACHE/build-behind.pgid")" 2>/dev/null; then
+    building=1
+  fi
+  if [[ ,$TIERS, == *,parallel,* ]] && (( ! building )); then
+    unit_beside=1
+  else
+    tier unit "${UNIT[@]}" "$@"
+  fi
 fi
 
 if [[ ,$TIERS, == *,parallel,* || ,$TIERS, == *,heavy,* || ,$TIERS, == *,serial,* ]]; then
