@@ -109,8 +109,7 @@ def instances(
             if loop_ref is None:
                 continue
             keys = set().union(*(u.stage_seconds for u in (*b, *c))) - {NOT_A_REGRESSION_STAGE}
-            order = {s: i for i, s in enumerate(STAGES)}
-            for k in sorted(keys, key=lambda s: (order.get(s, len(order)), s)):
+            for k in _in_loop_order(keys):
                 out.append(
                     Instance(
                         family, f"{family}:{k}",
@@ -153,15 +152,20 @@ def _sglang_stage_instances(b: Sequence[Unit], c: Sequence[Unit], ref: Sequence[
     keys = set().union(*(u.sglang_stage_shares for u in (*b, *c))) - {NOT_A_REGRESSION_STAGE}
     if any(u.sglang_stage_shares and u.forward_pass_rate is None for u in (*b, *c, *ref)):
         return []  # a share of wall time alone is not "worse": without the passes nothing is compared
-    order = {s: i for i, s in enumerate(STAGES)}
     out = []
-    for k in sorted(keys, key=lambda s: (order.get(s, len(order)), s)):
+    for k in _in_loop_order(keys):
         scaled = _at_reference_rate(raw(k), b, c, ref, rate=lambda u: u.forward_pass_rate)
         vb, vc = tuple(scaled(u) for u in b), tuple(scaled(u) for u in c)
         if any(v is not None for v in vb) and any(v is not None for v in vc):
             out.append(Instance("sglang_stage_time", f"sglang_stage_time:{k}", vb, vc, _pods(b), _pods(c),
                                 tuple(scaled(u) for u in ref), _pods(ref), _ends(b), _ends(c)))
     return out
+
+
+def _in_loop_order(stages: set[str]) -> list[str]:
+    """Stage names in the loop's order (STAGES), any others after them by name."""
+    order = {s: i for i, s in enumerate(STAGES)}
+    return sorted(stages, key=lambda s: (order.get(s, len(order)), s))
 
 
 def _busy_at_reference_rate(
