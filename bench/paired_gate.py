@@ -55,7 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from gate_quality import kayenta_classify, kayenta_score, mann_whitney_hl  # bench/, this script's folder
-from vlm_operator.analysis.gate import Before, Calibration, GatePolicy, Layout, Window, decide
+from vlm_operator.analysis.gate import Before, Calibration, GatePolicy, Layout, Window, decide, samples
 from vlm_operator.api import v1alpha1 as api
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,6 +83,13 @@ class World:
     warmup: float = 0.0  # how much slower a new pod runs in its first minute
     spread: float = 0.02  # s: sd of per-pod offsets (log scale)
     heavy: bool = False  # offsets from a t distribution with 3 df (same variance)
+    # Throughput rows (`--worlds throughput`): the traffic each pod gets against its capacity ("" : no throughput
+    # telemetry; "saturated": 1.5x capacity, requests always waiting; "below": 0.7x, never; "mixed": 0.8-1.25x,
+    # drawn per window), the canary's capacity change (a KV-cache shrink: fewer requests fit, the loop no slower)
+    # and how much less traffic the router sends each canary pod than a stable one.
+    load: str = ""
+    capacity: float = 0.0
+    router: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,7 @@ class Result:
     pods: int  # canary pods running when it ended
     minutes: float = 0.0  # from the first step's start to the verdict
     by: str = ""  # what decided the last step: evidence | ceiling | timeout ("" for competitors)
+    reason: str = ""  # the gate's reason for a rollback on evidence (e.g. ThroughputRegressed)
 
 
 def _ar(rng: np.random.Generator, n: int, rho: float, sd: float) -> np.ndarray:
@@ -138,10 +146,25 @@ def simulate(world: World, seed: int, designs: tuple[str, ...]) -> dict[str, Res
         return LOOP * math.exp((world.effect if canary else 0.0) + a[node] + r + host[node, k] + drift[k]
                                + eps[int(canary), node, k] + warm)
 
+    # Throughput (the `load` rows): the pod's capacity follows its speed (the same offsets and noise as its loop
+    # latency) and the canary's capacity change; its traffic is the router's share times the load level, with
+    # 10% of noise per window. Served: the smaller of the two (2% counter noise); requests wait when traffic
+    # exceeds capacity.
+    level = {"saturated": (1.5, 1.5), "below": (0.7, 0.7), "mixed": (0.8, 1.25)}.get(world.load)
+    if level is not None:
+        traffic = np.exp(rng.normal(0, 0.10, (2, n, ticks))) * rng.uniform(*level, (1, 1, ticks))
+        tnoise = rng.normal(0, 0.02, (2, n, ticks))
+
     def win(rev: str, pod: str, k: int, v: float) -> Window:
+        tput = queued = None
+        if level is not None:
+            c, node = rev == "canary", int(pod.rsplit("-", 1)[1])
+            cap = TOKENS_S * LOOP / v * math.exp(-world.capacity if c else 0.0)  # a slower loop serves less too
+            got = TOKENS_S * traffic[int(c), node, k] * (1 - world.router if c else 1.0)
+            tput, queued = min(cap, got) * math.exp(tnoise[int(c), node, k]), 3.0 if got > cap else 0.0
         return Window(revision=rev, pod=pod, id=str(k), end=(k + 1) * WINDOW_S, samples=500,
                       loop_mean_seconds=v, loop_p95_seconds=v * 1.5, stage_shares=STAGES, function_shares=FUNCS,
-                      iterations=400)
+                      iterations=400, throughput=tput, queued_requests=queued)
 
     # canary pod i replaces the stable pod on node i when its step starts (pods start in order 0, 1, 2, ...);
     # the steps start when the design moves on (planned: after each step's analysis time)
@@ -188,7 +211,9 @@ def simulate(world: World, seed: int, designs: tuple[str, ...]) -> dict[str, Res
         return out
     out: dict[str, Result] = {}
     for name in designs:
-        pairs = name == "gate"
+        pairs = name in ("gate", RAW_THROUGHPUT)
+        # The gate as it compared throughput before: over every window, saturated or not.
+        samples.SCALAR_FIELDS["throughput"] = "throughput" if name == RAW_THROUGHPUT else SATURATED
         result = None
         canary_start.clear()
         start = t0
@@ -208,7 +233,7 @@ def simulate(world: World, seed: int, designs: tuple[str, ...]) -> dict[str, Res
                 by = getattr(d, "decided_by", None) or ("timeout" if d.reason == "MaxDurationReached" else "evidence")
                 if d.verdict == "Rollback":
                     kind = "RolledBack" if d.reason != "MaxDurationReached" else "Inconclusive"
-                    result = Result(kind, j, steps[j], mins, by)
+                    result = Result(kind, j, steps[j], mins, by, d.reason)
                     break
                 if d.verdict == "Promote":
                     if j == len(steps) - 1:
@@ -222,10 +247,11 @@ def simulate(world: World, seed: int, designs: tuple[str, ...]) -> dict[str, Res
             if result is not None:
                 break
         out[name] = result
+    samples.SCALAR_FIELDS["throughput"] = SATURATED
     canary_start.clear()
     for j, at in enumerate(planned):
         place(j, at)
-    for name in COMPETITORS:
+    for name in COMPETITORS if not world.load else ():  # they judge loop latency; the rows are about throughput
         out[name] = competitor(name, policy, planned, steps, windows_at, t0)
     return out
 
@@ -264,9 +290,13 @@ def competitor(name: str, policy: GatePolicy, starts: list[float], steps: tuple[
     return Result("Promoted", len(starts) - 1, steps[-1], (starts[-1] + policy.step_durations_s[-1] - t0) / 60)
 
 
+RAW_THROUGHPUT = "gate, raw throughput"
 GATES = ("gate", "gate without layout")
+THROUGHPUT_GATES = ("gate", RAW_THROUGHPUT)
 COMPETITORS = ("Kayenta", "Argo", "Flagger", "OME")
-DESIGNS = (*GATES, *COMPETITORS)
+DESIGNS = (*GATES, RAW_THROUGHPUT, *COMPETITORS)
+TOKENS_S = 1000.0  # a pod's capacity at the fleet's mean speed, generated tokens per second
+SATURATED = samples.SCALAR_FIELDS["throughput"]
 # The gate of an older checkout (PYTHONPATH) took the analysis time of the passed steps; this one needs none.
 OLD_GATE_ARGS: dict = {}
 
@@ -309,11 +339,14 @@ def row(w: World, d: str, got: list[Result]) -> dict[str, str]:
         "step 1": rate([g.verdict != "Promoted" and g.step == 0 for g in got]),
         "by the clock": rate([g.by == "timeout" for g in got]),
         "median min": f"{statistics.median(g.minutes for g in got):.0f}",
+        "on throughput": rate([g.reason == "ThroughputRegressed" for g in got]),
     }
 
 
 def markdown(results: dict[World, list[dict[str, Result]]], trials: int, seconds: float, label: str) -> str:
-    cols = ("rolled back", "on evidence", "promoted", "early", "step 1", "by the clock", "median min")
+    cols: tuple[str, ...] = ("rolled back", "on evidence", "promoted", "early", "step 1", "by the clock", "median min")
+    if any(w.load for w in results):
+        cols += ("on throughput",)
     lines = [
         f"# The gate on node-paired rollouts (bench/paired_gate.py){label}",
         "",
@@ -337,6 +370,9 @@ def markdown(results: dict[World, list[dict[str, Result]]], trials: int, seconds
                 continue
             noise = w.noise + (", surge" if w.surge else "") + (f", warm-up +{w.warmup:.0%}" if w.warmup else "")
             noise += ", heavy tails" if w.heavy else ""
+            if w.load:
+                noise += (f", traffic {w.load}, canary capacity {-w.capacity or 0.0:+.0%}, canary traffic per "
+                          f"pod {-w.router or 0.0:+.0%}")
             nums = row(w, d, got)
             lines.append(f"| {w.replicas} | {w.spread:.0%} | {w.f} | {noise} | {w.effect:+.0%} | {d} | "
                          + " | ".join(nums[c] for c in cols) + " |")
@@ -353,6 +389,11 @@ def worlds_for(which: str) -> list[World]:
         out = [World(8, f, e, "autocorrelated", spread=s) for s, f in grid for e in (-0.05, 0.03, 0.10)]
         out += [World(8, f, e, "autocorrelated", spread=0.08, heavy=True) for f in (0.5, 0.8) for e in (0.0, 0.05)]
         return out
+    if which == "throughput":  # throughput per pod: router imbalance against a capacity change, by load level
+        return [World(8, 0.5, 0.0, "autocorrelated", load=load, capacity=cap, router=router)
+                for load, cap, router in (("below", 0.0, 0.10), ("mixed", 0.0, 0.10), ("saturated", 0.0, 0.10),
+                                          ("mixed", 0.0, 0.0), ("saturated", 0.10, 0.0), ("mixed", 0.10, 0.0),
+                                          ("mixed", 0.10, 0.10), ("below", 0.10, 0.0))]
     if which == "before":  # the pre-change gate's corner of the grid (it runs ~5x slower)
         return [World(8, f, e, "autocorrelated", spread=s) for s in (0.02, 0.08) for f in (0.0, 0.8)
                 for e in (0.0, 0.05, 0.10)]
@@ -370,12 +411,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "paired_gate.md")
-    ap.add_argument("--worlds", choices=("quick", "core", "rest", "before", "classic"), default="core")
-    ap.add_argument("--gates", default=",".join(GATES), help="which of the gate designs to run (comma-separated)")
+    ap.add_argument("--worlds", choices=("quick", "core", "rest", "before", "classic", "throughput"), default="core")
+    ap.add_argument("--gates", default="", help="which of the gate designs to run (comma-separated; default "
+                    f"{','.join(GATES)}, with --worlds throughput {','.join(THROUGHPUT_GATES)})")
     ap.add_argument("--quick", action="store_true", help="--worlds quick")
     ap.add_argument("--label", default="", help="appended to the report's title")
     ap.add_argument("--effects", default="", help="keep only rows of these effects, percent, comma-separated "
-                    "(e.g. 0: the unchanged rows, which claim rates of 1-5% and so need the most rollouts)")
+                    "(e.g. 0: the unchanged rows, which claim rates of 1-5%% and so need the most rollouts)")
     args = ap.parse_args(argv)
     worlds = worlds_for("quick" if args.quick else args.worlds)
     if args.effects:
@@ -384,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         if not worlds:
             ap.error(f"--effects {args.effects}: no row of --worlds {args.worlds} has those effects")
     t = time.time()
-    res = run(worlds, args.trials, args.jobs, args.seed, tuple(g for g in args.gates.split(",") if g))
+    gates = tuple(g for g in args.gates.split(",") if g) or (THROUGHPUT_GATES if args.worlds == "throughput" else GATES)
+    res = run(worlds, args.trials, args.jobs, args.seed, gates)
     text = markdown(res, args.trials, time.time() - t, args.label)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

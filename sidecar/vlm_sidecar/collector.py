@@ -248,6 +248,10 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
         "forward_pass_rate": GaugeMetricFamily("vlm_sglang_window_forward_passes_per_second",
                                                "Forward passes (batches) SGLang's scheduler ran per second "
                                                "(sglang:cuda_graph_passes_total), last window.", labels=names),
+        "queued_requests": GaugeMetricFamily("vlm_sglang_window_queued_requests",
+                                             "Requests waiting in SGLang's queue (sglang:num_queue_reqs), the smaller "
+                                             "of the two readings at the window's edges: above 0, the pod was "
+                                             "saturated, last window.", labels=names),
         "request_rate": GaugeMetricFamily("vlm_sglang_window_requests_per_second",
                                           "Requests that reached their first token per second (SGLang's TTFT "
                                           "histogram count), last window.", labels=names),

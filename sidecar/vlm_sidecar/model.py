@@ -112,6 +112,9 @@ class WindowSummary:
     # SGLang's forward passes per second over the window (sglang:cuda_graph_passes_total, every supported release):
     # the batches its scheduler ran, what the gate scales SGLang's stage shares by. None: not exported.
     forward_pass_rate: float | None = None
+    # The smaller of SGLang's waiting-queue length (sglang:num_queue_reqs) at the window's two edges: above zero,
+    # the pod was saturated and its throughput is its capacity. None: not exported.
+    queued_requests: float | None = None
     # CUDA IPC feature transport (vlm_sidecar.ipc): share of the scheduler thread's time in it, the part
     # of that re-opening IPC handles (both shares of the whole thread), and the samples in it. None: unknown.
     feature_transport_share: float | None = None
@@ -155,6 +158,7 @@ class WindowSummary:
             "throughput": self.throughput,
             "request_rate": self.request_rate,
             "forward_pass_rate": self.forward_pass_rate,
+            "queued_requests": self.queued_requests,
             "feature_transport_share": self.feature_transport_share,
             "ipc_handle_reopen_share": self.ipc_handle_reopen_share,
             "feature_transport_samples": self.feature_transport_samples,

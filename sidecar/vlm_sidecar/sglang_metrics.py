@@ -106,6 +106,10 @@ def parse(text: str, names: dict[str, str] | None = None) -> dict[str, float]:
                     add(f"{key}_sum", s.value)
                 elif s.name.endswith("_count"):
                     add(f"{key}_count", s.value)
+        elif fam.name == n["num_queue_reqs"]:
+            # One gauge per scheduler (TP rank) of the same queue: the largest, not the sum.
+            for s in fam.samples:
+                out["queued"] = max(out.get("queued", 0.0), s.value)
         elif fam.name in (n["generation_tokens"], n["generation_tokens"] + "_total"):
             # prometheus_client names the family without _total when the TYPE line has it, and keeps it
             # (an untyped family) when the TYPE line names the counter without it, as SGLang's does.
@@ -123,7 +127,10 @@ def stages_of(parsed: dict[str, float]) -> dict[str, float] | None:
 
 def request_signals(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
     """The window's mean TTFT and ITL (seconds), generation throughput (tokens/s) and request rate
-    (requests/s: requests that reached their first token, the TTFT histogram's count) from two scrapes.
+    (requests/s: requests that reached their first token, the TTFT histogram's count) from two scrapes, and
+    `queued_requests`: the smaller of the waiting queue's lengths at the two scrapes. Above zero, requests
+    waited at both edges of the window: the pod was saturated, so its throughput was what it can do, not what
+    the router sent it (the gate compares throughput only in such windows).
 
     Only what moved is reported: no request finished its first token in the window -> no ttft (the request
     rate is then 0.0, a real observation: the gate's front-end comparison needs it). A counter that went
@@ -141,6 +148,8 @@ def request_signals(before: dict[str, float], after: dict[str, float], seconds: 
         d = after["forward_passes"] - before["forward_passes"]
         if d >= 0:
             out["forward_pass_rate"] = d / seconds
+    if "queued" in after and "queued" in before:
+        out["queued_requests"] = max(0.0, min(after["queued"], before["queued"]))
     if "generation_tokens" in after and "generation_tokens" in before and seconds > 0:
         d = after["generation_tokens"] - before["generation_tokens"]
         if d >= 0:

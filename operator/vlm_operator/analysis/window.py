@@ -127,6 +127,10 @@ class Window:
     # Forward passes (batches) SGLang's scheduler ran per second in the window (sglang:cuda_graph_passes_total);
     # None: unknown. SGLang's stage shares are compared at the baseline's pass rate (gate.compare).
     forward_pass_rate: float | None = None
+    # Requests waiting in SGLang's queue at both edges of the window (the smaller reading of
+    # sglang:num_queue_reqs); None: unknown. Above zero the pod was saturated: its throughput in the window is
+    # what it can do, not what the router sent it, and only such windows carry `saturated_throughput`.
+    queued_requests: float | None = None
     # The CUDA IPC feature transport (sidecar vlm_sidecar.ipc): share of the scheduler's time in it, the
     # share re-opening IPC handles, and the samples in it. None: unknown (an older sidecar, a bad value).
     feature_transport_share: float | None = None
@@ -146,6 +150,19 @@ class Window:
     # counter, 0.5.20 on, as the sidecar scraped them at the window's start and end): each category's share of the
     # window's wall time, "idle" included. Empty: SGLang exports no such counter (older versions, metrics off).
     sglang_stage_shares: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def saturated_throughput(self) -> float | None:
+        """Generation tokens/s where requests waited in the queue at both edges of the window, else None.
+
+        Below saturation a pod's throughput is the load the router sent it, whatever the revision: compared
+        there, a canary that got less traffic reads as slower and one that got more as faster. Saturated, it is
+        the pod's capacity, which is what a throughput margin is about: fewer requests fitting in the KV cache,
+        slower batches or a slower input path all lower it, and loop latency or ITL alone miss the first.
+        """
+        if self.throughput is None or self.queued_requests is None or self.queued_requests < 1:
+            return None
+        return self.throughput
 
     @classmethod
     def from_sidecar(cls, revision: str, pod: str, d: Any) -> Window:
@@ -184,6 +201,7 @@ class Window:
             throughput=_positive(pick("throughput")),
             request_rate=_nonnegative(pick("request_rate")),
             forward_pass_rate=_nonnegative(pick("forward_pass_rate")),
+            queued_requests=_nonnegative(pick("queued_requests")),
             tp_rank=_count(d.get("tp_rank")),
             iterations=None if _num(iterations) is None else _count(iterations),
             feature_transport_share=_share(d.get("feature_transport_share")),

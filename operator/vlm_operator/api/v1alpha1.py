@@ -626,7 +626,13 @@ class MaxRegression(KubeModel):
     )
     ttft: float = Field(10.0, description="Allowed increase of time to first token, percent.", ge=0, le=100)
     itl: float = Field(10.0, description="Allowed increase of inter-token latency, percent.", ge=0, le=100)
-    throughput: float = Field(5.0, description="Allowed drop of generation throughput, percent.", ge=0, le=100)
+    throughput: float = Field(
+        5.0,
+        description="Allowed drop of generation throughput, percent, compared in windows where the pod was "
+        "saturated (requests waiting in SGLang's queue): its capacity, not its traffic.",
+        ge=0,
+        le=100,
+    )
     stage_time: float = Field(
         5.0,
         description="Allowed growth of one scheduler stage's time per loop iteration, in percent of the baseline's "

@@ -41,7 +41,7 @@ def test_the_quick_run_writes_its_table(bench, tmp_path, capsys):
     text = out.read_text()
     assert text == capsys.readouterr().out.rstrip("\n") + "\n"
     rows = [line for line in text.splitlines() if line.startswith("| 8 | 2% | 0.8 | iid |")]
-    assert len(rows) == 2 * len(bench.DESIGNS)  # A/A and +10%, every design (the competitors among them)
+    assert len(rows) == 2 * (len(bench.GATES) + len(bench.COMPETITORS))  # A/A and +10%, every design run
     assert "| 8 | 2% | 0.8 | iid | +10% | gate | 100.0% |" in text  # a +10% canary is stopped
     assert "| 8 | 2% | 0.8 | iid | +0% | gate | 0.0% |" in text
 
@@ -55,3 +55,18 @@ def test_effects_keep_only_those_rows_and_none_is_refused(bench, tmp_path, capsy
     with pytest.raises(SystemExit):
         bench.main(["--quick", "--effects", "7", "--out", str(out)])
     assert "no row of --worlds" in capsys.readouterr().err
+
+
+def test_throughput_rows_tell_the_router_from_the_pod(bench):
+    # Pods below saturation, each canary pod sent 10% less traffic: the gate leaves throughput out and promotes;
+    # the raw form (every window) reads the router's share as a slower pod and rolls back on it.
+    light = bench.simulate(bench.World(4, 1.0, 0.0, "iid", spread=0.005, load="below", router=0.10), 3,
+                           bench.THROUGHPUT_GATES)
+    assert light["gate"].verdict == "Promoted", light
+    assert (light[bench.RAW_THROUGHPUT].verdict, light[bench.RAW_THROUGHPUT].reason) == (
+        "RolledBack", "ThroughputRegressed"), light
+    assert not set(light) & set(bench.COMPETITORS)  # they judge loop latency only: not run on these rows
+    # Saturated pods, the canary's capacity 15% lower and its loop no slower: rolled back on throughput.
+    small = bench.simulate(bench.World(4, 1.0, 0.0, "iid", spread=0.005, load="saturated", capacity=0.15), 3,
+                           ("gate",))
+    assert (small["gate"].verdict, small["gate"].reason) == ("RolledBack", "ThroughputRegressed"), small

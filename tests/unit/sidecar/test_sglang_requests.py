@@ -58,6 +58,24 @@ def test_forward_passes_are_summed_over_modes_and_read_as_a_rate():
     assert "forward_pass_rate" not in sglang_metrics.request_signals(after, before, 5.0)  # restarted: nothing
 
 
+def test_the_queue_at_both_edges_says_whether_the_pod_was_saturated():
+    """sglang:num_queue_reqs, one gauge per scheduler of the same queue: the largest is read, not the sum; the
+    window's `queued_requests` is the smaller reading of its two edges (above 0: requests waited throughout)."""
+    text = ('# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n'
+            '# TYPE sglang:num_queue_reqs gauge\n'
+            'sglang:num_queue_reqs{{model_name="m",tp_rank="0"}} {}\n'
+            'sglang:num_queue_reqs{{model_name="m",tp_rank="1"}} {}\n')
+    busy, idle = sglang_metrics.parse(text.format(3, 3)), sglang_metrics.parse(text.format(0, 0))
+    assert busy["queued"] == 3
+    assert sglang_metrics.request_signals(busy, sglang_metrics.parse(text.format(5, 5)), 5.0) == {
+        "queued_requests": 3.0}
+    # Drained at either edge: not saturated throughout.
+    assert sglang_metrics.request_signals(busy, idle, 5.0)["queued_requests"] == 0.0
+    assert sglang_metrics.request_signals(idle, busy, 5.0)["queued_requests"] == 0.0
+    # Not exported (or a scrape without it): unknown, not 0.
+    assert "queued_requests" not in sglang_metrics.request_signals(busy, scrape(1, 1.0, 1, 1.0, 1), 5.0)
+
+
 def test_names_are_the_checked_table():
     names = sglang_names.request_metrics("0.5.23")
     assert names["ttft"] == "sglang:time_to_first_token_seconds"
@@ -78,7 +96,7 @@ def test_every_per_window_gauge_is_read_by_the_gates_prometheus_source():
                       loop_p50_seconds=0.02, loop_p95_seconds=0.03, iterations=250, stage_shares={},
                       function_shares={}, self_shares={}, top_function=None, stale=False, error=None,
                       ttft_seconds=0.4, itl_seconds=0.02, throughput=900.0, request_rate=3.5, forward_pass_rate=41.0,
-                      feature_transport_share=0.08, ipc_handle_reopen_share=0.07, feature_transport_samples=400,
+                      queued_requests=2.0, feature_transport_share=0.08, ipc_handle_reopen_share=0.07, feature_transport_samples=400,
                       unexported_self_share_max=0.012)
     store.add_window(w, None, 1000.0)
     fams = {f.name: f for f in build_families(store.snapshot(), {"pod": "p"}, 6.0, 60.0)}

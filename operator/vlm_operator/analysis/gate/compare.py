@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -411,8 +411,13 @@ def pool_pods(inst: Instance, log: bool, policy: GatePolicy, remaining_s: float 
     s2 = ss / df_w * stats.autocorrelation_factor(list(d.values()))
     m = len(means)
     window = sum(s2 * k for k in shrink)
+    # Windows still to come per pod: one per telemetry interval, times the share of the pod's windows that carried
+    # this signal so far (a signal only some windows carry, e.g. throughput only where the pod was saturated,
+    # gains only that share of them: it is widened to what it can resolve, not waited for).
+    units = Counter(inst.canary_pods)
     more = max(0.0, remaining_s) / policy.pair_s
-    window_at_max = sum(s2 * k * len(ds) / (len(ds) + more) for k, ds in zip(shrink, d.values(), strict=True))
+    window_at_max = sum(s2 * k * len(ds) / (len(ds) + more * min(1.0, len(ds) / max(1, units[p])))
+                        for k, (p, ds) in zip(shrink, d.items(), strict=True))
     own = unpaired = shared = 0.0
     for pod in d:
         plan = inst.plans.get(pod)

@@ -128,7 +128,8 @@ SCALAR_FIELDS = {
     "loop_p95": "loop_p95_seconds",
     "ttft": "ttft_seconds",
     "itl": "itl_seconds",
-    "throughput": "throughput",
+    # Throughput only where the pod was saturated (Window.saturated_throughput): its capacity, not its traffic.
+    "throughput": "saturated_throughput",
 }
 
 

@@ -277,14 +277,38 @@ def test_max_duration_applies_on_inconclusive(action, data, verdict):
 
 
 def test_throughput_drop_is_a_regression_and_a_gain_is_not():
+    # Saturated pods (requests waiting at both edges of every window): throughput is their capacity.
     policy = replace(POLICY, max_regression={"throughput": 0.05})
-    base = windows("stable", n=20, pods=2, seed=13, throughput=25.0)
-    worse = windows("canary", n=20, seed=14, throughput=22.0)
-    better = windows("canary", n=20, seed=14, throughput=28.0)
+    base = windows("stable", n=20, pods=2, seed=13, throughput=25.0, queued_requests=3)
+    worse = windows("canary", n=20, seed=14, throughput=22.0, queued_requests=3)
+    better = windows("canary", n=20, seed=14, throughput=28.0, queued_requests=3)
     d = run(base, worse, policy, step=100)
     assert (d.verdict, d.reason) == ("Rollback", "ThroughputRegressed")
     assert d.signals[0].delta == pytest.approx(22 / 25 - 1)
     assert run(base, better, policy, step=100).verdict == "Promote"
+
+
+def test_throughput_is_compared_only_where_the_pod_was_saturated():
+    # Below saturation a pod's throughput is the traffic the router sent it. A canary that got 12% less of it
+    # (an empty queue at the window's edges, or a sidecar that does not say) is not read as 12% slower...
+    policy = replace(POLICY, max_regression={"loop_latency": 0.03, "throughput": 0.05})
+    base = windows("stable", n=20, pods=2, seed=13, throughput=25.0, queued_requests=0)
+    for queued in ({"queued_requests": 0}, {}):
+        light = windows("canary", n=20, seed=14, throughput=22.0, **queued)
+        d = run(base, light, policy, step=100)
+        tput = next(s for s in d.signals if s.name == "throughput")
+        assert d.verdict == "Promote" and (tput.verdict, tput.n_canary) == ("insufficient", 0), (queued, d)
+    # ... while the same pods' saturated windows are compared and a lower capacity is found among them; their
+    # unsaturated windows (half of each pod's, with any throughput) are left out of it.
+    mixed_base = [replace(w, queued_requests=float(i % 2 * 4), throughput=25.0 if i % 2 else 5.0)
+                  for i, w in enumerate(windows("stable", n=40, pods=2, seed=13))]
+    mixed_canary = [replace(w, queued_requests=float(i % 2 * 4), throughput=22.0 if i % 2 else 40.0)
+                    for i, w in enumerate(windows("canary", n=40, seed=14))]
+    d = run(mixed_base, mixed_canary, policy, step=100)
+    tput = next(s for s in d.signals if s.name == "throughput")
+    assert (d.verdict, d.reason) == ("Rollback", "ThroughputRegressed"), d
+    assert tput.delta == pytest.approx(22 / 25 - 1)
+    assert tput.n_canary == 20
 
 
 def test_request_signals_missing_everywhere_do_not_block_promotion():

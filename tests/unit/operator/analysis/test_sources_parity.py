@@ -217,6 +217,9 @@ class Sidecar:
             for st, share in SGLANG_STAGES.items():
                 stage[st] += DURATION * share * r.uniform(0.9, 1.1)
         lab = 'model_name="m"'
+        # The waiting queue at this scrape, one gauge per scheduler (TP rank): about half the windows start
+        # and end with requests waiting (saturated: their throughput is compared), the others do not.
+        queued = random.Random(f"{self.pod}/queue/{k}").choice([0, 0, 2, 5])
         counters = "".join(f'sglang:scheduler_stage_seconds_total{{{lab},category="{st}"}} {v!r}\n'
                            for st, v in stage.items() if st != "idle")
         return (f"# TYPE sglang:scheduler_stage_seconds_total counter\n{counters}"  # as SGLang writes them
@@ -233,6 +236,9 @@ class Sidecar:
                 f"sglang:inter_token_latency_seconds_bucket{{{lab},le=\"+Inf\"}} {itl_n}\n"
                 f"sglang:inter_token_latency_seconds_sum{{{lab}}} {itl!r}\n"
                 f"sglang:inter_token_latency_seconds_count{{{lab}}} {itl_n}\n"
+                f"# TYPE sglang:num_queue_reqs gauge\n"
+                f'sglang:num_queue_reqs{{{lab},tp_rank="0"}} {queued}\n'
+                f'sglang:num_queue_reqs{{{lab},tp_rank="1"}} {queued}\n'
                 f"# TYPE sglang:generation_tokens counter\n"
                 f"sglang:generation_tokens_total{{{lab}}} {tokens}\n")
 
@@ -393,11 +399,14 @@ def test_both_sources_give_the_same_windows_and_the_same_decision(case, fn, monk
         assert w.feature_transport_share and w.ipc_handle_reopen_share and w.feature_transport_samples, w
         assert w.request_rate and w.ttft_seconds and w.itl_seconds and w.throughput and w.iterations, w
         assert set(w.sglang_stage_shares) == set(SGLANG_STAGES) and w.forward_pass_rate, w
+        assert w.queued_requests is not None, w
         assert w.samples > 1 and not w.stale and w.loop_mean_seconds and w.loop_p95_seconds, w
         assert set(w.frontend) == {"tokenizer_manager", "mm_processor"}, w
         mm = w.frontend["mm_processor"]
         assert mm.self_shares and mm.unexported_self_share_max and mm.unexported_self_share_max > 0, mm
     assert {w.tp_rank for w in from_side} == {0, 1}
+    saturated = sum(1 for w in from_side if w.saturated_throughput is not None)
+    assert 0 < saturated < len(from_side), saturated  # throughput compared in some windows, not in all
     # Every series the source asked for was the sidecar's own (a renamed gauge shows up as an empty answer).
     asked = {QUERY.fullmatch(q)["name"] for q in prom.queries}
     scraped = {labels["__name__"] for _, scrapes in prom.targets.values() for labels, _ in scrapes[-1]}
