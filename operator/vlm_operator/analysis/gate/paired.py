@@ -9,9 +9,11 @@ restart). With a per-pod effect variance s^2 split into a node-bound share f and
   not: (1 - f) s^2 (1 + 1/k) with k stable pods on the node.
 - Replace: the canary took the stable pod's GPU, so the stable pod is gone. Its windows from before the rollout
   (the pre-period, kept in status) stand in for it, and the change of the untouched stable pods over the same
-  time corrects for what moved the whole fleet (load, temperature): a difference in differences. Left over:
-  2 (1 - f) s^2 of restarts, plus how much one pod drifts against the fleet between the two periods, which
-  the untouched pods measure on themselves (placebo differences).
+  time corrects for what moved the whole fleet (load, temperature): a difference in differences, the
+  pre-period weighted as a regression covariate (`pre_period_coefficient`: f s^2 + s^2/k over that plus
+  (1 - f) s^2, 1 only where the node holds all the spread). Left over: (1 - f) s^2 of the new pod's restart, the
+  part of the old pod's restart and of the node the weight lets through, and how much one pod drifts against
+  the fleet between the two periods, which the untouched pods measure on themselves (placebo differences).
 - Unpaired: compared with the mean of all stable pods at the same time: s^2 (its own pod) plus s^2 / N (the
   stable pods' mean), the last term shared by every unpaired canary pod.
 
@@ -219,10 +221,31 @@ class PodPlan:
     offset: float
     tau2: float
     shared_var: float = 0.0  # Unpaired: the stable mean's own variance, s^2 / N, common to every such pod
+    coefficient: float = 1.0  # Replace: the weight on the pre-period difference (pre_period_coefficient)
 
     @property
     def total(self) -> float:
         return self.tau2 + self.shared_var
+
+
+def pre_period_coefficient(v: Variances, controls: int, drift: float) -> tuple[float, float]:
+    """(theta, variance): the regression weight on a Replace pod's pre-period difference, and the pod-level
+    variance left in its comparison (CUPED's coefficient, here from the variance components, not fitted on the
+    differences, so it never depends on the canary's effect).
+
+    The difference a Replace pod's windows carry, against `controls` untouched stable pods, is
+    (1 - theta) (a - C) + r_new - theta r_old + (its drift against the controls'), with a the node's offset
+    (variance f s^2), C the controls' mean offset (s^2 / k), r the restarts ((1 - f) s^2 each) and the drift
+    `drift` whatever theta is. Its variance (1 - theta)^2 A + (1 + theta^2) R + drift, with A = f s^2 + s^2 / k and
+    R = (1 - f) s^2, is smallest at theta = A / (A + R): R + drift + A R / (A + R). theta = 1 (the plain
+    difference in differences, 2 R + drift) is best only where the node holds everything (f = 1); at f = 0.5 and
+    seven controls theta 0.56 leaves 0.78 s^2 + drift instead of s^2 + drift (bench/paired_gate.py).
+    """
+    node = max(0.0, v.pod - v.restart)
+    a = node + v.pod / max(1, controls)
+    r = max(0.0, v.restart)
+    theta = a / (a + r) if a + r > 0 else 1.0
+    return theta, (1 - theta) ** 2 * a + (1 + theta * theta) * r + drift
 
 
 def plan_pods(
@@ -252,8 +275,12 @@ def plan_pods(
         if did and old in layout.before:
             controls = frozenset(b for b in base if b in layout.before and b != old)
             if controls:
-                offset = layout.before[old].mean_log - sum(layout.before[b].mean_log for b in controls) / len(controls)
-                drift = v.pod if placebo is None else placebo
-                options.append(PodPlan("Replace", controls, offset, 2 * v.restart + drift * (1 + 1 / len(controls))))
+                pre = layout.before[old].mean_log - sum(layout.before[b].mean_log for b in controls) / len(controls)
+                drift = (v.pod if placebo is None else placebo) * (1 + 1 / len(controls))
+                theta, tau2 = pre_period_coefficient(v, len(controls), drift)
+                # A same-node pair also cancels the node's noise in time, which these pod-level variances do not
+                # count: it stays preferred wherever it is no worse than the plain difference in differences.
+                if not (same and options[1].total <= 2 * v.restart + drift):
+                    options.append(PodPlan("Replace", controls, theta * pre, tau2, coefficient=theta))
         out[pod] = min(options, key=lambda p: p.total)
     return out

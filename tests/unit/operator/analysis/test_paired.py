@@ -8,7 +8,7 @@ import pytest
 
 from vlm_operator.analysis import stats
 from vlm_operator.analysis.gate import Before, Calibration, GatePolicy, Layout, Window, decide
-from vlm_operator.analysis.gate.paired import Evidence, Variances, plan_pods, pooled
+from vlm_operator.analysis.gate.paired import Evidence, Variances, plan_pods, pooled, pre_period_coefficient
 
 T0 = 1_000_000.0
 STAGES = {"run_batch": 0.6, "process_input_requests": 0.2, "idle": 0.05, "other": 0.15}
@@ -53,7 +53,9 @@ def test_a_node_offset_that_fools_the_unpaired_comparison_cancels_in_the_differe
     base, can, layout = fleet([0.06, 0.0, -0.02, -0.01], replaced=0, effect=0.0, seed=1)
     unpaired, paired_ = look(base, can), look(base, can, layout)
     assert unpaired.signals[0].delta > 0.05 and unpaired.verdict != "Promote"
-    assert paired_.pairing == ("Replace",) and abs(paired_.signals[0].delta) < 0.01
+    # The pre-period is weighted as a regression covariate (paired.pre_period_coefficient): at the calibration's
+    # f = 0.8 and three controls its weight is 0.85, so 15% of the node's 6% (about 0.9 points) stays in.
+    assert paired_.pairing == ("Replace",) and abs(paired_.signals[0].delta) < 0.015
     assert paired_.verdict == "Promote", paired_.message
     # A +10% canary on the fleet's fastest node reads only +8% unpaired; paired it reads +10% and is rolled back.
     base, can, layout = fleet([0.0, -0.03, 0.02, 0.01], replaced=1, effect=0.10, seed=2)
@@ -106,6 +108,27 @@ def test_the_kind_is_chosen_on_variances_only_and_a_same_node_pair_needs_a_known
     no_neighbour = Layout({"c": "n1", "s2": "n2"}, layout.replaced, layout.before)
     plan = plan_pods(["c"], ["s2"], no_neighbour, known, placebo=0.00001, did=True)["c"]
     assert plan.kind == "Replace" and plan.refs == frozenset({"s2"})
+
+
+def test_the_pre_period_weight_is_the_regression_coefficient_and_never_worse_than_either_extreme():
+    s2 = 0.0004
+    for f in (0.0, 0.2, 0.5, 0.8, 1.0):
+        v = Variances(pod=s2, restart=(1 - f) * s2, pod_df=30, restart_df=30)
+        theta, tau2 = pre_period_coefficient(v, 7, drift=0.00001)
+        assert theta == pytest.approx((f * s2 + s2 / 7) / (f * s2 + s2 / 7 + (1 - f) * s2))
+        plain = 2 * (1 - f) * s2 + 0.00001  # theta = 1: the difference in differences
+        none = s2 * (1 + 1 / 7) + 0.00001  # theta = 0: against the controls' mean
+        assert tau2 <= min(plain, none) + 1e-15, (f, tau2, plain, none)
+    # At f = 0.5 the weight 0.56 cuts the pod-level variance by a fifth against the plain difference.
+    half = pre_period_coefficient(Variances(pod=s2, restart=0.5 * s2, pod_df=30, restart_df=30), 7, drift=0.0)
+    assert half[0] == pytest.approx(0.5625) and half[1] == pytest.approx(0.78125 * s2)
+    # Simulated pods: the weighted difference's variance is what the formula says, and smaller than theta = 1's.
+    rng = np.random.default_rng(11)
+    node, r_old, r_new = (rng.normal(0, math.sqrt(0.5 * s2), 200_000) for _ in range(3))
+    ctrl = rng.normal(0, math.sqrt(s2 / 7), 200_000)
+    pre, now = node + r_old - ctrl, node + r_new - ctrl
+    assert np.var(now - half[0] * pre) == pytest.approx(half[1], rel=0.02)
+    assert np.var(now - pre) == pytest.approx(2 * 0.5 * s2, rel=0.02)
 
 
 def test_the_autocorrelation_factor_restores_the_coverage_of_a_mean():
