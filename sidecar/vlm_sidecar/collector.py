@@ -252,6 +252,10 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
                                              "Requests waiting in SGLang's queue (sglang:num_queue_reqs), the smaller "
                                              "of the two readings at the window's edges: above 0, the pod was "
                                              "saturated, last window.", labels=names),
+        "prompt_tokens_per_request": GaugeMetricFamily(
+            "vlm_sglang_window_prompt_tokens_per_request",
+            "Prompt tokens per request of the requests that finished (SGLang's prompt token and request counters), "
+            "last window.", labels=names),
         "request_rate": GaugeMetricFamily("vlm_sglang_window_requests_per_second",
                                           "Requests that reached their first token per second (SGLang's TTFT "
                                           "histogram count), last window.", labels=names),

@@ -115,6 +115,9 @@ class WindowSummary:
     # The smaller of SGLang's waiting-queue length (sglang:num_queue_reqs) at the window's two edges: above zero,
     # the pod was saturated and its throughput is its capacity. None: not exported.
     queued_requests: float | None = None
+    # Prompt tokens per request of the requests that finished in the window (sglang:prompt_tokens_total over
+    # sglang:num_requests_total): the request mix, the gate's covariate. None: none finished, or not exported.
+    prompt_tokens_per_request: float | None = None
     # CUDA IPC feature transport (vlm_sidecar.ipc): share of the scheduler thread's time in it, the part
     # of that re-opening IPC handles (both shares of the whole thread), and the samples in it. None: unknown.
     feature_transport_share: float | None = None
@@ -159,6 +162,7 @@ class WindowSummary:
             "request_rate": self.request_rate,
             "forward_pass_rate": self.forward_pass_rate,
             "queued_requests": self.queued_requests,
+            "prompt_tokens_per_request": self.prompt_tokens_per_request,
             "feature_transport_share": self.feature_transport_share,
             "ipc_handle_reopen_share": self.ipc_handle_reopen_share,
             "feature_transport_samples": self.feature_transport_samples,

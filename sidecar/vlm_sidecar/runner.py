@@ -143,7 +143,8 @@ class Runner:
                 summary = replace(summary, ttft_seconds=req.get("ttft_seconds"), itl_seconds=req.get("itl_seconds"),
                                   throughput=req.get("throughput"), request_rate=req.get("request_rate"),
                                   forward_pass_rate=req.get("forward_pass_rate"),
-                                  queued_requests=req.get("queued_requests"))
+                                  queued_requests=req.get("queued_requests"),
+                                  prompt_tokens_per_request=req.get("prompt_tokens_per_request"))
         self.store.add_window(summary, stacks, rate, agreement)
         if result != "ok":
             event("Profiling window failed" if result == "error" else "Profiling window partial",

@@ -73,8 +73,9 @@ _REQUEST_NAMES = sglang_names.request_metrics(None)
 def parse(text: str, names: dict[str, str] | None = None) -> dict[str, float]:
     """One scrape of SGLang's /metrics, reduced to what the sidecar uses: stage counters (as
     `stage_seconds`, keys "stage:<category>" and "stage:idle") and request counters ("ttft_sum",
-    "ttft_count", "itl_sum", "itl_count", "generation_tokens"), each summed over its other labels.
-    Names default to the newest row of sglang_names (they have not changed between releases).
+    "ttft_count", "itl_sum", "itl_count", "generation_tokens", and the finished requests' "prompt_tokens" and
+    "finished_requests"), each summed over its other labels, and the waiting queue ("queued": SGLang's
+    num_queue_reqs gauge, the largest over its schedulers, which share one queue). Names default to the newest row of sglang_names (they have not changed between releases).
     """
     n = names or _REQUEST_NAMES
     try:
@@ -110,6 +111,12 @@ def parse(text: str, names: dict[str, str] | None = None) -> dict[str, float]:
             # One gauge per scheduler (TP rank) of the same queue: the largest, not the sum.
             for s in fam.samples:
                 out["queued"] = max(out.get("queued", 0.0), s.value)
+        elif fam.name in (n["prompt_tokens"], n["prompt_tokens"] + "_total", n["num_requests"],
+                          n["num_requests"] + "_total"):
+            key = "prompt_tokens" if fam.name.startswith(n["prompt_tokens"]) else "finished_requests"
+            for s in fam.samples:
+                if s.name.endswith("_total"):
+                    add(key, s.value)
         elif fam.name in (n["generation_tokens"], n["generation_tokens"] + "_total"):
             # prometheus_client names the family without _total when the TYPE line has it, and keeps it
             # (an untyped family) when the TYPE line names the counter without it, as SGLang's does.
@@ -130,7 +137,9 @@ def request_signals(before: dict[str, float], after: dict[str, float], seconds: 
     (requests/s: requests that reached their first token, the TTFT histogram's count) from two scrapes, and
     `queued_requests`: the smaller of the waiting queue's lengths at the two scrapes. Above zero, requests
     waited at both edges of the window: the pod was saturated, so its throughput was what it can do, not what
-    the router sent it (the gate compares throughput only in such windows).
+    the router sent it (the gate compares throughput only in such windows). `prompt_tokens_per_request`: the
+    prompt tokens of the requests that finished in the window, per request (the request mix: the gate's
+    covariate), where any finished.
 
     Only what moved is reported: no request finished its first token in the window -> no ttft (the request
     rate is then 0.0, a real observation: the gate's front-end comparison needs it). A counter that went
@@ -148,6 +157,12 @@ def request_signals(before: dict[str, float], after: dict[str, float], seconds: 
         d = after["forward_passes"] - before["forward_passes"]
         if d >= 0:
             out["forward_pass_rate"] = d / seconds
+    if "finished_requests" in after and "finished_requests" in before and "prompt_tokens" in after \
+            and "prompt_tokens" in before:
+        dn = after["finished_requests"] - before["finished_requests"]
+        dp = after["prompt_tokens"] - before["prompt_tokens"]
+        if dn > 0 and dp >= 0:
+            out["prompt_tokens_per_request"] = dp / dn
     if "queued" in after and "queued" in before:
         out["queued_requests"] = max(0.0, min(after["queued"], before["queued"]))
     if "generation_tokens" in after and "generation_tokens" in before and seconds > 0:

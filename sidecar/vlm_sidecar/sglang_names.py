@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import re
 
-# Keys: ttft, itl, e2e (histograms, seconds); generation_tokens, prompt_tokens (counters, tokens);
+# Keys: ttft, itl, e2e (histograms, seconds); generation_tokens, prompt_tokens (counters, tokens), num_requests
+# (counter, finished requests);
 # gen_throughput (gauge, token/s, per scheduler); num_running_reqs, num_queue_reqs (gauges).
 _V0_5 = {
     "ttft": "sglang:time_to_first_token_seconds",
@@ -25,6 +26,9 @@ _V0_5 = {
     "e2e": "sglang:e2e_request_latency_seconds",
     "generation_tokens": "sglang:generation_tokens",
     "prompt_tokens": "sglang:prompt_tokens",
+    # Requests finished; SGLang adds a finished request's prompt tokens to prompt_tokens in the same call, so the
+    # two counters' deltas give a window's prompt tokens per request (image tokens included).
+    "num_requests": "sglang:num_requests",
     "gen_throughput": "sglang:gen_throughput",
     "num_running_reqs": "sglang:num_running_reqs",
     "num_queue_reqs": "sglang:num_queue_reqs",

@@ -101,12 +101,13 @@ METRIC_KINDS = {
     "e2e": "Histogram",
     "generation_tokens": "Counter",
     "prompt_tokens": "Counter",
+    "num_requests": "Counter",
     "gen_throughput": "Gauge",
     "num_running_reqs": "Gauge",
     "num_queue_reqs": "Gauge",
 }
 GATE_NEEDS = ("ttft", "itl", "generation_tokens")  # what a gate needs for TTFT / ITL / throughput
-_STREAMING = {"ttft", "e2e", "generation_tokens", "prompt_tokens"}
+_STREAMING = {"ttft", "e2e", "generation_tokens", "prompt_tokens", "num_requests"}
 # Labels a metric adds to its collector's base labels, per version.
 EXTRA_LABELS: dict[str, dict[str, frozenset[str]]] = {
     v: {

@@ -131,6 +131,9 @@ class Window:
     # sglang:num_queue_reqs); None: unknown. Above zero the pod was saturated: its throughput in the window is
     # what it can do, not what the router sent it, and only such windows carry `saturated_throughput`.
     queued_requests: float | None = None
+    # Prompt tokens per request of the requests that finished in the window (SGLang's counters): the request mix,
+    # which the router sets and the revision does not; the gate's covariate (gate.covariates). None: unknown.
+    prompt_tokens_per_request: float | None = None
     # The CUDA IPC feature transport (sidecar vlm_sidecar.ipc): share of the scheduler's time in it, the
     # share re-opening IPC handles, and the samples in it. None: unknown (an older sidecar, a bad value).
     feature_transport_share: float | None = None
@@ -202,6 +205,7 @@ class Window:
             request_rate=_nonnegative(pick("request_rate")),
             forward_pass_rate=_nonnegative(pick("forward_pass_rate")),
             queued_requests=_nonnegative(pick("queued_requests")),
+            prompt_tokens_per_request=_positive(pick("prompt_tokens_per_request")),
             tp_rank=_count(d.get("tp_rank")),
             iterations=None if _num(iterations) is None else _count(iterations),
             feature_transport_share=_share(d.get("feature_transport_share")),

@@ -953,6 +953,9 @@ class SignalStatus(KubeModel):
     expand_bound: float | None = Field(None, description="The expand test's bound on the worse side.")
     information: float | None = Field(
         None, description="This look's information over the boundary's target (1: where the bounds are tightest).")
+    covariate_cut: float | None = Field(
+        None, description="The share of the stable pods' window variance the request mix (prompt tokens per "
+        "request) explained, where the signal was adjusted for it; absent: compared as measured.")
 
 
 class StepDecision(KubeModel):

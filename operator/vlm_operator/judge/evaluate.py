@@ -362,7 +362,7 @@ def response(req: JudgeRequest, d: gate.Decision, windows: Sequence[Window], pod
              "delta": _num(s.delta), "ciLow": _num(s.ci_low), "ciHigh": _num(s.ci_high),
              "pValue": _num(s.p_value), "margin": _num(s.margin), "promoteMargin": _num(s.promote_margin),
              "ceiling": _num(s.ceiling), "expandBound": _num(s.expand_bound), "information": _num(s.information),
-             "nBaseline": s.n_baseline, "nCanary": s.n_canary}
+             "nBaseline": s.n_baseline, "nCanary": s.n_canary, "covariateCut": _num(s.covariate_cut)}
             for s in d.signals
         ],
         "flamegraphDiff": flamegraph(req.namespace, canary, pods) if d.verdict == "Rollback" else None,

@@ -89,6 +89,7 @@ def _signals(d: Decision) -> list[SignalStatus]:
             p_value=s.p_value, verdict=s.verdict, margin=s.margin, promote_margin=s.promote_margin,
             ceiling=s.ceiling, expand_bound=s.expand_bound,
             information=round(s.information, 3) if s.information is not None else None,
+            covariate_cut=round(s.covariate_cut, 3) if s.covariate_cut is not None else None,
         )
         for s in d.signals
     ]

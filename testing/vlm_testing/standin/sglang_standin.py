@@ -65,9 +65,13 @@ RING_SIZE = 1 << 16  # 30+ minutes of a 30 ms loop, ~1 minute of an idle one
 RING_FIELDS = 2 + N_STAGES + 2
 RING_MARGIN = 4096  # rows next to the write position that a reader skips
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, math.inf)
-# Request stats (rank 0 only): ttft buckets+sum+count, itl buckets+sum+count, tokens, running, queued, done.
+# Request stats (rank 0 only): ttft buckets+sum+count, itl buckets+sum+count, tokens, running, queued, done, and
+# the finished requests' prompt tokens.
 NB = len(LATENCY_BUCKETS)
-STATS_SLOTS = 2 * (NB + 2) + 4
+STATS_SLOTS = 2 * (NB + 2) + 5
+# A request's prompt tokens: its text and each image's placeholder tokens (SGLang counts image tokens as prompt
+# tokens), so the request mix the gate adjusts for follows the images that make the stand-in's prefills longer.
+TEXT_TOKENS, TOKENS_PER_IMAGE = 32, 256
 DEFAULT_VERSION = "0.5.20"
 _TRUE = {"true", "1", "yes", "y"}
 _FALSE = {"false", "0", "no", "n"}
@@ -959,6 +963,7 @@ class Scheduler:
             n -= 1
         now = time.perf_counter()
         done = set()
+        prompt = 0
         for req in batch.reqs:
             if req.generated >= req.output_tokens:
                 continue  # overlap loop: finished with the previous result, still in the launched batch
@@ -970,6 +975,7 @@ class Scheduler:
             req.last_token = now
             if req.generated >= req.output_tokens:
                 done.add(req.rid)
+                prompt += TEXT_TOKENS + TOKENS_PER_IMAGE * req.n_images
         if done:
             self.batch = [r for r in self.batch if r.rid not in done]
         if self.detok_fd is not None:
@@ -982,6 +988,7 @@ class Scheduler:
             s[off + 1] = len(self.batch)
             s[off + 2] = len(self.waiting)
             s[off + 3] += len(done)
+            s[off + 4] += prompt
 
     def launch_batch_sample_if_needed(self, batch_result) -> None:
         if batch_result is None:
@@ -1311,6 +1318,7 @@ def render_metrics(cfg: StandinConfig, snap: list[float], stats: list[float], th
         ("sglang:num_queue_reqs", "gauge", stats[off + 2], "The number of requests in the waiting queue."),
         ("sglang:generation_tokens_total", "counter", stats[off], "Number of generation tokens processed."),
         ("sglang:num_requests_total", "counter", stats[off + 3], "Number of requests finished."),
+        ("sglang:prompt_tokens_total", "counter", stats[off + 4], "Number of prefill tokens processed."),
     ):
         lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{{{lab}}} {val}"]
     if cfg.stage_metrics:

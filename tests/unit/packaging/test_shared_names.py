@@ -146,7 +146,7 @@ def _entry() -> dict:
         function_shares={"process_input_requests": 0.31, "hash_feature": 0.12},
         self_shares={"process_input_requests": 0.05, "hash_feature": 0.11}, top_function="hash_feature",
         stale=True, error=None, sglang_stage_shares={"run_batch": 0.5}, ttft_seconds=0.18, itl_seconds=0.012,
-        throughput=950.0, request_rate=22.5, forward_pass_rate=41.0, queued_requests=3.0,
+        throughput=950.0, request_rate=22.5, forward_pass_rate=41.0, queued_requests=3.0, prompt_tokens_per_request=640.0,
         feature_transport_share=0.07,
         ipc_handle_reopen_share=0.02,
         feature_transport_samples=350, unexported_self_share_max=0.03,

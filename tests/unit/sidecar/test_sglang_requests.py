@@ -76,6 +76,23 @@ def test_the_queue_at_both_edges_says_whether_the_pod_was_saturated():
     assert "queued_requests" not in sglang_metrics.request_signals(busy, scrape(1, 1.0, 1, 1.0, 1), 5.0)
 
 
+def test_prompt_tokens_per_finished_request_is_the_request_mix():
+    """sglang:prompt_tokens_total and sglang:num_requests_total grow in the same call when a request finishes
+    (summed over is_streaming): their deltas give the window's prompt tokens per request."""
+    text = ('# TYPE sglang:prompt_tokens counter\n'
+            'sglang:prompt_tokens_total{{model_name="m",is_streaming="true"}} {}\n'
+            'sglang:prompt_tokens_total{{model_name="m",is_streaming="false"}} {}\n'
+            '# TYPE sglang:num_requests counter\n'
+            'sglang:num_requests_total{{model_name="m",is_streaming="true"}} {}\n'
+            'sglang:num_requests_total{{model_name="m",is_streaming="false"}} 1\n')
+    before = sglang_metrics.parse(text.format(9000, 1000, 11))
+    after = sglang_metrics.parse(text.format(12000, 1000, 15))
+    assert (before["prompt_tokens"], before["finished_requests"]) == (10000, 12)
+    assert sglang_metrics.request_signals(before, after, 5.0)["prompt_tokens_per_request"] == pytest.approx(750.0)
+    # Nothing finished in the window: unknown, not 0.
+    assert "prompt_tokens_per_request" not in sglang_metrics.request_signals(after, after, 5.0)
+
+
 def test_names_are_the_checked_table():
     names = sglang_names.request_metrics("0.5.23")
     assert names["ttft"] == "sglang:time_to_first_token_seconds"
@@ -96,7 +113,7 @@ def test_every_per_window_gauge_is_read_by_the_gates_prometheus_source():
                       loop_p50_seconds=0.02, loop_p95_seconds=0.03, iterations=250, stage_shares={},
                       function_shares={}, self_shares={}, top_function=None, stale=False, error=None,
                       ttft_seconds=0.4, itl_seconds=0.02, throughput=900.0, request_rate=3.5, forward_pass_rate=41.0,
-                      queued_requests=2.0, feature_transport_share=0.08, ipc_handle_reopen_share=0.07, feature_transport_samples=400,
+                      queued_requests=2.0, prompt_tokens_per_request=850.0, feature_transport_share=0.08, ipc_handle_reopen_share=0.07, feature_transport_samples=400,
                       unexported_self_share_max=0.012)
     store.add_window(w, None, 1000.0)
     fams = {f.name: f for f in build_families(store.snapshot(), {"pod": "p"}, 6.0, 60.0)}

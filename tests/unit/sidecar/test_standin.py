@@ -230,7 +230,7 @@ def test_served_metrics_and_accounting(standin):
     import time
     import urllib.request
 
-    s = standin("--standin-version", "0.5.20", "--standin-request-rate", "30")
+    s = standin("--standin-version", "0.5.20", "--standin-request-rate", "30", "--standin-output-tokens", "8")
     time.sleep(1.0)
     text = urllib.request.urlopen(f"http://127.0.0.1:{s.port}/metrics").read().decode()
     for name in ("sglang:time_to_first_token_seconds_bucket", "sglang:inter_token_latency_seconds_sum",
@@ -238,6 +238,12 @@ def test_served_metrics_and_accounting(standin):
         assert name in text, name
     stages = sglang_metrics.stage_seconds(text)
     assert stages["run_batch"] > 0 and "idle" in stages
+    # The request mix the gate adjusts for: prompt tokens of finished requests (text plus each image's tokens).
+    deadline = time.time() + 20
+    while (parsed := sglang_metrics.parse(text))["finished_requests"] == 0 and time.time() < deadline:
+        time.sleep(0.5)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{s.port}/metrics").read().decode()
+    assert parsed["finished_requests"] > 0 and parsed["prompt_tokens"] >= 32 * parsed["finished_requests"], parsed
     acc = s.get("/standin/accounting")["ranks"][0]
     assert acc["iterations"] > 5 and sum(acc["stage_shares"].values()) == pytest.approx(1.0, abs=1e-6)
     assert acc["source"] == "iterations" and acc["loop_p50_seconds"] <= acc["loop_p95_seconds"]

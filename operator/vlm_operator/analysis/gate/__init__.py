@@ -5,6 +5,7 @@ A small public face over rooms by concern:
 - `samples`: one revision's windows made into analysis units (TP ranks merged, idle and stale left out);
 - `paired`: what each canary pod is compared with (a stable pod on its node now, its node's pod before, or the
   stable mean) and the pod-level variances from the fleet (empirical Bayes over history, prior and look);
+- `covariates`: the request mix as a regression covariate of the request-driven signals (fitted on the baseline);
 - `compare`: the statistics of one look (time-paired differences per canary pod, their dependence in time,
   the pod-level variance);
 - `attribution`: the stage and function that grew most;

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from vlm_operator.analysis import stats
-from vlm_operator.analysis.gate import paired, sequential
+from vlm_operator.analysis.gate import covariates, paired, sequential
 from vlm_operator.analysis.gate.paired import PodPlan
 from vlm_operator.analysis.gate.policy import NOT_A_REGRESSION_STAGE, SIGNALS, GatePolicy, SignalVerdict
 from vlm_operator.analysis.gate.samples import SCALAR_FIELDS, Unit
@@ -37,6 +37,8 @@ class Instance:
     plans: Mapping[str, PodPlan] = field(default_factory=dict)
     # Degrees of freedom behind the pod-level variance (the t quantile combines them with the windows').
     df_cap: float = math.inf
+    # The request mix's regression adjustment applied to the values (gate.covariates); None: compared as measured.
+    covariate: covariates.Adjustment | None = None
 
     def by_pod(self, log: bool, pair_s: float) -> dict[str, list[float]]:
         """Per canary pod, in time order, one difference per window: its value minus the mean of its reference
@@ -98,10 +100,16 @@ def instances(
     out: list[Instance] = []
     for family in policy.max_regression:
         if family in SCALAR_FIELDS:
+            adj = covariates.fit(family, b, c) if family in covariates.FAMILIES else None
+
+            def value(u: Unit, family: str = family, adj: covariates.Adjustment | None = adj) -> float | None:
+                return u.values[family] if adj is None else adj.apply(u.values[family], u)
+
             out.append(
                 Instance(
-                    family, family, tuple(u.values[family] for u in b), tuple(u.values[family] for u in c),
-                    _pods(b), _pods(c), tuple(u.values[family] for u in ref), _pods(ref), _ends(b), _ends(c),
+                    family, family, tuple(value(u) for u in b), tuple(value(u) for u in c),
+                    _pods(b), _pods(c), tuple(value(u) for u in ref), _pods(ref), _ends(b), _ends(c),
+                    covariate=adj,
                 )
             )
         elif family == "stage_time":
@@ -497,6 +505,7 @@ def _judge_signal(
         pods=pooled.pods,
         default_ceiling=natural(default_t) if capped else None,
         harmless_expand_rate=sequential.expand_rate(ceiling_t, 0.0, one_se, last_pods) if capped else None,
+        covariate_cut=inst.covariate.variance_cut if inst.covariate else None,
     )
 
 

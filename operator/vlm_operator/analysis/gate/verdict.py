@@ -44,6 +44,9 @@ class SignalResult:
     # how often a harmless canary on one pod passes the expand test at one look under the fixed ceiling.
     default_ceiling: float | None = None
     harmless_expand_rate: float | None = None
+    # The share of the baseline's window variance the request mix explained, where the signal was adjusted for it
+    # (gate.covariates); None: compared as measured.
+    covariate_cut: float | None = None
 
 
 @dataclass(frozen=True)

@@ -220,6 +220,7 @@ class Sidecar:
         # The waiting queue at this scrape, one gauge per scheduler (TP rank): about half the windows start
         # and end with requests waiting (saturated: their throughput is compared), the others do not.
         queued = random.Random(f"{self.pod}/queue/{k}").choice([0, 0, 2, 5])
+        prompt = sum(random.Random(f"{self.pod}/prompt/{j}").randint(300, 2000) for j in range(k))
         counters = "".join(f'sglang:scheduler_stage_seconds_total{{{lab},category="{st}"}} {v!r}\n'
                            for st, v in stage.items() if st != "idle")
         return (f"# TYPE sglang:scheduler_stage_seconds_total counter\n{counters}"  # as SGLang writes them
@@ -236,6 +237,10 @@ class Sidecar:
                 f"sglang:inter_token_latency_seconds_bucket{{{lab},le=\"+Inf\"}} {itl_n}\n"
                 f"sglang:inter_token_latency_seconds_sum{{{lab}}} {itl!r}\n"
                 f"sglang:inter_token_latency_seconds_count{{{lab}}} {itl_n}\n"
+                f"# TYPE sglang:prompt_tokens counter\n"
+                f"sglang:prompt_tokens_total{{{lab}}} {prompt}\n"
+                f"# TYPE sglang:num_requests counter\n"
+                f"sglang:num_requests_total{{{lab}}} {k}\n"
                 f"# TYPE sglang:num_queue_reqs gauge\n"
                 f'sglang:num_queue_reqs{{{lab},tp_rank="0"}} {queued}\n'
                 f'sglang:num_queue_reqs{{{lab},tp_rank="1"}} {queued}\n'
@@ -399,7 +404,7 @@ def test_both_sources_give_the_same_windows_and_the_same_decision(case, fn, monk
         assert w.feature_transport_share and w.ipc_handle_reopen_share and w.feature_transport_samples, w
         assert w.request_rate and w.ttft_seconds and w.itl_seconds and w.throughput and w.iterations, w
         assert set(w.sglang_stage_shares) == set(SGLANG_STAGES) and w.forward_pass_rate, w
-        assert w.queued_requests is not None, w
+        assert w.queued_requests is not None and w.prompt_tokens_per_request, w
         assert w.samples > 1 and not w.stale and w.loop_mean_seconds and w.loop_p95_seconds, w
         assert set(w.frontend) == {"tokenizer_manager", "mm_processor"}, w
         mm = w.frontend["mm_processor"]
