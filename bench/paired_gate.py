@@ -55,7 +55,16 @@ from pathlib import Path
 import numpy as np
 
 from gate_quality import kayenta_classify, kayenta_score, mann_whitney_hl  # bench/, this script's folder
-from vlm_operator.analysis.gate import Before, Calibration, GatePolicy, Layout, Window, decide, samples
+from vlm_operator.analysis.gate import (
+    Before,
+    Calibration,
+    GatePolicy,
+    Layout,
+    Window,
+    covariates,
+    decide,
+    samples,
+)
 from vlm_operator.api import v1alpha1 as api
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,6 +99,9 @@ class World:
     load: str = ""
     capacity: float = 0.0
     router: float = 0.0
+    # Covariate rows (`--worlds covariates`): the sd of each pod's request mix per window (log prompt tokens per
+    # request; AR(1) 0.6 per pod, as mixes come in bursts), which moves loop latency by MIX_SLOPE per unit.
+    mix: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,7 @@ class Result:
     minutes: float = 0.0  # from the first step's start to the verdict
     by: str = ""  # what decided the last step: evidence | ceiling | timeout ("" for competitors)
     reason: str = ""  # the gate's reason for a rollback on evidence (e.g. ThroughputRegressed)
+    cut: float | None = None  # the last look's loop-latency variance cut by the request mix (gate.covariates)
 
 
 def _ar(rng: np.random.Generator, n: int, rho: float, sd: float) -> np.ndarray:
@@ -137,14 +150,17 @@ def simulate(world: World, seed: int, designs: tuple[str, ...]) -> dict[str, Res
     stable_r = offsets(restart_sd, n)
     canary_r = offsets(restart_sd, n)
     eps = rng.normal(0, 0.02, (2, n, ticks))
+    mixes = np.stack([np.stack([_ar(rng, ticks, 0.6, world.mix) for _ in range(n)]) for _ in range(2)]) \
+        if world.mix else None
     t0 = PRE_S  # the first step starts here (pre-period before it)
 
     def value(node: int, canary: bool, k: int) -> float:
         r = canary_r[node] if canary else stable_r[node]
         cs = canary_start.get(node)
         warm = world.warmup if canary and cs is not None and (k + 1) * WINDOW_S <= cs + 60 + WINDOW_S else 0.0
+        mix = MIX_SLOPE * mixes[int(canary), node, k] if mixes is not None else 0.0
         return LOOP * math.exp((world.effect if canary else 0.0) + a[node] + r + host[node, k] + drift[k]
-                               + eps[int(canary), node, k] + warm)
+                               + eps[int(canary), node, k] + warm + mix)
 
     # Throughput (the `load` rows): the pod's capacity follows its speed (the same offsets and noise as its loop
     # latency) and the canary's capacity change; its traffic is the router's share times the load level, with
@@ -162,9 +178,12 @@ def simulate(world: World, seed: int, designs: tuple[str, ...]) -> dict[str, Res
             cap = TOKENS_S * LOOP / v * math.exp(-world.capacity if c else 0.0)  # a slower loop serves less too
             got = TOKENS_S * traffic[int(c), node, k] * (1 - world.router if c else 1.0)
             tput, queued = min(cap, got) * math.exp(tnoise[int(c), node, k]), 3.0 if got > cap else 0.0
+        prompt = None
+        if mixes is not None:
+            prompt = 800.0 * math.exp(mixes[int(rev == "canary"), int(pod.rsplit("-", 1)[1]), k])
         return Window(revision=rev, pod=pod, id=str(k), end=(k + 1) * WINDOW_S, samples=500,
                       loop_mean_seconds=v, loop_p95_seconds=v * 1.5, stage_shares=STAGES, function_shares=FUNCS,
-                      iterations=400, throughput=tput, queued_requests=queued)
+                      iterations=400, throughput=tput, queued_requests=queued, prompt_tokens_per_request=prompt)
 
     # canary pod i replaces the stable pod on node i when its step starts (pods start in order 0, 1, 2, ...);
     # the steps start when the design moves on (planned: after each step's analysis time)
@@ -214,6 +233,8 @@ def simulate(world: World, seed: int, designs: tuple[str, ...]) -> dict[str, Res
         pairs = name in ("gate", RAW_THROUGHPUT)
         # The gate as it compared throughput before: over every window, saturated or not.
         samples.SCALAR_FIELDS["throughput"] = "throughput" if name == RAW_THROUGHPUT else SATURATED
+        # The gate without the request mix as a covariate.
+        covariates.fit = _no_covariate if name == NO_COVARIATES else FIT
         result = None
         canary_start.clear()
         start = t0
@@ -233,11 +254,11 @@ def simulate(world: World, seed: int, designs: tuple[str, ...]) -> dict[str, Res
                 by = getattr(d, "decided_by", None) or ("timeout" if d.reason == "MaxDurationReached" else "evidence")
                 if d.verdict == "Rollback":
                     kind = "RolledBack" if d.reason != "MaxDurationReached" else "Inconclusive"
-                    result = Result(kind, j, steps[j], mins, by, d.reason)
+                    result = Result(kind, j, steps[j], mins, by, d.reason, _cut(d))
                     break
                 if d.verdict == "Promote":
                     if j == len(steps) - 1:
-                        result = Result("Promoted", j, steps[j], mins, by)
+                        result = Result("Promoted", j, steps[j], mins, by, cut=_cut(d))
                     start = now
                     break
                 if d.verdict == "Pause":
@@ -248,6 +269,7 @@ def simulate(world: World, seed: int, designs: tuple[str, ...]) -> dict[str, Res
                 break
         out[name] = result
     samples.SCALAR_FIELDS["throughput"] = SATURATED
+    covariates.fit = FIT
     canary_start.clear()
     for j, at in enumerate(planned):
         place(j, at)
@@ -291,10 +313,24 @@ def competitor(name: str, policy: GatePolicy, starts: list[float], steps: tuple[
 
 
 RAW_THROUGHPUT = "gate, raw throughput"
+NO_COVARIATES = "gate without covariates"
+COVARIATE_GATES = ("gate", NO_COVARIATES)
+MIX_SLOPE = 0.3  # loop latency ~ (prompt tokens per request) ^ 0.3
+FIT = covariates.fit
+
+
+def _no_covariate(*_a, **_k) -> None:
+    return None
+
+
+def _cut(d) -> float | None:
+    return next((s.covariate_cut for s in d.signals if s.name == "loop_latency"), None)
+
+
 GATES = ("gate", "gate without layout")
 THROUGHPUT_GATES = ("gate", RAW_THROUGHPUT)
 COMPETITORS = ("Kayenta", "Argo", "Flagger", "OME")
-DESIGNS = (*GATES, RAW_THROUGHPUT, *COMPETITORS)
+DESIGNS = (*GATES, RAW_THROUGHPUT, NO_COVARIATES, *COMPETITORS)
 TOKENS_S = 1000.0  # a pod's capacity at the fleet's mean speed, generated tokens per second
 SATURATED = samples.SCALAR_FIELDS["throughput"]
 # The gate of an older checkout (PYTHONPATH) took the analysis time of the passed steps; this one needs none.
@@ -340,13 +376,25 @@ def row(w: World, d: str, got: list[Result]) -> dict[str, str]:
         "by the clock": rate([g.by == "timeout" for g in got]),
         "median min": f"{statistics.median(g.minutes for g in got):.0f}",
         "on throughput": rate([g.reason == "ThroughputRegressed" for g in got]),
+        "variance cut": _median_cut(got),
     }
+
+
+def _median_cut(got: list[Result]) -> str:
+    """The median over rollouts of the last look's cut (a rollout where the covariate was left out counts as 0);
+    "-" for a design that never uses it."""
+    if all(g.cut is None for g in got):
+        return "-"
+    cuts = sorted(g.cut if g.cut is not None else 0.0 for g in got)
+    return f"{cuts[len(cuts) // 2]:.0%}"
 
 
 def markdown(results: dict[World, list[dict[str, Result]]], trials: int, seconds: float, label: str) -> str:
     cols: tuple[str, ...] = ("rolled back", "on evidence", "promoted", "early", "step 1", "by the clock", "median min")
     if any(w.load for w in results):
         cols += ("on throughput",)
+    if any(w.mix for w in results):
+        cols += ("variance cut",)
     lines = [
         f"# The gate on node-paired rollouts (bench/paired_gate.py){label}",
         "",
@@ -370,6 +418,8 @@ def markdown(results: dict[World, list[dict[str, Result]]], trials: int, seconds
                 continue
             noise = w.noise + (", surge" if w.surge else "") + (f", warm-up +{w.warmup:.0%}" if w.warmup else "")
             noise += ", heavy tails" if w.heavy else ""
+            if w.mix:
+                noise += f", request mix sd {w.mix:.0%} per window"
             if w.load:
                 noise += (f", traffic {w.load}, canary capacity {-w.capacity or 0.0:+.0%}, canary traffic per "
                           f"pod {-w.router or 0.0:+.0%}")
@@ -394,6 +444,8 @@ def worlds_for(which: str) -> list[World]:
                 for load, cap, router in (("below", 0.0, 0.10), ("mixed", 0.0, 0.10), ("saturated", 0.0, 0.10),
                                           ("mixed", 0.0, 0.0), ("saturated", 0.10, 0.0), ("mixed", 0.10, 0.0),
                                           ("mixed", 0.10, 0.10), ("below", 0.10, 0.0))]
+    if which == "covariates":  # the request mix as a covariate: with and without, A/A and +5%, f 0.5 and 0.8
+        return [World(8, f, e, "autocorrelated", mix=0.1) for f in (0.5, 0.8) for e in (0.0, 0.05)]
     if which == "before":  # the pre-change gate's corner of the grid (it runs ~5x slower)
         return [World(8, f, e, "autocorrelated", spread=s) for s in (0.02, 0.08) for f in (0.0, 0.8)
                 for e in (0.0, 0.05, 0.10)]
@@ -411,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "paired_gate.md")
-    ap.add_argument("--worlds", choices=("quick", "core", "rest", "before", "classic", "throughput"), default="core")
+    ap.add_argument("--worlds", choices=("quick", "core", "rest", "before", "classic", "throughput", "covariates"), default="core")
     ap.add_argument("--gates", default="", help="which of the gate designs to run (comma-separated; default "
                     f"{','.join(GATES)}, with --worlds throughput {','.join(THROUGHPUT_GATES)})")
     ap.add_argument("--quick", action="store_true", help="--worlds quick")
@@ -426,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
         if not worlds:
             ap.error(f"--effects {args.effects}: no row of --worlds {args.worlds} has those effects")
     t = time.time()
-    gates = tuple(g for g in args.gates.split(",") if g) or (THROUGHPUT_GATES if args.worlds == "throughput" else GATES)
+    gates = tuple(g for g in args.gates.split(",") if g) or {"throughput": THROUGHPUT_GATES,
+                                                            "covariates": COVARIATE_GATES}.get(args.worlds, GATES)
     res = run(worlds, args.trials, args.jobs, args.seed, gates)
     text = markdown(res, args.trials, time.time() - t, args.label)
     args.out.parent.mkdir(parents=True, exist_ok=True)

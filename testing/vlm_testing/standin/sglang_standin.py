@@ -457,6 +457,9 @@ class StandinConfig:
     stage_metrics: bool
     cost_model: str = "wall"
     arrivals: str = "poisson"  # poisson | fixed (the overhead benchmark wants no arrival noise)
+    # Images per request constant (0), or redrawn every this many seconds from 0..2x images_per_request (the same
+    # draw on every TP rank): a request mix that comes in bursts, which bench/request_mix.py adjusts for.
+    mix_period: float = 0.0
     prefill_ms: float = 45.0  # run_batch of a prefill batch with images; 0: no prefill batches (old model)
     prefill_per_req_ms: float = 8.0  # per extra request in a prefill batch
     text_prefill_ms: float = 0.0  # run_batch of a prefill batch without images (0: the decode cost)
@@ -520,6 +523,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--standin-arrivals", choices=("poisson", "fixed"), default="poisson",
       help="inter-arrival times: exponential (default) or constant 1/rate")
     a("--standin-images-per-request", type=int, default=2)
+    a("--standin-mix-period", type=float, default=0.0,
+      help="seconds between redraws of the images per request (0..2x the mean; 0: constant)")
     a("--standin-features-per-image", type=int, default=4)
     a("--standin-output-tokens", type=int, default=64)
     a("--standin-max-running", type=int, default=256)
@@ -609,6 +614,7 @@ def build_config(argv: list[str], environ: dict[str, str]) -> StandinConfig:
         feature_costs_ms={"cached": ns.standin_cached_feature_ms, "uncached": ns.standin_uncached_feature_ms,
                           "cpu": ns.standin_cpu_feature_ms},
         idle_ms=ns.standin_idle_ms, jitter=ns.standin_jitter, feature_bytes=ns.standin_feature_bytes,
+        mix_period=max(0.0, ns.standin_mix_period),
         seed=ns.standin_seed, restart=ns.standin_restart, stage_metrics=stage, cost_model=ns.standin_cost_model,
         prefill_ms=ns.standin_prefill_ms, prefill_per_req_ms=ns.standin_prefill_per_req_ms,
         text_prefill_ms=ns.standin_text_prefill_ms, sample_ms=ns.standin_sample_ms, ingest_ms=ns.standin_ingest_ms,
@@ -836,6 +842,9 @@ class Scheduler:
         reqs = []
         while self.next_arrival <= now:
             imgs = self.cfg.images_per_request
+            if self.cfg.mix_period > 0:  # the draw depends on the arrival's time only: the same on every rank
+                block = int(self.next_arrival / self.cfg.mix_period)
+                imgs = random.Random(f"{self.cfg.seed}/mix/{block}").randint(0, 2 * imgs)
             reqs.append(Req(self.next_rid, self.next_arrival, imgs * self.cfg.features_per_image,
                             self.cfg.output_tokens, imgs))
             self.next_rid += 1
