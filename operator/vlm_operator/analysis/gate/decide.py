@@ -238,7 +238,10 @@ def _judge(
 
 
 def _optional_absent(s: SignalResult) -> bool:
-    return not SIGNALS[family_of(s.name)].required and s.n_baseline == 0 and s.n_canary == 0
+    """An optional signal (request metrics, SGLang's stage counters, the front end) with no estimate yet: too few
+    paired windows on either side, or none at all (throughput where neither revision's pods were saturated in
+    the same windows). It is reported and holds nothing; with an estimate it is held to its bounds."""
+    return not SIGNALS[family_of(s.name)].required and s.delta is None
 
 
 def _at_max_duration(

@@ -34,8 +34,9 @@ class SignalSpec:
     higher_is_worse: bool
     reason: str
     label: str
-    # Request signals only exist when SGLang metrics are scraped: absent on both sides they are
-    # reported but do not hold back a promotion; the profiler signals always must be there.
+    # Request signals only exist when SGLang metrics are scraped (throughput only where pods were saturated): with
+    # no estimate yet (too few paired windows) they are reported but do not hold back a promotion; with one they
+    # are held to their bounds. The profiler signals always must be there.
     required: bool = True
 
 

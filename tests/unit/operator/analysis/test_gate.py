@@ -298,6 +298,14 @@ def test_throughput_is_compared_only_where_the_pod_was_saturated():
         d = run(base, light, policy, step=100)
         tput = next(s for s in d.signals if s.name == "throughput")
         assert d.verdict == "Promote" and (tput.verdict, tput.n_canary) == ("insufficient", 0), (queued, d)
+    # One canary window saturated, too few for an estimate: reported, and it holds nothing (an e2e canary waited
+    # its maxDuration on "throughput n/a over 1 canary / 10 baseline windows" before this rule).
+    few = [replace(w, queued_requests=2.0 if i == 0 else 0.0) for i, w in enumerate(
+        windows("canary", n=20, seed=14, throughput=22.0))]
+    some = [replace(w, queued_requests=2.0 if i % 4 == 0 else 0.0) for i, w in enumerate(base)]
+    d = run(some, few, policy, step=100)
+    tput = next(s for s in d.signals if s.name == "throughput")
+    assert d.verdict == "Promote" and (tput.verdict, tput.n_canary, tput.delta) == ("insufficient", 1, None), d
     # ... while the same pods' saturated windows are compared and a lower capacity is found among them; their
     # unsaturated windows (half of each pod's, with any throughput) are left out of it.
     mixed_base = [replace(w, queued_requests=float(i % 2 * 4), throughput=25.0 if i % 2 else 5.0)
