@@ -470,13 +470,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--label", default="", help="appended to the report's title")
     ap.add_argument("--effects", default="", help="keep only rows of these effects, percent, comma-separated "
                     "(e.g. 0: the unchanged rows, which claim rates of 1-5%% and so need the most rollouts)")
+    ap.add_argument("--spreads", default="", help="keep only rows of these pod spreads, percent (e.g. 2)")
+    ap.add_argument("--fs", default="", help="keep only rows of these node shares f (e.g. 0.5,0.8,1)")
     args = ap.parse_args(argv)
     worlds = worlds_for("quick" if args.quick else args.worlds)
+    if args.spreads:
+        worlds = [w for w in worlds if round(w.spread * 100, 6) in {round(float(x), 6) for x in args.spreads.split(",")}]
+    if args.fs:
+        worlds = [w for w in worlds if round(w.f, 6) in {round(float(x), 6) for x in args.fs.split(",")}]
     if args.effects:
         keep = {round(float(e) / 100, 6) for e in args.effects.split(",")}
         worlds = [w for w in worlds if round(w.effect, 6) in keep]
-        if not worlds:
-            ap.error(f"--effects {args.effects}: no row of --worlds {args.worlds} has those effects")
+    if not worlds:
+        ap.error(f"--effects/--spreads/--fs: no row of --worlds {args.worlds} has those")
     t = time.time()
     gates = tuple(g for g in args.gates.split(",") if g) or {"throughput": THROUGHPUT_GATES,
                                                             "covariates": COVARIATE_GATES}.get(args.worlds, GATES)

@@ -55,6 +55,10 @@ def test_effects_keep_only_those_rows_and_none_is_refused(bench, tmp_path, capsy
     with pytest.raises(SystemExit):
         bench.main(["--quick", "--effects", "7", "--out", str(out)])
     assert "no row of --worlds" in capsys.readouterr().err
+    assert bench.main(["--worlds", "core", "--spreads", "2", "--fs", "0.8", "--effects", "0", "--gates", "gate",
+                       "--trials", "1", "--jobs", "1", "--out", str(out)]) == 0
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| 8 |")]
+    assert rows and all(r.startswith("| 8 | 2% | 0.8 | autocorrelated | +0% |") for r in rows), rows
 
 
 def test_throughput_rows_tell_the_router_from_the_pod(bench):
