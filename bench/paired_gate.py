@@ -65,6 +65,7 @@ from vlm_operator.analysis.gate import (
     decide,
     samples,
 )
+from vlm_operator.analysis.gate.paired import HISTORY_DF_CAP
 from vlm_operator.api import v1alpha1 as api
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,6 +103,9 @@ class World:
     # Covariate rows (`--worlds covariates`): the sd of each pod's request mix per window (log prompt tokens per
     # request; AR(1) 0.6 per pod, as mixes come in bursts), which moves loop latency by MIX_SLOPE per unit.
     mix: float = 0.0
+    # `history` rows: a service's later rollout, its finished rollouts having measured the pod spread and the node's
+    # share (status.calibration at the cap of HISTORY_DF_CAP degrees of freedom each, the true values).
+    history: bool = False
 
 
 @dataclass(frozen=True)
@@ -228,6 +232,10 @@ def simulate(world: World, seed: int, designs: tuple[str, ...]) -> dict[str, Res
             if cs is not None:
                 out[f"canary-{i}"] = nodes[i]
         return out
+    calibration = Calibration()
+    if world.history:
+        df = HISTORY_DF_CAP
+        calibration = Calibration(S * S * df, df, (1 - world.f) * S * S * df, df)
     out: dict[str, Result] = {}
     for name in designs:
         pairs = name in ("gate", RAW_THROUGHPUT)
@@ -249,7 +257,7 @@ def simulate(world: World, seed: int, designs: tuple[str, ...]) -> dict[str, Res
                 layout = Layout(running(now, j), replaced, before, ready) if pairs else Layout(started=ready)
                 d = decide(base, can, policy, started_at=start, now=now, step_duration_s=analysis,
                            data_started_at=start, step=j, evidence_since=t0, layout=layout,
-                           calibration=Calibration(), **OLD_GATE_ARGS)
+                           calibration=calibration, **OLD_GATE_ARGS)
                 mins = (now - t0) / 60
                 by = getattr(d, "decided_by", None) or ("timeout" if d.reason == "MaxDurationReached" else "evidence")
                 if d.verdict == "Rollback":
@@ -418,6 +426,8 @@ def markdown(results: dict[World, list[dict[str, Result]]], trials: int, seconds
                 continue
             noise = w.noise + (", surge" if w.surge else "") + (f", warm-up +{w.warmup:.0%}" if w.warmup else "")
             noise += ", heavy tails" if w.heavy else ""
+            if w.history:
+                noise += ", a later rollout (spread and f known from history)"
             if w.mix:
                 noise += f", request mix sd {w.mix:.0%} per window"
             if w.load:
@@ -444,6 +454,8 @@ def worlds_for(which: str) -> list[World]:
                 for load, cap, router in (("below", 0.0, 0.10), ("mixed", 0.0, 0.10), ("saturated", 0.0, 0.10),
                                           ("mixed", 0.0, 0.0), ("saturated", 0.10, 0.0), ("mixed", 0.10, 0.0),
                                           ("mixed", 0.10, 0.10), ("below", 0.10, 0.0))]
+    if which == "history":  # a later rollout: what the first rollout's targets need, known from history
+        return [World(8, f, e, "autocorrelated", history=True) for f in (0.5, 0.8) for e in (0.0, 0.05)]
     if which == "covariates":  # the request mix as a covariate: with and without, A/A and +5%, f 0.5 and 0.8
         return [World(8, f, e, "autocorrelated", mix=0.1) for f in (0.5, 0.8) for e in (0.0, 0.05)]
     if which == "before":  # the pre-change gate's corner of the grid (it runs ~5x slower)
@@ -463,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "paired_gate.md")
-    ap.add_argument("--worlds", choices=("quick", "core", "rest", "before", "classic", "throughput", "covariates"), default="core")
+    ap.add_argument("--worlds", choices=("quick", "core", "rest", "before", "classic", "throughput", "covariates", "history"), default="core")
     ap.add_argument("--gates", default="", help="which of the gate designs to run (comma-separated; default "
                     f"{','.join(GATES)}, with --worlds throughput {','.join(THROUGHPUT_GATES)})")
     ap.add_argument("--quick", action="store_true", help="--worlds quick")

@@ -74,3 +74,21 @@ def test_throughput_rows_tell_the_router_from_the_pod(bench):
     small = bench.simulate(bench.World(4, 1.0, 0.0, "iid", spread=0.005, load="saturated", capacity=0.15), 3,
                            ("gate",))
     assert (small["gate"].verdict, small["gate"].reason) == ("RolledBack", "ThroughputRegressed"), small
+
+
+def test_history_rows_give_the_gate_what_finished_rollouts_measured(bench, monkeypatch):
+    seen = []
+    real = bench.decide
+
+    def spy(*a, **k):
+        seen.append(k["calibration"])
+        return real(*a, **k)
+
+    monkeypatch.setattr(bench, "decide", spy)
+    bench.simulate(bench.World(4, 0.5, 0.0, "iid", history=True), 3, ("gate",))
+    cal = seen[0]
+    assert (cal.pod_df, cal.restart_df) == (bench.HISTORY_DF_CAP, bench.HISTORY_DF_CAP)
+    assert cal.pod_ss / cal.pod_df == pytest.approx(0.02**2) and cal.node_bound_share == pytest.approx(0.5)
+    seen.clear()
+    bench.simulate(bench.World(4, 0.5, 0.0, "iid"), 3, ("gate",))
+    assert seen[0].pod_df == 0  # a first rollout: nothing known
