@@ -66,6 +66,7 @@ from vlm_operator.analysis.gate import (
     samples,
 )
 from vlm_operator.analysis.gate.paired import HISTORY_DF_CAP
+from vlm_operator.analysis.tdist import t_ppf
 from vlm_operator.api import v1alpha1 as api
 
 REPO = Path(__file__).resolve().parent.parent
@@ -238,6 +239,8 @@ def simulate(world: World, seed: int, designs: tuple[str, ...]) -> dict[str, Res
         calibration = Calibration(S * S * df, df, (1 - world.f) * S * S * df, df)
     out: dict[str, Result] = {}
     for name in designs:
+        if name == COVERAGE:
+            continue
         pairs = name in ("gate", RAW_THROUGHPUT)
         # The gate as it compared throughput before: over every window, saturated or not.
         samples.SCALAR_FIELDS["throughput"] = "throughput" if name == RAW_THROUGHPUT else SATURATED
@@ -281,6 +284,22 @@ def simulate(world: World, seed: int, designs: tuple[str, ...]) -> dict[str, Res
     canary_start.clear()
     for j, at in enumerate(planned):
         place(j, at)
+    if COVERAGE in designs:  # the estimate's interval at the end of each planned step, every step run
+        for j, start in enumerate(planned):
+            now = start + policy.step_durations_s[j]
+            base, can = windows_at(now, j)
+            ready = {f"canary-{i}": canary_start[i] + WINDOW_S for i in range(steps[j])}
+            d = decide(base, can, policy, started_at=start, now=now, step_duration_s=policy.step_durations_s[j],
+                       data_started_at=start, step=j, evidence_since=t0,
+                       layout=Layout(running(now, j), replaced, before, ready), calibration=calibration)
+            s = next(x for x in d.signals if x.name == "loop_latency")
+            if s.se is None or s.delta is None:
+                out[f"{COVERAGE} {j}"] = Result("Missed", j, steps[j])
+                continue
+            half = float(t_ppf(0.975, max(1.0, min(s.df or 1e6, 1e6)))) * s.se
+            out[f"{COVERAGE} {j}"] = Result("Covered" if abs(math.log1p(s.delta) - world.effect) <= half else "Missed",
+                                            j, steps[j])
+        return out
     for name in COMPETITORS if not world.load else ():  # they judge loop latency; the rows are about throughput
         out[name] = competitor(name, policy, planned, steps, windows_at, t0)
     return out
@@ -321,6 +340,7 @@ def competitor(name: str, policy: GatePolicy, starts: list[float], steps: tuple[
 
 
 RAW_THROUGHPUT = "gate, raw throughput"
+COVERAGE = "coverage"  # --worlds coverage: the gate's 95% interval for loop latency at the end of each step
 NO_COVARIATES = "gate without covariates"
 COVARIATE_GATES = ("gate", NO_COVARIATES)
 MIX_SLOPE = 0.3  # loop latency ~ (prompt tokens per request) ^ 0.3
@@ -397,6 +417,25 @@ def _median_cut(got: list[Result]) -> str:
     return f"{cuts[len(cuts) // 2]:.0%}"
 
 
+def coverage_markdown(results: dict[World, list[dict[str, Result]]], trials: int, seconds: float) -> str:
+    lines = [
+        "# The gate's interval for loop latency: coverage (bench/paired_gate.py --worlds coverage)",
+        "",
+        f"{trials} rollouts per row, every step run its planned 5 minutes; at each step's end, the gate's pooled "
+        "estimate (pods as pods, the pod spread in its variance, the windows' dependence widened for) +- t_0.975 "
+        f"standard errors against the true effect. Shipped defaults, a first rollout. Ran in {seconds:.0f} s.",
+        "",
+        "| spread | f | noise | effect | canary pods | covered (nominal 95%) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for w, rs in results.items():
+        for key in sorted({k for r in rs for k in r if k.startswith(COVERAGE)}):
+            got = [r[key] for r in rs if key in r]
+            lines.append(f"| {w.spread:.0%} | {w.f} | {w.noise} | {w.effect:+.0%} | {got[0].pods} | "
+                         f"{rate([g.verdict == 'Covered' for g in got])} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(results: dict[World, list[dict[str, Result]]], trials: int, seconds: float, label: str) -> str:
     cols: tuple[str, ...] = ("rolled back", "on evidence", "promoted", "early", "step 1", "by the clock", "median min")
     if any(w.load for w in results):
@@ -454,6 +493,8 @@ def worlds_for(which: str) -> list[World]:
                 for load, cap, router in (("below", 0.0, 0.10), ("mixed", 0.0, 0.10), ("saturated", 0.0, 0.10),
                                           ("mixed", 0.0, 0.0), ("saturated", 0.10, 0.0), ("mixed", 0.10, 0.0),
                                           ("mixed", 0.10, 0.10), ("below", 0.10, 0.0))]
+    if which == "coverage":  # the interval under autocorrelated noise, at each step's end
+        return [World(8, f, e, "autocorrelated", spread=s) for s in (0.02, 0.08) for f in (0.0, 0.8) for e in (0.0, 0.05)]
     if which == "history":  # a later rollout: what the first rollout's targets need, known from history
         return [World(8, f, e, "autocorrelated", history=True) for f in (0.5, 0.8) for e in (0.0, 0.05)]
     if which == "covariates":  # the request mix as a covariate: with and without, A/A and +5%, f 0.5 and 0.8
@@ -475,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "paired_gate.md")
-    ap.add_argument("--worlds", choices=("quick", "core", "rest", "before", "classic", "throughput", "covariates", "history"), default="core")
+    ap.add_argument("--worlds", choices=("quick", "core", "rest", "before", "classic", "throughput", "covariates", "history", "coverage"), default="core")
     ap.add_argument("--gates", default="", help="which of the gate designs to run (comma-separated; default "
                     f"{','.join(GATES)}, with --worlds throughput {','.join(THROUGHPUT_GATES)})")
     ap.add_argument("--quick", action="store_true", help="--worlds quick")
@@ -496,10 +537,11 @@ def main(argv: list[str] | None = None) -> int:
     if not worlds:
         ap.error(f"--effects/--spreads/--fs: no row of --worlds {args.worlds} has those")
     t = time.time()
-    gates = tuple(g for g in args.gates.split(",") if g) or {"throughput": THROUGHPUT_GATES,
+    gates = tuple(g for g in args.gates.split(",") if g) or {"throughput": THROUGHPUT_GATES, "coverage": (COVERAGE,),
                                                             "covariates": COVARIATE_GATES}.get(args.worlds, GATES)
     res = run(worlds, args.trials, args.jobs, args.seed, gates)
-    text = markdown(res, args.trials, time.time() - t, args.label)
+    text = (coverage_markdown(res, args.trials, time.time() - t) if gates == (COVERAGE,)
+            else markdown(res, args.trials, time.time() - t, args.label))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)

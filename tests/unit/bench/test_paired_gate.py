@@ -92,3 +92,12 @@ def test_history_rows_give_the_gate_what_finished_rollouts_measured(bench, monke
     seen.clear()
     bench.simulate(bench.World(4, 0.5, 0.0, "iid"), 3, ("gate",))
     assert seen[0].pod_df == 0  # a first rollout: nothing known
+
+
+def test_coverage_rows_read_the_gates_interval_at_each_steps_end(bench, tmp_path):
+    out = tmp_path / "coverage.md"
+    assert bench.main(["--worlds", "coverage", "--spreads", "2", "--fs", "0.8", "--effects", "0", "--trials", "1",
+                       "--jobs", "1", "--out", str(out)]) == 0
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| 2% | 0.8 |")]
+    assert [r.split("|")[5].strip() for r in rows] == ["1", "2", "4"], rows  # one row per step: 1, 2, 4 canary pods
+    assert all(r.rstrip(" |").endswith("%") for r in rows), rows

@@ -503,6 +503,8 @@ def _judge_signal(
         resolvable=natural(resolvable_t),
         information=ratio,
         pods=pooled.pods,
+        se=se,
+        df=pooled.df,
         default_ceiling=natural(default_t) if capped else None,
         harmless_expand_rate=sequential.expand_rate(ceiling_t, 0.0, one_se, last_pods) if capped else None,
         covariate_cut=inst.covariate.variance_cut if inst.covariate else None,

@@ -40,6 +40,10 @@ class SignalResult:
     resolvable: float | None = None
     information: float | None = None
     pods: int = 0
+    # The pooled estimate's standard error and degrees of freedom on the test scale (log ratio, or points): what
+    # the bounds are built from (bench/paired_gate.py --coverage checks how often estimate +- t se covers the truth).
+    se: float | None = None
+    df: float | None = None
     # Set where a fixed ceiling (expandCeiling) is below the default one pod's noise calls for: that default, and
     # how often a harmless canary on one pod passes the expand test at one look under the fixed ceiling.
     default_ceiling: float | None = None
