@@ -182,13 +182,15 @@ def simulate(world: World, seed: int, designs: tuple[str, ...]) -> dict[str, Res
             c, node = rev == "canary", int(pod.rsplit("-", 1)[1])
             cap = TOKENS_S * LOOP / v * math.exp(-world.capacity if c else 0.0)  # a slower loop serves less too
             got = TOKENS_S * traffic[int(c), node, k] * (1 - world.router if c else 1.0)
-            tput, queued = min(cap, got) * math.exp(tnoise[int(c), node, k]), 3.0 if got > cap else 0.0
+            # saturated: a backlog of several seconds of arrivals (10 requests/s) at the window's edges
+            tput, queued = min(cap, got) * math.exp(tnoise[int(c), node, k]), 50.0 if got > cap else 0.0
         prompt = None
         if mixes is not None:
             prompt = 800.0 * math.exp(mixes[int(rev == "canary"), int(pod.rsplit("-", 1)[1]), k])
         return Window(revision=rev, pod=pod, id=str(k), end=(k + 1) * WINDOW_S, samples=500,
                       loop_mean_seconds=v, loop_p95_seconds=v * 1.5, stage_shares=STAGES, function_shares=FUNCS,
-                      iterations=400, throughput=tput, queued_requests=queued, prompt_tokens_per_request=prompt)
+                      iterations=400, throughput=tput, queued_requests=queued, prompt_tokens_per_request=prompt,
+                      request_rate=10.0 if level is not None else None)
 
     # canary pod i replaces the stable pod on node i when its step starts (pods start in order 0, 1, 2, ...);
     # the steps start when the design moves on (planned: after each step's analysis time)

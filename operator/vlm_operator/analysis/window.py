@@ -102,6 +102,11 @@ def _edges(v: Any) -> dict[str, float]:
     return {k: x for k, x in _shares(v).items() if all(k.partition(EDGE_SEP)[::2])}
 
 
+# A pod counts as saturated in a window when this many seconds of its arrivals wait in SGLang's queue at both edges
+# of it (Window.saturated_throughput): a backlog, not the requests that arrived since the scheduler's last iteration.
+SATURATED_BACKLOG_S = 1.0
+
+
 @dataclass(frozen=True, slots=True)
 class Window:
     """One profiler window of one scheduler process (one TP rank of one pod)."""
@@ -156,14 +161,20 @@ class Window:
 
     @property
     def saturated_throughput(self) -> float | None:
-        """Generation tokens/s where requests waited in the queue at both edges of the window, else None.
+        """Generation tokens/s where the pod was saturated in the window, else None: at both edges of the window at
+        least a second's worth of its arrivals (SATURATED_BACKLOG_S x the request rate, and at least one request)
+        waited in the queue.
 
         Below saturation a pod's throughput is the load the router sent it, whatever the revision: compared
         there, a canary that got less traffic reads as slower and one that got more as faster. Saturated, it is
         the pod's capacity, which is what a throughput margin is about: fewer requests fitting in the KV cache,
         slower batches or a slower input path all lower it, and loop latency or ITL alone miss the first.
+        A queue of a request or two is no saturation: requests that arrived since the scheduler last looked wait
+        until its next iteration (on the testbed, an unchanged canary's windows with such a queue read -15.7%).
         """
-        if self.throughput is None or self.queued_requests is None or self.queued_requests < 1:
+        if self.throughput is None or self.queued_requests is None or self.request_rate is None:
+            return None
+        if self.queued_requests < max(1.0, SATURATED_BACKLOG_S * self.request_rate):
             return None
         return self.throughput
 

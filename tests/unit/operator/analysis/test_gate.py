@@ -277,11 +277,13 @@ def test_max_duration_applies_on_inconclusive(action, data, verdict):
 
 
 def test_throughput_drop_is_a_regression_and_a_gain_is_not():
-    # Saturated pods (requests waiting at both edges of every window): throughput is their capacity.
+    # Saturated pods (more than a second of arrivals waiting at both edges of every window): throughput is their
+    # capacity.
     policy = replace(POLICY, max_regression={"throughput": 0.05})
-    base = windows("stable", n=20, pods=2, seed=13, throughput=25.0, queued_requests=3)
-    worse = windows("canary", n=20, seed=14, throughput=22.0, queued_requests=3)
-    better = windows("canary", n=20, seed=14, throughput=28.0, queued_requests=3)
+    sat = {"queued_requests": 3, "request_rate": 2.0}
+    base = windows("stable", n=20, pods=2, seed=13, throughput=25.0, **sat)
+    worse = windows("canary", n=20, seed=14, throughput=22.0, **sat)
+    better = windows("canary", n=20, seed=14, throughput=28.0, **sat)
     d = run(base, worse, policy, step=100)
     assert (d.verdict, d.reason) == ("Rollback", "ThroughputRegressed")
     assert d.signals[0].delta == pytest.approx(22 / 25 - 1)
@@ -290,27 +292,29 @@ def test_throughput_drop_is_a_regression_and_a_gain_is_not():
 
 def test_throughput_is_compared_only_where_the_pod_was_saturated():
     # Below saturation a pod's throughput is the traffic the router sent it. A canary that got 12% less of it
-    # (an empty queue at the window's edges, or a sidecar that does not say) is not read as 12% slower...
+    # (an empty queue at the window's edges, a request or two that arrived since the scheduler's last iteration,
+    # or a sidecar that does not say) is not read as 12% slower...
     policy = replace(POLICY, max_regression={"loop_latency": 0.03, "throughput": 0.05})
-    base = windows("stable", n=20, pods=2, seed=13, throughput=25.0, queued_requests=0)
-    for queued in ({"queued_requests": 0}, {}):
+    base = windows("stable", n=20, pods=2, seed=13, throughput=25.0, queued_requests=0, request_rate=4.0)
+    for queued in ({"queued_requests": 0, "request_rate": 4.0}, {"queued_requests": 2, "request_rate": 4.0},
+                   {"queued_requests": 9}, {}):
         light = windows("canary", n=20, seed=14, throughput=22.0, **queued)
         d = run(base, light, policy, step=100)
         tput = next(s for s in d.signals if s.name == "throughput")
         assert d.verdict == "Promote" and (tput.verdict, tput.n_canary) == ("insufficient", 0), (queued, d)
     # One canary window saturated, too few for an estimate: reported, and it holds nothing (an e2e canary waited
     # its maxDuration on "throughput n/a over 1 canary / 10 baseline windows" before this rule).
-    few = [replace(w, queued_requests=2.0 if i == 0 else 0.0) for i, w in enumerate(
-        windows("canary", n=20, seed=14, throughput=22.0))]
-    some = [replace(w, queued_requests=2.0 if i % 4 == 0 else 0.0) for i, w in enumerate(base)]
+    few = [replace(w, queued_requests=9.0 if i == 0 else 0.0) for i, w in enumerate(
+        windows("canary", n=20, seed=14, throughput=22.0, request_rate=4.0))]
+    some = [replace(w, queued_requests=9.0 if i % 4 == 0 else 0.0) for i, w in enumerate(base)]
     d = run(some, few, policy, step=100)
     tput = next(s for s in d.signals if s.name == "throughput")
     assert d.verdict == "Promote" and (tput.verdict, tput.n_canary, tput.delta) == ("insufficient", 1, None), d
     # ... while the same pods' saturated windows are compared and a lower capacity is found among them; their
     # unsaturated windows (half of each pod's, with any throughput) are left out of it.
-    mixed_base = [replace(w, queued_requests=float(i % 2 * 4), throughput=25.0 if i % 2 else 5.0)
+    mixed_base = [replace(w, queued_requests=float(i % 2 * 4), request_rate=3.0, throughput=25.0 if i % 2 else 5.0)
                   for i, w in enumerate(windows("stable", n=40, pods=2, seed=13))]
-    mixed_canary = [replace(w, queued_requests=float(i % 2 * 4), throughput=22.0 if i % 2 else 40.0)
+    mixed_canary = [replace(w, queued_requests=float(i % 2 * 4), request_rate=3.0, throughput=22.0 if i % 2 else 40.0)
                     for i, w in enumerate(windows("canary", n=40, seed=14))]
     d = run(mixed_base, mixed_canary, policy, step=100)
     tput = next(s for s in d.signals if s.name == "throughput")

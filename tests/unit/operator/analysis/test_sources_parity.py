@@ -219,7 +219,7 @@ class Sidecar:
         lab = 'model_name="m"'
         # The waiting queue at this scrape, one gauge per scheduler (TP rank): about half the windows start
         # and end with requests waiting (saturated: their throughput is compared), the others do not.
-        queued = random.Random(f"{self.pod}/queue/{k}").choice([0, 0, 2, 5])
+        queued = random.Random(f"{self.pod}/queue/{k}").choice([0, 0, 2, 60])
         prompt = sum(random.Random(f"{self.pod}/prompt/{j}").randint(300, 2000) for j in range(k))
         counters = "".join(f'sglang:scheduler_stage_seconds_total{{{lab},category="{st}"}} {v!r}\n'
                            for st, v in stage.items() if st != "idle")
