@@ -250,8 +250,8 @@ def build_families(snap: StoreSnapshot, labels: dict[str, str], now: float, stal
                                                "(sglang:cuda_graph_passes_total), last window.", labels=names),
         "queued_requests": GaugeMetricFamily("vlm_sglang_window_queued_requests",
                                              "Requests waiting in SGLang's queue (sglang:num_queue_reqs), the smaller "
-                                             "of the two readings at the window's edges: above 0, the pod was "
-                                             "saturated, last window.", labels=names),
+                                             "of the two readings at the window's edges (a backlog of a second's "
+                                             "arrivals or more: the pod was saturated), last window.", labels=names),
         "prompt_tokens_per_request": GaugeMetricFamily(
             "vlm_sglang_window_prompt_tokens_per_request",
             "Prompt tokens per request of the requests that finished (SGLang's prompt token and request counters), "

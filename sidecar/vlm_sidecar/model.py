@@ -112,8 +112,8 @@ class WindowSummary:
     # SGLang's forward passes per second over the window (sglang:cuda_graph_passes_total, every supported release):
     # the batches its scheduler ran, what the gate scales SGLang's stage shares by. None: not exported.
     forward_pass_rate: float | None = None
-    # The smaller of SGLang's waiting-queue length (sglang:num_queue_reqs) at the window's two edges: above zero,
-    # the pod was saturated and its throughput is its capacity. None: not exported.
+    # The smaller of SGLang's waiting-queue length (sglang:num_queue_reqs) at the window's two edges: a backlog of a
+    # second's arrivals or more says the pod was saturated and its throughput is its capacity. None: not exported.
     queued_requests: float | None = None
     # Prompt tokens per request of the requests that finished in the window (sglang:prompt_tokens_total over
     # sglang:num_requests_total): the request mix, the gate's covariate. None: none finished, or not exported.

@@ -135,8 +135,8 @@ def stages_of(parsed: dict[str, float]) -> dict[str, float] | None:
 def request_signals(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
     """The window's mean TTFT and ITL (seconds), generation throughput (tokens/s) and request rate
     (requests/s: requests that reached their first token, the TTFT histogram's count) from two scrapes, and
-    `queued_requests`: the smaller of the waiting queue's lengths at the two scrapes. Above zero, requests
-    waited at both edges of the window: the pod was saturated, so its throughput was what it can do, not what
+    `queued_requests`: the smaller of the waiting queue's lengths at the two scrapes. Where that is a backlog (a
+    second of the pod's arrivals or more), the pod was saturated, so its throughput was what it can do, not what
     the router sent it (the gate compares throughput only in such windows). `prompt_tokens_per_request`: the
     prompt tokens of the requests that finished in the window, per request (the request mix: the gate's
     covariate), where any finished.

@@ -133,8 +133,9 @@ class Window:
     # None: unknown. SGLang's stage shares are compared at the baseline's pass rate (gate.compare).
     forward_pass_rate: float | None = None
     # Requests waiting in SGLang's queue at both edges of the window (the smaller reading of
-    # sglang:num_queue_reqs); None: unknown. Above zero the pod was saturated: its throughput in the window is
-    # what it can do, not what the router sent it, and only such windows carry `saturated_throughput`.
+    # sglang:num_queue_reqs); None: unknown. A backlog of SATURATED_BACKLOG_S of arrivals or more says the pod was
+    # saturated: its throughput in the window is what it can do, not what the router sent it, and only such windows
+    # carry `saturated_throughput`.
     queued_requests: float | None = None
     # Prompt tokens per request of the requests that finished in the window (SGLang's counters): the request mix,
     # which the router sets and the revision does not; the gate's covariate (gate.covariates). None: unknown.
