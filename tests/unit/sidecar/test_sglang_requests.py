@@ -22,6 +22,11 @@ sglang:generation_tokens_total{{model_name="m"}} {gt}
 """
 
 
+def family(name: str, kind: str, series: dict[str, float]) -> str:
+    """One metric family in the exposition format, model_name="m" plus each series' own labels."""
+    return f"# TYPE {name} {kind}\n" + "".join(f'{name}{{model_name="m",{labels}}} {v}\n' for labels, v in series.items())
+
+
 def scrape(tc, ts, ic, is_, gt):
     return sglang_metrics.parse(TEXT.format(tc=tc, ts=ts, ic=ic, is_=is_, gt=gt))
 
@@ -48,11 +53,10 @@ def test_nothing_moved_or_restart_gives_nothing():
 def test_forward_passes_are_summed_over_modes_and_read_as_a_rate():
     """sglang:cuda_graph_passes_total{mode}: every batch the scheduler ran, with or without a CUDA graph, decode and
     prefill alike; the window's rate is what the gate scales SGLang's stage shares by."""
-    text = ('# HELP sglang:cuda_graph_passes_total Total number of forward passes categorized by CUDA graph.\n'
-            '# TYPE sglang:cuda_graph_passes_total counter\n'
-            'sglang:cuda_graph_passes_total{{model_name="m",mode="decode_cuda_graph"}} {}\n'
-            'sglang:cuda_graph_passes_total{{model_name="m",mode="prefill_none"}} {}\n')
-    before, after = sglang_metrics.parse(text.format(100, 10)), sglang_metrics.parse(text.format(280, 30))
+    def text(decode: int, prefill: int) -> str:
+        return family("sglang:cuda_graph_passes_total", "counter", {'mode="decode_cuda_graph"': decode,
+                                                                    'mode="prefill_none"': prefill})
+    before, after = sglang_metrics.parse(text(100, 10)), sglang_metrics.parse(text(280, 30))
     assert before["forward_passes"] == 110
     assert sglang_metrics.request_signals(before, after, 5.0)["forward_pass_rate"] == pytest.approx(200 / 5.0)
     assert "forward_pass_rate" not in sglang_metrics.request_signals(after, before, 5.0)  # restarted: nothing
@@ -60,14 +64,13 @@ def test_forward_passes_are_summed_over_modes_and_read_as_a_rate():
 
 def test_the_queue_at_both_edges_says_whether_the_pod_was_saturated():
     """sglang:num_queue_reqs, one gauge per scheduler of the same queue: the largest is read, not the sum; the
-    window's `queued_requests` is the smaller reading of its two edges (above 0: requests waited throughout)."""
-    text = ('# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n'
-            '# TYPE sglang:num_queue_reqs gauge\n'
-            'sglang:num_queue_reqs{{model_name="m",tp_rank="0"}} {}\n'
-            'sglang:num_queue_reqs{{model_name="m",tp_rank="1"}} {}\n')
-    busy, idle = sglang_metrics.parse(text.format(3, 3)), sglang_metrics.parse(text.format(0, 0))
+    window's `queued_requests` is the smaller reading of its two edges (the gate counts a backlog of a second's
+    arrivals there as saturation: analysis.window.Window.saturated_throughput)."""
+    def text(n: int) -> str:
+        return family("sglang:num_queue_reqs", "gauge", {'tp_rank="0"': n, 'tp_rank="1"': n})
+    busy, idle = sglang_metrics.parse(text(3)), sglang_metrics.parse(text(0))
     assert busy["queued"] == 3
-    assert sglang_metrics.request_signals(busy, sglang_metrics.parse(text.format(5, 5)), 5.0) == {
+    assert sglang_metrics.request_signals(busy, sglang_metrics.parse(text(5)), 5.0) == {
         "queued_requests": 3.0}
     # Drained at either edge: not saturated throughout.
     assert sglang_metrics.request_signals(busy, idle, 5.0)["queued_requests"] == 0.0
@@ -79,14 +82,13 @@ def test_the_queue_at_both_edges_says_whether_the_pod_was_saturated():
 def test_prompt_tokens_per_finished_request_is_the_request_mix():
     """sglang:prompt_tokens_total and sglang:num_requests_total grow in the same call when a request finishes
     (summed over is_streaming): their deltas give the window's prompt tokens per request."""
-    text = ('# TYPE sglang:prompt_tokens counter\n'
-            'sglang:prompt_tokens_total{{model_name="m",is_streaming="true"}} {}\n'
-            'sglang:prompt_tokens_total{{model_name="m",is_streaming="false"}} {}\n'
-            '# TYPE sglang:num_requests counter\n'
-            'sglang:num_requests_total{{model_name="m",is_streaming="true"}} {}\n'
-            'sglang:num_requests_total{{model_name="m",is_streaming="false"}} 1\n')
-    before = sglang_metrics.parse(text.format(9000, 1000, 11))
-    after = sglang_metrics.parse(text.format(12000, 1000, 15))
+    def text(prompt: int, requests: int) -> str:
+        return (family("sglang:prompt_tokens_total", "counter", {'is_streaming="true"': prompt,
+                                                                 'is_streaming="false"': 1000})
+                + family("sglang:num_requests_total", "counter", {'is_streaming="true"': requests,
+                                                                  'is_streaming="false"': 1}))
+    before = sglang_metrics.parse(text(9000, 11))
+    after = sglang_metrics.parse(text(12000, 15))
     assert (before["prompt_tokens"], before["finished_requests"]) == (10000, 12)
     assert sglang_metrics.request_signals(before, after, 5.0)["prompt_tokens_per_request"] == pytest.approx(750.0)
     # Nothing finished in the window: unknown, not 0.
