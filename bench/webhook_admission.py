@@ -47,8 +47,9 @@ def _pct(xs: list[float], q: float) -> float:
 def serve(port: int, ca_path: str, out_path: str) -> None:
     """The webhook server alone (the operator's classes), recording each review's handling time; the CA to
     `ca_path` once serving, the durations to `out_path` on SIGTERM."""
-    from vlm_operator.admission import certs, webhook
+    from vlm_operator.admission import webhook
     from vlm_operator.api.settings import Settings
+    from vlm_operator.cluster import certs
 
     settings = Settings(sidecar_image="vlmops/vlm-sidecar:bench", webhook_namespace="vlm-system")
     bundle, _ = certs.plan(None, ("127.0.0.1",), dt.datetime.now(dt.UTC))

@@ -13,9 +13,12 @@ would) and the `vlm_crd` fixture puts it back as it was afterwards (spec, labels
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -30,7 +33,17 @@ from kubernetes.client.exceptions import ApiException
 from vlm_operator.api import crdgen
 from vlm_testing.cluster import _namespace_prefix, wait_for
 from vlm_testing.helm import CHART, CRD_NAME, Release, can_i, helm, read_crd
-from vlm_testing.operator_proc import GROUP, PLURAL, VERSION, condition, get_vlms, run_operator, vlms
+from vlm_testing.judge import configmap
+from vlm_testing.operator_proc import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    condition,
+    free_port,
+    get_vlms,
+    run_operator,
+    vlms,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = yaml.safe_load((REPO / "examples" / "qwen2.5-vl-3b.yaml").read_text())
@@ -327,3 +340,66 @@ def test_helm_test_hook(cluster, kube, namespace, release, tmp_path):
     down = subprocess.run([sys.executable, "-c", script.replace("+ 60", "+ 3")], env=with_port,
                           capture_output=True, text=True, timeout=60)
     assert down.returncode != 0 and "refused" in down.stderr.lower(), down.stderr
+
+
+def _judge_call(port: int, host: str, ca_pem: str, token: str, namespace: str) -> tuple[int, dict]:
+    """POST /v1/judge over TLS to 127.0.0.1:`port`, verifying the certificate for `host` against `ca_pem` alone."""
+    body = json.dumps({"namespace": namespace, "baseline": "app=qwen,track=stable",
+                       "canary": "app=qwen,track=canary"}).encode()
+    ctx = ssl.create_default_context(cadata=ca_pem)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as raw, \
+            ctx.wrap_socket(raw, server_hostname=host) as s:
+        s.sendall(b"POST /v1/judge HTTP/1.1\r\nHost: " + host.encode() + b"\r\nAuthorization: Bearer "
+                  + token.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                  + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        raw_answer = b""
+        while chunk := s.recv(65536):
+            raw_answer += chunk
+    head, _, payload = raw_answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(payload or b"{}")
+
+
+def test_judge_install_serves_https_its_callers_can_verify_and_only_bound_callers_may_ask(
+        cluster, kube, namespace, other_namespace, release, tmp_path):
+    """judge.enabled: the real operator, authenticated as the chart's ServiceAccount, makes the judge's CA and serving
+    certificate in its Secret, publishes the CA in the ConfigMap callers mount, and serves HTTPS that verifies for
+    the judge Service's DNS name against that CA alone; a caller bound by judge.callers gets an answer, an unbound
+    one 403. Every API call the judge makes is the chart's RBAC at work (no 403 in the operator's log)."""
+    serving = other_namespace
+    core = client.CoreV1Api(kube)
+    for sa in ("rollouts", "stranger"):
+        core.create_namespaced_service_account(serving, {"metadata": {"name": sa}})
+    release.install("--set", f"watchNamespaces[0]={serving}",  # run_operator watches one namespace
+                    "--set", "judge.enabled=true", "--set", f"judge.callers[0].namespace={serving}",
+                    "--set", "judge.callers[0].serviceAccount=rollouts")
+    rendered = yaml.safe_load_all(helm(cluster, "get", "manifest", release.name, "-n", release.namespace).stdout)
+    (dep,) = [o for o in rendered if o and o["kind"] == "Deployment"]
+    env = {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]
+           if e["name"].startswith("VLM_JUDGE_")}
+    port = free_port()
+    env["VLM_JUDGE_PORT"] = str(port)  # the chart's 8090, on this host: a free port
+    host = f"{env['VLM_JUDGE_SERVICE']}.{release.namespace}.svc"
+    kubeconfig = _sa_kubeconfig(cluster, release, tmp_path / "sa.kubeconfig")
+    for op in run_operator(kubeconfig, serving, tmp_path, **env):
+        cm = wait_for(lambda: configmap(core, release.namespace, env["VLM_JUDGE_CA_CONFIGMAP"]), 60,
+                      f"the judge's CA ConfigMap; operator log:\n{op.log_tail()}")
+        secret = core.read_namespaced_secret(env["VLM_JUDGE_SECRET"], release.namespace)
+        assert secret.type == "kubernetes.io/tls" and "ca.key" in secret.data
+        ca = cm.data["ca.crt"]
+        token = cluster.kubectl("create", "token", "rollouts", "-n", serving, "--duration", "1h").strip()
+        status, answer = wait_for(lambda ca=ca, token=token: _judge_call_or_none(port, host, ca, token, serving), 60,
+                                  f"the judge's HTTPS answer; operator log:\n{op.log_tail()}")
+        assert status == 200 and answer["verdict"] in ("Continue", "Inconclusive", "Rollback", "Promote"), answer
+        stranger = cluster.kubectl("create", "token", "stranger", "-n", serving, "--duration", "1h").strip()
+        assert _judge_call(port, host, ca, stranger, serving)[0] == 403
+        with pytest.raises(ssl.SSLCertVerificationError):  # the same server, by a name not in its certificate
+            _judge_call(port, "judge.example.com", ca, token, serving)
+        log = op.log_path.read_text()
+        assert not re.findall(r"\(403\)|\b403 Forbidden|[Ff]orbidden", log), op.log_tail(80)
+
+
+def _judge_call_or_none(port: int, host: str, ca: str, token: str, namespace: str) -> tuple[int, dict] | None:
+    try:
+        return _judge_call(port, host, ca, token, namespace)
+    except (ConnectionRefusedError, ConnectionResetError):
+        return None

@@ -165,8 +165,9 @@ def test_self_signed_certificate_renewed_and_ca_bundle_repaired_on_the_api_serve
     emptied written again."""
     import datetime as dt
 
-    from vlm_operator.admission import certs, webhook
+    from vlm_operator.admission import webhook
     from vlm_operator.api.settings import Settings
+    from vlm_operator.cluster import certs
     from vlm_operator.cluster import connection as kubeconn
 
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))

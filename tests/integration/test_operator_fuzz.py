@@ -88,12 +88,13 @@ def _settled(kube, namespace: str, names: list[str]) -> dict[str, dict]:
 
 def _refused_pods(obj: dict) -> bool:
     """FailedCreate is this cluster's answer, not the operator's, where the spec names an object the cluster
-    does not have (a drawn `pod.serviceAccountName` or `pod.priorityClassName`): the API server refuses the pods,
-    and Ready says so with its message naming that object."""
+    does not have (a drawn `pod.serviceAccountName`, `pod.priorityClassName` or `pod.runtimeClassName`): the API
+    server refuses the pods, and Ready says so with its message naming that object."""
     ready = condition(obj, "Ready")
     pod = obj["spec"].get("pod") or {}
     refusals = (("serviceAccountName", 'serviceaccount "{}" not found'),
-                ("priorityClassName", "no PriorityClass with name {} was found"))
+                ("priorityClassName", "no PriorityClass with name {} was found"),
+                ("runtimeClassName", 'RuntimeClass "{}" not found'))
     return ready["reason"] == "FailedCreate" and any(
         isinstance(v := pod.get(field), str) and v != "" and says.format(v) in ready.get("message", "")
         for field, says in refusals)

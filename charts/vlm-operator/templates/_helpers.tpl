@@ -45,6 +45,7 @@ object gets one (a template missing here fails the render) without each call sit
   "networkpolicy.yaml" "operator"
   "peering.yaml" "peering"
   "webhook.yaml" "injection"
+  "judge.yaml" "judge"
   "test-connection.yaml" "test" -}}
 {{- $file := base .Template.Name -}}
 {{- if not (hasKey $components $file) -}}

@@ -11,21 +11,19 @@ import base64
 import datetime as dt
 import json
 import logging
-import os
-import socket
 import ssl
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from vlm_operator.admission import certs, inject
+from vlm_operator.admission import inject
 from vlm_operator.api import metrics
 from vlm_operator.api.names import OPERATOR
 from vlm_operator.api.settings import Settings
 from vlm_operator.api.v1alpha1 import TelemetrySpec
+from vlm_operator.cluster import certs, tls
 from vlm_operator.cluster.client import ApiError, Connection, Kube
 
 log = logging.getLogger("vlm_operator.admission.webhook")
@@ -45,18 +43,8 @@ def injection_config(settings: Settings) -> inject.InjectionConfig:
                                   excluded_namespaces=frozenset(excluded))
 
 
-def server_context(bundle: certs.Bundle) -> ssl.SSLContext:
-    """A server TLS context with the bundle's pair (ssl loads keys from files only: a private temp dir)."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    with tempfile.TemporaryDirectory(prefix="vlm-webhook-") as d:
-        crt, key = os.path.join(d, "tls.crt"), os.path.join(d, "tls.key")
-        for path, data in ((crt, bundle.tls_crt), (key, bundle.tls_key)):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-        ctx.load_cert_chain(crt, key)
-    return ctx
+# The server's TLS context (cluster.tls); kept under this name for the webhook's callers.
+server_context = tls.server_context
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -105,93 +93,34 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-class Server(ThreadingHTTPServer):
-    """HTTPS with a context that can be swapped (a renewed certificate serves the next connection). The TLS
-    handshake runs in the connection's own thread, not in the accept loop: one slow client delays nobody."""
-
-    daemon_threads = True
-    request_queue_size = 128
+class Server(tls.TLSServer):
+    """The webhook's HTTPS server (cluster.tls.TLSServer: a swappable context, the handshake in the connection's
+    thread), with what its handler reads."""
 
     def __init__(self, addr: tuple[str, int], config: inject.InjectionConfig, context: ssl.SSLContext,
                  observe: Callable[[float, inject.Decision], None] | None = None):
         self.config = config
-        self.context = context
         self.observe = observe
-        super().__init__(addr, _Handler)
-
-    def get_request(self) -> tuple[Any, Any]:
-        sock, addr = self.socket.accept()
-        return self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        try:
-            request.settimeout(10)
-            request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            request.do_handshake()
-        except (ssl.SSLError, OSError) as e:
-            log.debug("TLS handshake with %s failed: %s", client_address, e)
-            return
-        super().finish_request(request, client_address)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("Connection from %s ended: %s", client_address, "error", exc_info=True)
+        super().__init__(addr, _Handler, context)
 
 
 class CertKeeper:
-    """Keeps the webhook's certificate in its Secret, the CA in the MutatingWebhookConfiguration's caBundle
-    (self-signed mode), and the server's context current. cert-manager mode only reads the Secret."""
+    """Keeps the webhook's certificate in its Secret (cluster.tls.SecretCert), the CA in the
+    MutatingWebhookConfiguration's caBundle (self-signed mode). cert-manager mode only reads the Secret."""
 
     def __init__(self, conn: Connection, settings: Settings, now: Callable[[], dt.datetime] | None = None):
         self.kube = Kube(conn, OPERATOR)  # every API call through the operator's one client
         self.s = settings
-        self.now = now or (lambda: dt.datetime.now(dt.UTC))
-        self.hosts = certs.service_hosts(settings.webhook_service, settings.webhook_namespace,
-                                         settings.webhook_cert_hosts)
-        self.secret_path = f"/api/v1/namespaces/{settings.webhook_namespace}/secrets/{settings.webhook_secret}"
+        hosts = certs.service_hosts(settings.webhook_service, settings.webhook_namespace, settings.webhook_cert_hosts)
+        self.secret = tls.SecretCert(self.kube, settings.webhook_namespace, settings.webhook_secret, hosts,
+                                     managed=settings.webhook_tls == "self-signed", now=now)
         self.mwc_path = ("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/"
                          f"{settings.webhook_configuration}")
 
-    def _read(self) -> tuple[certs.Bundle | None, dict[str, Any] | None]:
-        try:
-            secret = self.kube.request_json("GET", self.secret_path) or {}
-        except ApiError as e:
-            if e.status == 404:
-                return None, None
-            raise
-        return certs.Bundle.from_secret_data(secret.get("data")), secret
-
     def ensure(self) -> certs.Bundle | None:
         """The bundle to serve with (None: none yet, cert-manager has not written it); writes what is due."""
-        for _ in range(3):  # another replica may write the same Secret at the same moment: read again
-            bundle, secret = self._read()
-            if self.s.webhook_tls == "cert-manager":
-                return bundle
-            new, why = certs.plan(bundle, self.hosts, self.now())
-            if new is None:
-                break
-            body = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-                    "metadata": {"name": self.s.webhook_secret, "namespace": self.s.webhook_namespace,
-                                 "labels": {"app.kubernetes.io/managed-by": "vlm-operator"}},
-                    "data": new.secret_data()}
-            try:
-                if secret is None:
-                    path = self.secret_path.rsplit("/", 1)[0]
-                    self.kube.request_json("POST", path, body=body)
-                    log.info("Created Secret %s/%s (%s)", self.s.webhook_namespace, self.s.webhook_secret, why)
-                else:
-                    # A merge patch carrying the resourceVersion read: 409 when another replica wrote first.
-                    patch = {"metadata": {"resourceVersion": secret["metadata"]["resourceVersion"]},
-                             "data": {**dict.fromkeys(secret.get("data") or {}), **body["data"]}}
-                    self.kube.request_json("PATCH", self.secret_path, body=patch,
-                                           content_type="application/merge-patch+json")
-                    log.info("Updated Secret %s/%s (%s)", self.s.webhook_namespace, self.s.webhook_secret, why)
-            except ApiError as e:
-                if e.status in (409, 422):  # someone else wrote it first (422: a create racing a create)
-                    continue
-                raise
-            bundle = new
-            break
-        if bundle is not None:
+        bundle = self.secret.ensure()
+        if bundle is not None and self.secret.managed:
             self.patch_ca_bundle(bundle.ca_bundle)
         return bundle
 
@@ -219,19 +148,21 @@ class CertKeeper:
         return True
 
 
-class Webhook:
-    """The running webhook: its server thread and its certificate thread."""
+class Webhook(tls.Kept):
+    """The running webhook: its server thread and its certificate thread (cluster.tls.Kept)."""
+
+    what = "Injection webhook"
+    check_s = CHECK_SECONDS
 
     def __init__(self, settings: Settings, conn: Connection,
                  observe: Callable[[float, inject.Decision], None] | None = None):
+        super().__init__()
         self.settings = settings
         self.keeper = CertKeeper(conn, settings)
         self.observe = observe
-        self.server: Server | None = None
-        self.stopped = threading.Event()
         self._served: bytes = b""
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
         bundle = self.keeper.ensure()
         if bundle is None:
             log.warning("Secret %s/%s has no certificate yet: the injection webhook waits for it",
@@ -250,26 +181,6 @@ class Webhook:
             self.server.context = ctx
             log.info("Injection webhook certificate renewed (until %s)", certs.not_after(bundle.tls_crt).isoformat())
         self._served = bundle.tls_crt
-
-    def _loop(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                self._refresh()
-            except (ApiError, OSError, ValueError) as e:
-                log.warning("Injection webhook certificate check failed (retried in %.0f s): %s", CHECK_SECONDS, e)
-            except Exception:  # logged with its traceback: this thread must outlive a bug, or renewals stop unseen
-                log.exception("Injection webhook certificate check failed (retried in %.0f s)", CHECK_SECONDS)
-            self.stopped.wait(CHECK_SECONDS if self.server is not None else 5.0)
-
-    def start(self) -> Webhook:
-        threading.Thread(target=self._loop, name="vlm-webhook-certs", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.stopped.set()
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
 
 
 def start(settings: Settings, conn: Connection) -> Webhook | None:

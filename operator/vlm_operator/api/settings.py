@@ -16,6 +16,11 @@
 | VLM_METRICS_PORT            | 8080                             | the operator's own /metrics               |
 | VLM_JUDGE_PORT              | 0 (off)                          | the judge endpoint (docs/judge.md)        |
 | VLM_JUDGE_TLS_CERT_FILE, VLM_JUDGE_TLS_KEY_FILE | "" (HTTP)    | its HTTPS certificate and key             |
+| VLM_JUDGE_TLS               | ""                               | self-signed or cert-manager: its certificate in VLM_JUDGE_SECRET |
+| VLM_JUDGE_NAMESPACE         | ""                               | the judge's Secret's and ConfigMap's namespace |
+| VLM_JUDGE_SERVICE           | vlm-operator-judge               | the judge's Service (its certificate's names) |
+| VLM_JUDGE_SECRET            | vlm-operator-judge-tls           | the Secret with its certificate           |
+| VLM_JUDGE_CA_CONFIGMAP      | vlm-operator-judge-ca            | the ConfigMap its CA is published in      |
 | VLM_RESYNC_SECONDS          | 15                               | status refresh and drift-repair timer     |
 | VLM_FIELD_MANAGER           | vlm-operator                     | server-side apply field manager           |
 | VLM_NETWORK_POLICY          | true                             | telemetry.networkPolicy Auto: create one  |
@@ -204,6 +209,20 @@ class Settings(BaseSettings):
     judge_tls_cert_file: str = Field("", description="PEM certificate (chain) the judge endpoint serves HTTPS with; "
                                      "empty: plain HTTP")
     judge_tls_key_file: str = Field("", validate_default=True, description="the certificate's PEM private key")
+    judge_tls: Literal["", "self-signed", "cert-manager"] = Field(
+        "", description="the judge's certificate kept in VLM_JUDGE_SECRET instead of files: self-signed (the operator "
+                        "makes and renews a CA and the serving pair, and publishes the CA in VLM_JUDGE_CA_CONFIGMAP for "
+                        "callers to trust) or cert-manager (cert-manager writes the Secret; the operator reads it and "
+                        "publishes its ca.crt); empty: the files above, or plain HTTP")
+    judge_namespace: str = Field("", validate_default=True,
+                                 description="the operator's namespace: the judge's Secret's and ConfigMap's")
+    judge_service: str = Field("vlm-operator-judge", min_length=1,
+                               description="the judge's Service: its DNS names go in the certificate")
+    judge_secret: str = Field("vlm-operator-judge-tls", min_length=1,
+                              description="Secret (in VLM_JUDGE_NAMESPACE) with the judge's certificate")
+    judge_ca_configmap: str = Field("vlm-operator-judge-ca", min_length=1,
+                                    description="ConfigMap (in VLM_JUDGE_NAMESPACE) the judge's CA is published in "
+                                                "(key ca.crt), for callers to mount")
     resync_seconds: float = Field(15.0, gt=0, description="status refresh, drift repair and analysis timer")
     field_manager: str = Field(OPERATOR, min_length=1, description="server-side apply field manager")
     network_policy: bool = Field(True, description="telemetry.networkPolicy Auto creates a NetworkPolicy")
@@ -325,6 +344,17 @@ class Settings(BaseSettings):
     def _judge_tls(cls, v: str, info: ValidationInfo) -> str:
         if bool(v) != bool(info.data.get("judge_tls_cert_file")):
             raise ValueError("goes with VLM_JUDGE_TLS_CERT_FILE: both or neither")
+        return v
+
+    @field_validator("judge_namespace", mode="after")
+    @classmethod
+    def _judge_namespace(cls, v: str, info: ValidationInfo) -> str:
+        if v and not _NAMESPACE.match(v):
+            raise ValueError(f"not a namespace name: {v!r}")
+        if info.data.get("judge_tls") and info.data.get("judge_tls_cert_file"):
+            raise ValueError("VLM_JUDGE_TLS keeps the certificate in a Secret: not with VLM_JUDGE_TLS_CERT_FILE")
+        if not v and info.data.get("judge_tls"):
+            raise ValueError("needed with VLM_JUDGE_TLS (the chart sets it to the operator's namespace)")
         return v
 
     @field_validator("profiler_peers", mode="before")

@@ -10,11 +10,13 @@ the gate's to decide (an Inconclusive look, onInconclusive at maxDuration), neve
 
 State: none about a caller's analysis (the start is the request's `startedAt` or the canary pods' Ready times,
 `judge.JudgeRequest.window`). The sidecar reader's per-pod cache keeps the windows since each `startedAt` asked
-for in the last 5 minutes, so an analysis longer than a sidecar's own history still sees all its windows.
+for in the last 5 minutes, so an analysis longer than a sidecar's own history still sees all its windows; the
+baseline pods' pre-period (their windows in the 5 minutes before the evidence starts) comes from the same read.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import logging
@@ -32,6 +34,7 @@ from vlm_operator.analysis import sources
 from vlm_operator.analysis.window import Window
 from vlm_operator.api.names import GROUP, OPERATOR
 from vlm_operator.api.units import parse_duration
+from vlm_operator.cluster import certs, tls
 from vlm_operator.cluster.client import ApiError, Connection, Kube
 from vlm_operator.judge import evaluate as judge
 
@@ -43,6 +46,9 @@ TOKEN_CACHE_SIZE = 1024
 # group that no object backs, so an admin grants exactly "may ask the judge" (the chart's ClusterRole
 # vlm-operator-judge-caller).
 SAR_VERB, SAR_RESOURCE = "create", "judgements"
+# A Flagger Canary's Warning Event for a Rollback verdict is written at most this often (its checks repeat each
+# interval until Flagger's threshold).
+EVENT_EVERY_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,8 @@ class Judge:
         self.auth = auth
         self.prometheus_url = prometheus_url or None
         self.clock = clock
+        self._events_lock = threading.Lock()
+        self._evented: OrderedDict[tuple[Any, ...], float] = OrderedDict()  # Events written on Flagger Canaries
 
     def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
         route = path.split("?", 1)[0].rstrip("/")
@@ -192,16 +200,56 @@ class Judge:
         if call.request is None:
             return 200, {"verdict": None, "pass": 1, "message": f"phase {call.phase}: nothing to judge"}
         answer = self.judge(call.request, now)
+        if answer["verdict"] == "Rollback":
+            self._canary_event(call, answer, now)
         return judge.flagger_status(answer["verdict"]), answer
+
+    def _canary_event(self, call: judge.FlaggerCall, answer: Mapping[str, Any], now: float) -> None:
+        """A Warning Event on the Flagger Canary with the verdict's reason and message (the stage and function that
+        grew), once per revision and reason. Flagger's own Event for the failed check cannot carry it: its webhook
+        client retries a 5xx answer (the load tester's, for a failed command) and then reports only "giving up
+        after 1 attempt(s)", without the body. At most once per EVENT_EVERY_S per canary, revision and reason (the
+        load tester's command carries no revision checksum). Best effort: a refused write is logged, never the
+        caller's error."""
+        key = (call.namespace, call.name, call.checksum, answer.get("reason"))
+        with self._events_lock:
+            last = self._evented.get(key)
+            if last is not None and now - last < EVENT_EVERY_S:
+                return
+            self._evented[key] = now
+            self._evented.move_to_end(key)
+            while len(self._evented) > TOKEN_CACHE_SIZE:
+                self._evented.popitem(last=False)
+        obj: dict[str, Any] = {"apiVersion": "flagger.app/v1beta1", "kind": "Canary", "name": call.name,
+                               "namespace": call.namespace}
+        try:
+            canary = self.kube.request_json("GET", f"/apis/flagger.app/v1beta1/namespaces/{call.namespace}/canaries/"
+                                                   f"{call.name}") or {}
+            obj["uid"] = (canary.get("metadata") or {}).get("uid") or ""
+        except (ApiError, OSError, ValueError) as e:  # kubectl describe matches by uid: without it, by name only
+            log.debug("judge: Canary %s/%s not read: %s", call.namespace, call.name, e)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+        event = {"apiVersion": "v1", "kind": "Event",
+                 "metadata": {"generateName": f"{call.name}.", "namespace": call.namespace},
+                 "involvedObject": obj, "type": "Warning", "reason": str(answer.get("reason") or "Rollback"),
+                 "message": str(answer.get("message") or "")[:1024], "source": {"component": "vlm-operator-judge"},
+                 "reportingComponent": "vlm-operator-judge", "reportingInstance": "vlm-operator",
+                 "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
+        try:
+            self.kube.request_json("POST", f"/api/v1/namespaces/{call.namespace}/events", body=event)
+        except (ApiError, OSError, ValueError) as e:
+            log.warning("judge: Event on Canary %s/%s not written: %s", call.namespace, call.name, e)
 
     def judge(self, req: judge.JudgeRequest, now: float) -> dict[str, Any]:
         """List the pods, read their windows, decide, answer."""
         got = self.read(req, now)
-        d = judge.decide(req, got.windows, got.pods, now=now, unavailable=got.unavailable)
-        return judge.response(req, d, got.windows, got.pods, now=now, source=got.source)
+        lay = judge.layout(req, got.windows, got.pods, now)  # once: the decision and the answer's pre-period pods
+        d = judge.decide(req, got.windows, got.pods, now=now, unavailable=got.unavailable, lay=lay)
+        return judge.response(req, d, got.windows, got.pods, now=now, source=got.source, lay=lay)
 
     def read(self, req: judge.JudgeRequest, now: float) -> Read:
-        """The request's pods and their windows since `startedAt`, from the source a VLMService with the same
+        """The request's pods and their windows since `startedAt` (the baseline pods' from gate.PRE_PERIOD_S before
+        it: their pre-period), from the source a VLMService with the same
         analysis block would read (Prometheus when asked for, or on Auto with a URL; the sidecars otherwise).
         Any failure to read is returned as `unavailable`: the gate decides on it."""
         pods: list[judge.PodRef] = []
@@ -212,7 +260,7 @@ class Judge:
             for side, sel in ((judge.BASELINE, req.baseline), (judge.CANARY, req.canary)):
                 if not any(p.side == side for p in ready):
                     raise sources.SignalsUnavailable(f"no Ready pod matches the {side} selector {sel}")
-            since = req.window(pods, now)[1]
+            since = judge.pre_period_since(req, pods, now)  # the baseline pods' pre-period, then the evidence
             url = req.analysis.prometheus_url or self.prometheus_url
             interval = parse_duration(req.telemetry_interval)
             if req.analysis.source == "Prometheus" or (req.analysis.source == "Auto" and url):
@@ -307,10 +355,98 @@ def serve(j: Judge, port: int, host: str = "", *, cert_file: str = "", key_file:
     return server
 
 
-def start(conn: Connection, reader: sources.SidecarReader | None, settings: Any) -> ThreadingHTTPServer:
+class KeptCert:
+    """The judge's certificate kept in a Secret (VLM_JUDGE_TLS: made and renewed by the operator, self-signed, or
+    written by cert-manager) and its CA published in a ConfigMap (key `ca.crt`) for callers to trust: Argo
+    Rollouts' web metric and Flagger's webhooks verify against the system roots of their controller's pod, which
+    can mount that ConfigMap (docs/judge.md, "TLS"). A renewed CA is published beside the previous one until that
+    expires, so a caller that mounted either still connects."""
+
+    def __init__(self, conn: Connection, settings: Any, now: Callable[[], dt.datetime] | None = None):
+        self.kube = Kube(conn, OPERATOR)  # every API call through the operator's one client
+        self.namespace = settings.judge_namespace
+        hosts = certs.service_hosts(settings.judge_service, self.namespace)
+        self.secret = tls.SecretCert(self.kube, self.namespace, settings.judge_secret, hosts,
+                                     managed=settings.judge_tls == "self-signed", now=now)
+        self.configmap = settings.judge_ca_configmap
+        self.cm_path = f"/api/v1/namespaces/{self.namespace}/configmaps/{self.configmap}"
+
+    def ensure(self) -> certs.Bundle | None:
+        """The bundle to serve with (None: cert-manager has not written it yet); the CA published."""
+        bundle = self.secret.ensure()
+        if bundle is not None and bundle.ca_bundle:
+            self.publish(bundle.ca_bundle.decode())
+        return bundle
+
+    def publish(self, ca: str) -> bool:
+        """Write `ca` into the ConfigMap where it differs (created when missing); True when written."""
+        try:
+            cm = self.kube.request_json("GET", self.cm_path) or {}
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            cm = None
+        if cm is not None and (cm.get("data") or {}).get("ca.crt") == ca:
+            return False
+        if cm is None:
+            body = {"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": self.configmap, "namespace": self.namespace,
+                                 "labels": {"app.kubernetes.io/managed-by": "vlm-operator"}},
+                    "data": {"ca.crt": ca}}
+            try:
+                self.kube.request_json("POST", self.cm_path.rsplit("/", 1)[0], body=body)
+            except ApiError as e:
+                if e.status != 409:  # another replica created it: the next check compares again
+                    raise
+                return False
+        else:
+            self.kube.request_json("PATCH", self.cm_path, body={"data": {"ca.crt": ca}},
+                                   content_type="application/merge-patch+json")
+        log.info("Published the judge's CA in ConfigMap %s/%s", self.namespace, self.configmap)
+        return True
+
+
+class KeptServer(tls.Kept):
+    """The judge served over HTTPS with a `KeptCert` (cluster.tls.Kept: the server starts once the certificate
+    exists, and a renewed certificate serves the next connection)."""
+
+    what = "judge"
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler], port: int, keeper: KeptCert, host: str = ""):
+        super().__init__()
+        self.handler, self.port, self.host, self.keeper = handler, port, host, keeper
+        self._served = b""
+
+    def refresh(self) -> None:
+        bundle = self.keeper.ensure()
+        if bundle is None:
+            log.warning("Secret %s/%s has no certificate yet: the judge waits for it", self.keeper.namespace,
+                        self.keeper.secret.name)
+            return
+        if bundle.tls_crt == self._served:
+            return
+        ctx = tls.server_context(bundle)
+        if self.server is None:
+            self.server = tls.TLSServer((self.host, self.port), self.handler, ctx)
+            threading.Thread(target=self.server.serve_forever, name="vlm-judge", daemon=True).start()
+            log.info("judge endpoint listening on port %d (https, certificate until %s)",
+                     self.server.server_address[1], certs.not_after(bundle.tls_crt).isoformat())
+        else:
+            self.server.context = ctx
+            log.info("judge certificate renewed (until %s)", certs.not_after(bundle.tls_crt).isoformat())
+        self._served = bundle.tls_crt
+
+    def shutdown(self) -> None:
+        self.stop()
+
+
+def start(conn: Connection, reader: sources.SidecarReader | None, settings: Any) -> ThreadingHTTPServer | KeptServer:
     """The operator's judge, as its settings say (`VLM_JUDGE_*`), on the operator's API connection and sidecar
     reader (one cache of windows for the VLMService looks and the judge's calls)."""
     reader = reader or sources.SidecarReader(timeout_s=settings.sidecar_timeout_seconds,
                                              workers=settings.sidecar_workers)
     j = Judge(conn, reader, auth=KubeAuth(conn), prometheus_url=settings.prometheus_url)
+    if settings.judge_tls:
+        handler = type("JudgeHandler", (_Handler,), {"judge": j})
+        return KeptServer(handler, settings.judge_port, KeptCert(conn, settings)).start()
     return serve(j, settings.judge_port, cert_file=settings.judge_tls_cert_file, key_file=settings.judge_tls_key_file)

@@ -40,7 +40,7 @@ FORBIDDEN_RESOURCES = {"secrets", "pods/exec", "pods/attach", "pods/portforward"
 ALLOWED_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
 
 
-COMPONENTS = {"operator", "metrics", "rbac", "crds", "alerts", "dashboard", "peering", "test", "injection"}
+COMPONENTS = {"operator", "metrics", "rbac", "crds", "alerts", "dashboard", "peering", "test", "injection", "judge"}
 AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
 
 
@@ -154,10 +154,14 @@ def _rules(objs: list[dict]) -> list[tuple[str, dict]]:
 
 
 def _webhook_secret_rule(where: str, rule: dict) -> bool:
-    """The injection webhook's Secret, in the operator's namespace: read and renewed by name; created (Kubernetes
-    cannot limit create to a name) only where the operator makes it (not with cert-manager)."""
-    return (where == f"Role {NAMESPACE}/{RELEASE}-vlm-operator-webhook" and rule["resources"] == ["secrets"]
-            and (rule.get("resourceNames") == [f"{RELEASE}-vlm-operator-webhook-tls"] or rule["verbs"] == ["create"]))
+    """The injection webhook's Secret and the judge's Secret and CA ConfigMap, in the operator's namespace: read and
+    renewed by name; created (Kubernetes cannot limit create to a name) only where the operator makes them."""
+    webhook = (where == f"Role {NAMESPACE}/{RELEASE}-vlm-operator-webhook" and rule["resources"] == ["secrets"]
+               and (rule.get("resourceNames") == [f"{RELEASE}-vlm-operator-webhook-tls"] or rule["verbs"] == ["create"]))
+    judge = (where == f"Role {NAMESPACE}/{RELEASE}-vlm-operator-judge"
+             and (rule.get("resourceNames") in ([f"{RELEASE}-vlm-operator-judge-tls"], [f"{RELEASE}-vlm-operator-judge-ca"])
+                  or rule["verbs"] == ["create"]))
+    return webhook or judge
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -384,3 +388,45 @@ def test_injection_is_off_by_default_and_never_refuses_a_pod():
     (cert,) = by_kind(cm, "Certificate")
     assert mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{cert['metadata']['name']}"
     assert not [r for r in by_kind(cm, "ClusterRole") if "webhook" in r["metadata"]["name"]]  # nothing to patch
+
+
+def test_judge_is_off_by_default_and_deploys_what_it_needs_when_on():
+    assert not [o for o in docs(template(GOLDEN / "default.values.yaml")) if "judge" in o["metadata"]["name"]]
+    from vlm_operator.api.settings import Settings, env_name
+    for case in ("judge", "judge-cert-manager"):
+        objs = docs(template(GOLDEN / f"{case}.values.yaml"))
+        (dep,) = by_kind(objs, "Deployment")
+        (container,) = dep["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        # Every VLM_JUDGE_* the chart sets is a setting the operator reads, and together they are valid.
+        assert {k for k in env if k.startswith("VLM_JUDGE_")} <= {env_name(f) for f in Settings.model_fields}
+        s = Settings.from_env({k: v for k, v in env.items() if k.startswith("VLM_JUDGE_")})
+        assert (s.judge_port, s.judge_namespace) == (8090, NAMESPACE)
+        assert s.judge_tls == ("cert-manager" if "cert-manager" in case else "self-signed")
+        assert (s.judge_service, s.judge_secret, s.judge_ca_configmap) == (
+            f"{RELEASE}-vlm-operator-judge", f"{RELEASE}-vlm-operator-judge-tls", f"{RELEASE}-vlm-operator-judge-ca")
+        (svc,) = [x for x in by_kind(objs, "Service") if x["metadata"]["name"] == s.judge_service]
+        port = next(p for p in container["ports"] if p["name"] == "judge")
+        assert svc["spec"]["ports"][0]["targetPort"] == "judge" and port["containerPort"] == 8090
+        (reviews,) = [r for r in by_kind(objs, "ClusterRole") if r["metadata"]["name"] == s.judge_service]
+        assert {(r["apiGroups"][0], r["resources"][0]) for r in reviews["rules"]} == {
+            ("authentication.k8s.io", "tokenreviews"), ("authorization.k8s.io", "subjectaccessreviews"), ("", "pods"),
+            ("", "events"), ("flagger.app", "canaries")}
+        (np,) = [n for n in by_kind(objs, "NetworkPolicy") if n["metadata"]["name"] == f"{RELEASE}-vlm-operator"]
+        judge_in = [r for r in np["spec"]["ingress"] if r["ports"] == [{"protocol": "TCP", "port": 8090}]]
+        assert len(judge_in) == 1 and {"ports": [{"protocol": "TCP", "port": 9400}]} in np["spec"]["egress"]
+        if case == "judge":
+            assert "from" not in judge_in[0]  # anywhere: every call carries a token
+            (binding,) = [b for b in by_kind(objs, "RoleBinding") if "-caller-" in b["metadata"]["name"]]
+            assert binding["metadata"]["namespace"] == "serving"
+            assert binding["roleRef"]["name"] == f"{RELEASE}-vlm-operator-judge-caller"
+            assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "argo-rollouts",
+                                            "namespace": "argo-rollouts"}]
+            assert not by_kind(objs, "Certificate")
+        else:
+            assert judge_in[0]["from"] == [{"namespaceSelector": {"matchLabels": {
+                "kubernetes.io/metadata.name": "flagger-system"}}}]
+            (cert,) = by_kind(objs, "Certificate")
+            assert cert["spec"]["secretName"] == s.judge_secret
+            assert f"{s.judge_service}.{NAMESPACE}.svc" in cert["spec"]["dnsNames"]
+            assert cert["spec"]["issuerRef"]["name"] == "corp-ca" and not by_kind(objs, "Issuer")

@@ -45,7 +45,7 @@ _pin = re.search(r"^CHECKOV_VERSION=(\S+)$", FETCH.read_text(), re.M)
 assert _pin, f"no CHECKOV_VERSION= in {FETCH}"
 CHECKOV_VERSION = _pin.group(1)
 ACCEPTED = REPO / "hack" / "checkov-accepted.yaml"
-CHART_CASES = ("default", "monitoring", "injection")
+CHART_CASES = ("default", "monitoring", "injection", "judge")
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 SERVING_NAMESPACE = "ml"
 

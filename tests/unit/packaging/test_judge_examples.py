@@ -113,7 +113,8 @@ def test_flaggers_load_tester_sends_what_the_judge_takes():
     argv = shlex.split(hook["metadata"]["cmd"].replace("$(cat /var/run/secrets/kubernetes.io/serviceaccount/token)",
                                                        "TOKEN"))
     assert argv[0] == "curl" and "--fail-with-body" in argv
-    url = next(a for a in argv if a.startswith("http://"))
+    url = next(a for a in argv if a.startswith("https://"))
+    assert argv[argv.index("--cacert") + 1] == "/etc/vlm-judge/ca.crt"
     assert url.endswith("/v1/flagger")
     assert "Authorization: Bearer TOKEN" in argv
     call = judge.parse_flagger(json.loads(argv[argv.index("-d") + 1]))
@@ -121,7 +122,7 @@ def test_flaggers_load_tester_sends_what_the_judge_takes():
     assert (call.request.baseline, call.request.canary) == ("app=qwen-vl-primary", "app=qwen-vl")
     assert c["spec"]["analysis"]["threshold"] >= 5
     binding = one(FLAGGER / "canary.yaml", "RoleBinding")
-    assert binding["roleRef"]["name"] == "vlm-judge-caller"
+    assert binding["roleRef"]["name"] == "vlm-operator-judge-caller"
 
 
 def test_the_rbac_and_the_service_are_what_the_judge_asks_for():
@@ -131,7 +132,7 @@ def test_the_rbac_and_the_service_are_what_the_judge_asks_for():
     assert rules[("authentication.k8s.io", "tokenreviews")] == ["create"]
     assert rules[("authorization.k8s.io", "subjectaccessreviews")] == ["create"]
     assert "list" in rules[("", "pods")]
-    (caller,) = roles["vlm-judge-caller"]["rules"]
+    (caller,) = roles["vlm-operator-judge-caller"]["rules"]
     assert (caller["apiGroups"], caller["resources"], caller["verbs"]) == (
         [GROUP], [judge_server.SAR_RESOURCE], [judge_server.SAR_VERB])
     svc = next(d for d in objs if d["kind"] == "Service")

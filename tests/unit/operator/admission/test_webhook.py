@@ -15,8 +15,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from vlm_operator.admission import certs, webhook
+from vlm_operator.admission import webhook
 from vlm_operator.api.settings import Settings
+from vlm_operator.cluster import certs
 from vlm_operator.cluster.connection import ApiError
 
 SETTINGS = Settings(webhook_namespace="vlm-system", webhook_cert_hosts=("127.0.0.1",), sidecar_image="img:1")

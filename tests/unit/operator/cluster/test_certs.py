@@ -1,4 +1,4 @@
-"""The webhook's self-signed TLS (vlm_operator.admission.certs): made, kept while valid, renewed before expiry, and a
+"""The webhook's self-signed TLS (vlm_operator.cluster.certs): made, kept while valid, renewed before expiry, and a
 real TLS handshake against the CA bundle for each of the Service's names."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 import pytest
 from cryptography import x509
 
-from vlm_operator.admission import certs
+from vlm_operator.cluster import certs
 
 # The real time: the handshakes check validity against the system clock (plan takes it as an argument).
 NOW = dt.datetime.now(dt.UTC)
