@@ -13,7 +13,7 @@ VENV_STAMP := $(VENV)/.installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 PYTEST_ARGS ?=
 
-.PHONY: setup deps system-deps venv binaries tools demo-binaries fetch lint crds test test-unit test-integration \
+.PHONY: setup deps system-deps venv binaries tools demo-binaries fetch lint crds test build-behind test-unit test-integration \
 	test-e2e demo demo-down bench testbed-up testbed-down images
 
 setup: deps binaries fetch
@@ -66,14 +66,21 @@ lint: venv
 
 # The unit tier's live py-spy tests alone (before the control plane starts), then integration and e2e on
 # pytest-xdist workers sharing one testbed with the rest of unit and the SGLang wheel compatibility tier beside
-# them on 2 xdist workers at nice 19, the py-spy-bound e2e tests two at a time, then the tests that need the testbed to themselves
+# them on 2 xdist workers at nice 19, the py-spy-bound e2e tests one at a time, then the tests that need the testbed to themselves
 # (hack/run-tests.sh; docs/testbed.md, "Test tiers and their budgets").
-# Only the tools the unit tier needs are built in front; the control plane's binaries are built by the unit
-# session in the background (nice 19) while the unit tier runs, the Prometheus Operator after them while the
-# first integration tests run (testing/vlm_testing/binaries.py). `$(PY) -m pytest` alone still runs every tier, one test at
-# a time (pyproject.toml's testpaths).
-test: deps tools fetch lint
+# Only the tools the unit tier needs are built in front. The control plane's binaries, then the Prometheus
+# Operator, Prometheus, the Argo Rollouts controller and Flagger build in the background from the very start
+# (hack/build-behind.sh, before the virtualenv: on a cold machine the Go build overlaps the setup as well as the
+# unit tier and the first integration tests; testing/vlm_testing/binaries.py). The tools (py-spy's cargo build,
+# helm) and the fetches (mostly waiting on registries) run side by side. `$(PY) -m pytest` alone still runs every
+# tier, one test at a time (pyproject.toml's testpaths).
+test: build-behind deps
+	$(MAKE) --no-print-directory -j2 tools fetch
+	$(MAKE) --no-print-directory lint
 	PY=$(PY) bash hack/run-tests.sh $(PYTEST_ARGS)
+
+build-behind:
+	bash hack/build-behind.sh
 
 test-unit: venv tools fetch
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -18,8 +18,9 @@
 #   prometheus: Prometheus with kubernetes_sd (Debian's has none), which the e2e tier runs on the generated
 #               configuration; built behind the monitoring stage, while the integration tier runs
 #   argo:       Argo Rollouts' controller (hack/build-argo-rollouts.sh; its CRDs come from hack/fetch-crds.sh), for
-#               the judge's integration test; built last, behind the prometheus stage
-#   all:        tools,cluster,monitoring,prometheus,argo (the default)
+#               the judge's integration test; built behind the prometheus stage
+#   flagger:    Flagger's controller and load tester (v1.36.1), for the judge's Flagger test; built last
+#   all:        tools,cluster,monitoring,prometheus,argo,flagger (the default)
 # `make demo` builds pyspy,cluster only: the demo runs Debian's Prometheus (file_sd), no helm, no Prometheus
 # Operator, no Argo Rollouts.
 # Each stage holds a lock of its own in the cache while it runs: a second run of a stage waits for the
@@ -32,6 +33,7 @@ KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v3.21.4}"
 PROM_OPERATOR_VERSION="${PROM_OPERATOR_VERSION:-v0.85.0}"
 PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"  # the Go module's version of Prometheus 3.16.0
+FLAGGER_VERSION="${FLAGGER_VERSION:-v1.36.1}"  # its CRD comes from hack/fetch-crds.sh, same version
 CACHE="${VLM_CACHE:-$HOME/.cache/vlm-operator}"
 BIN="$CACHE/bin"
 
@@ -40,13 +42,13 @@ if [[ "${1:-}" == "--print-dir" ]]; then echo "$BIN"; exit 0; fi
 if [[ "${1:-}" == "--print-pyspy-dir" ]]; then echo "$CACHE/pyspy"; exit 0; fi
 STAGE=all
 if [[ "${1:-}" == "--stage" ]]; then STAGE="${2:-}"; fi
-[[ "$STAGE" == all ]] && STAGE=tools,cluster,monitoring,prometheus,argo
+[[ "$STAGE" == all ]] && STAGE=tools,cluster,monitoring,prometheus,argo,flagger
 IFS=, read -ra GIVEN <<<"$STAGE"
 ((${#GIVEN[@]})) || GIVEN=("")  # an empty --stage is refused below, not taken as nothing to do
 STAGES=()
 for s in "${GIVEN[@]}"; do
   case "$s" in tools) STAGES+=(pyspy helm) ;;
-    pyspy|helm|cluster|monitoring|prometheus|argo) STAGES+=("$s") ;;
+    pyspy|helm|cluster|monitoring|prometheus|argo|flagger) STAGES+=("$s") ;;
     *) echo "[build-binaries] unknown stage '$s' (tools = pyspy,helm; cluster, monitoring, prometheus, argo, all)" >&2
        exit 2;; esac
 done
@@ -261,6 +263,9 @@ for stage in "${STAGES[@]}"; do
       build_prometheus ;;
     argo)  # Argo Rollouts' controller for the judge's tests (its own script, its own lock)
       bash "$(dirname "$0")/build-argo-rollouts.sh" --stage all ;;
+    flagger)  # Flagger's controller and its load tester, for the judge's Flagger test (no replace directives)
+      build_goinstall flagger "$FLAGGER_VERSION" github.com/fluxcd/flagger/cmd/flagger
+      build_goinstall loadtester "$FLAGGER_VERSION" github.com/fluxcd/flagger/cmd/loadtester ;;
   esac
   exec 9>&-
   log "binaries ready in $BIN ($stage; $(( $(date +%s) - start ))s)"

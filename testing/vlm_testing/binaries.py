@@ -2,14 +2,18 @@
 
 `make test` builds only the tools stage in front (py-spy and helm, which the unit tier uses). When the
 collected tests include integration or e2e ones, the session starts `hack/build-binaries.sh --stage
-cluster,monitoring,prometheus,argo` in the background at the lowest CPU priority (nice 19: the unit tier's
-measurements keep the CPU; the build takes what they leave idle). The first test that needs the control
+cluster,monitoring,prometheus,argo,flagger` in the background, at nice 19 in a session of its own: with the
+kernel's scheduling autogroups that is an equal share of the CPU beside the tests, on purpose (the builds are on
+the integration tests' critical path: hack/build-behind.sh says what a real yield cost), and the timing tests
+hold it while they measure (`paused`). The first test that needs the control
 plane waits for the cluster stage; the Prometheus Operator (monitoring) and Prometheus with kubernetes_sd
 (prometheus) go on building behind the integration tests, and only the tests that run them wait for them
 (`require`). On a machine where everything is cached the background run finishes in a second. On a cold
 one it overlaps the 15-20 minute Go build with the tests instead of running them one after the other.
 
-`hack/run-tests.sh` runs the unit tier in a session of its own, before the testbed starts: it sets
+`make test` starts that build before anything else (`hack/build-behind.sh`: before the virtualenv, the tools and
+the fetches, so a cold machine's Go build overlaps them too); a session that finds it running adopts it instead of
+starting a second. `hack/run-tests.sh` runs the unit tier in a session of its own, before the testbed starts: it sets
 VLM_BUILD_BEHIND=1, and that session starts the same background build whatever it collected and leaves it
 running at its end (its process group id in CACHE/build-behind.pgid) for the integration and e2e passes,
 whose `ensure` calls wait on its locks; the script stops it when the run ends. Under pytest-xdist only the
@@ -38,7 +42,7 @@ SCRIPT = REPO / "hack" / "build-binaries.sh"
 CACHE = Path(os.environ.get("VLM_CACHE") or Path.home() / ".cache" / "vlm-operator")
 LOG = CACHE / "build-cluster.log"
 PGID = CACHE / "build-behind.pgid"
-STAGES = "cluster,monitoring,prometheus,argo"
+STAGES = "cluster,monitoring,prometheus,argo,flagger"
 
 
 def behind() -> bool:
@@ -56,14 +60,30 @@ def wanted(collected_cluster_tests: bool) -> bool:
 outside: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
 _lock = threading.Lock()
 _background: subprocess.Popen[bytes] | None = None
+_adopted: int | None = None  # the process group of a background build this session found running
 _ensured: dict[str, subprocess.CompletedProcess[str]] = {}
 
 
+def _running_behind() -> int | None:
+    """The process group of a background build `hack/build-behind.sh` (run first by `make test`) or an earlier
+    session left running, when it still runs."""
+    try:
+        pgid = int(PGID.read_text().strip())
+        os.killpg(pgid, 0)
+    except (OSError, ValueError):
+        return None
+    return pgid
+
+
 def start_background() -> None:
-    """Start the cluster, monitoring, prometheus and argo stages behind the tests (once per session)."""
-    global _background
+    """Start the cluster, monitoring, prometheus and argo stages behind the tests (once per session), or adopt
+    the one `hack/build-behind.sh` started (`paused` then holds that one)."""
+    global _background, _adopted
     with _lock:
-        if _background is not None:
+        if _background is not None or _adopted is not None:
+            return
+        _adopted = _running_behind()
+        if _adopted is not None:
             return
         CACHE.mkdir(parents=True, exist_ok=True)
         with LOG.open("wb") as out:
@@ -111,16 +131,20 @@ def paused() -> Iterator[bool]:
     build's compilers, linker and page cache then read py-spy's loop estimates several percent long. Yields
     whether a build was running; a no-op once it has finished (every warm run)."""
     with _lock:
-        proc = _background if _background is not None and _background.poll() is None else None
-        if proc is not None:
+        pgid = _background.pid if _background is not None and _background.poll() is None else None
+        if pgid is None and _adopted is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(_adopted, 0)
+                pgid = _adopted
+        if pgid is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGSTOP)
+                os.killpg(pgid, signal.SIGSTOP)
     try:
-        yield proc is not None
+        yield pgid is not None
     finally:
-        if proc is not None:
+        if pgid is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGCONT)
+                os.killpg(pgid, signal.SIGCONT)
 
 
 def stop_background() -> None:

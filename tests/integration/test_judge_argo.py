@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from vlm_testing import fetched
 from vlm_testing.cluster import wait_for
 from vlm_testing.integration import _dry_run, _established, _in, _kept
+from vlm_testing.judge import StandIns
 
 REPO = Path(__file__).resolve().parents[2]
 ARGO = REPO / "examples" / "argo-rollouts"
@@ -48,62 +48,6 @@ def test_the_argo_examples_pass_argos_own_schemas(cluster, argo_crds, namespace)
 
 
 # ---------------------------------------------------------------- a real Argo Rollouts controller
-
-class StandIns:
-    """A profiler sidecar stand-in per pod, started as the pod appears: windows every 5 s over the last 5 minutes,
-    made up at each read (deterministic per pod and window), the canary's loop 20% slower. The endpoints file
-    points the operator's reader at them (VLM_SIDECAR_ENDPOINTS; re-read when it changes)."""
-
-    def __init__(self, path: Path, slower: float = 0.20):
-        self.path = path
-        self.slower = slower
-        self.servers: dict[str, Any] = {}
-        self.canary_hash = ""
-        path.write_text("{}")
-
-    def add(self, pod: str, canary: bool) -> None:
-        import math
-        import random
-        import threading
-        import time
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        from vlm_testing.signals import shares
-
-        level = 0.02 * (1 + (self.slower if canary else 0.0)) * (1 + 0.004 * (len(self.servers) % 3))
-        stages, functions = shares(self.slower if canary else 0.0)
-
-        class H(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                now = time.time()
-                last = math.floor(now / 5) * 5
-                out = []
-                for end in range(int(last) - 300, int(last) + 1, 5):
-                    rng = random.Random(f"{pod}/{end}")
-                    loop = level * math.exp(rng.gauss(0, 0.01))
-                    out.append({"id": end // 5, "tp_rank": 0, "start": end - 4.0, "end": float(end), "samples": 4000,
-                                "loop_mean_seconds": loop, "loop_p95_seconds": loop * 1.6, "iterations": 200,
-                                "stage_shares": stages, "function_shares": functions, "stale": False, "error": None})
-                data = json.dumps(out).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *a: Any) -> None:
-                pass
-
-        s = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=s.serve_forever, daemon=True).start()
-        self.servers[pod] = s
-        self.path.write_text(json.dumps({p: f"127.0.0.1:{x.server_address[1]}" for p, x in self.servers.items()}))
-
-    def close(self) -> None:
-        for s in self.servers.values():
-            s.shutdown()
-
-
 # A cold run (nothing built) waits here for the Argo Rollouts controller, built behind the other stages while the
 # parallel pass runs: over 600 s in a cold CI run (2026-12-06), so the default timeout would end the test mid-wait.
 @pytest.mark.timeout(1800)

@@ -1,11 +1,15 @@
 """The judge's Flagger example against Flagger's own CRDs (v1.36.1, from the Go module proxy in the
 setup step: hack/fetch-crds.sh) on the real API server: a server-side dry run of the Canary, every field kept (a
-webhook field Flagger does not know would be pruned without an error)."""
+webhook field Flagger does not know would be pruned without an error); and Flagger's own controller and load
+tester (v1.36.1, built from the Go module proxy: hack/build-binaries.sh --stage flagger) running it against the
+judge over HTTPS."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
 
 from vlm_testing import fetched
 from vlm_testing.cluster import wait_for
@@ -25,3 +29,185 @@ def test_the_flagger_canary_passes_flaggers_own_schema(cluster, namespace):
     assert not lost, f"the API server dropped or changed {lost}"
     hook = back["spec"]["analysis"]["webhooks"][0]
     assert hook["type"] == "rollout" and "/v1/flagger" in hook["metadata"]["cmd"]
+
+
+# ---------------------------------------------------------------- a real Flagger
+
+def _flagger_canary(namespace: str, loadtester: int, judge_port: int, token: Path, ca: Path) -> dict:
+    """The example Canary, made to run here: Blue/Green (the kubernetes provider shifts no traffic: `iterations`),
+    15 s checks, the load tester and the judge on loopback, the judge's Service name resolved to 127.0.0.1 by curl,
+    and the token and CA from files (no pod runs the load tester here)."""
+    (canary,) = [d for d in _in(namespace, REPO / "examples" / "flagger" / "canary.yaml") if d["kind"] == "Canary"]
+    host = f"vlm-operator-judge.{namespace}.svc"
+    a = canary["spec"]["analysis"]
+    for k in ("maxWeight", "stepWeight"):
+        a.pop(k, None)
+    # Blue/Green: 2 passed checks promote. Failed checks (the judge's Inconclusive while the canary warms up and
+    # gathers its first windows, then Rollback) roll back at 8: room for the warm-up at 15 s a check.
+    a.update(interval="15s", iterations=2, threshold=8)
+    canary["spec"]["progressDeadlineSeconds"] = 120
+    (hook,) = a["webhooks"]
+    hook["url"] = f"http://127.0.0.1:{loadtester}/"
+    cmd = hook["metadata"]["cmd"]
+    cmd = cmd.replace("$(cat /var/run/secrets/kubernetes.io/serviceaccount/token)", f"$(cat {token})")
+    cmd = cmd.replace("--cacert /etc/vlm-judge/ca.crt", f"--cacert {ca} --resolve {host}:{judge_port}:127.0.0.1")
+    cmd = cmd.replace("https://vlm-operator-judge.vlm-system.svc:8090", f"https://{host}:{judge_port}")
+    cmd = cmd.replace('"namespace": "serving"', f'"namespace": "{namespace}"')
+    cmd = cmd.replace('{\\"interval\\": \\"1m\\", \\"maxDuration\\": \\"30m\\"}"',
+                      '{\\"interval\\": \\"15s\\", \\"maxDuration\\": \\"2m\\"}", "telemetryInterval": "5s"')
+    assert f"{host}:{judge_port}" in cmd and str(token) in cmd and "telemetryInterval" in cmd, cmd
+    hook["metadata"]["cmd"] = cmd
+    return canary
+
+
+@pytest.mark.timeout(1800)  # a cold run waits for Flagger's build, behind the other stages
+def test_flagger_promotes_what_the_judge_passes_and_rolls_back_what_it_fails_naming_the_function(
+        cluster, crd, namespace, kube, tmp_path):
+    """Flagger v1.36.1's own controller (`-mesh-provider kubernetes`: Blue/Green, no mesh) runs the example Canary,
+    whose `rollout` webhook goes through Flagger's own load tester to the judge over HTTPS (verified against the CA
+    the operator publishes, with a caller's ServiceAccount token). An unchanged revision: the judge's checks pass
+    and Flagger promotes it. Then a revision whose loop is 20% slower: the judge answers Rollback, Flagger counts
+    failed checks and rolls it back, and its Warning Events carry the judge's reason and the function that grew.
+    Pods run on kwok; their sidecars are local stand-ins."""
+    import subprocess
+    import threading
+
+    from kubernetes import client
+
+    from vlm_testing import binaries
+    from vlm_testing.integration import _token
+    from vlm_testing.judge import StandIns, configmap
+    from vlm_testing.operator_proc import OperatorProcess, free_port
+
+    binaries.require("flagger", "Flagger's controller and load tester")
+    bin_dir = Path.home() / ".cache" / "vlm-operator" / "bin"
+    if (cluster.bin_dir / "flagger").exists():
+        bin_dir = cluster.bin_dir
+    (crd_file,) = fetched.crds(fetched.FLAGGER)
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd_file), timeout=120)
+    wait_for(lambda: _established(json.loads(cluster.kubectl("get", "crd/canaries.flagger.app", "-o", "json"))),
+             120, "CRD canaries.flagger.app Established")
+
+    core, rbac, apps = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube), client.AppsV1Api(kube)
+    custom = client.CustomObjectsApi(kube)
+    # The caller: the load tester's ServiceAccount, allowed to ask the judge here (the chart's caller role).
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "flagger-loadtester"}})
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "judge-caller"}, "rules": [
+        {"apiGroups": ["serving.vlmops.dev"], "resources": ["judgements"], "verbs": ["create"]}]})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "judge-caller"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "judge-caller"},
+        "subjects": [{"kind": "ServiceAccount", "name": "flagger-loadtester", "namespace": namespace}]})
+    token = tmp_path / "token"
+    token.write_text(_token(kube, namespace, "flagger-loadtester"))
+
+    sidecars = StandIns(tmp_path / "endpoints.json", slower=0.0)
+    stop = threading.Event()
+
+    def watch() -> None:  # a stand-in per pod as it appears: the canary's (app=qwen-vl) at the current slowdown
+        while not stop.is_set():
+            try:
+                for p in core.list_namespaced_pod(namespace, label_selector="app in (qwen-vl, qwen-vl-primary)").items:
+                    if p.metadata.name not in sidecars.servers:
+                        sidecars.add(p.metadata.name, canary=p.metadata.labels["app"] == "qwen-vl")
+            except Exception:
+                pass
+            stop.wait(0.5)
+
+    threading.Thread(target=watch, daemon=True).start()
+    judge_port = free_port()
+    op = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log", {
+        "VLM_JUDGE_PORT": str(judge_port), "VLM_JUDGE_TLS": "self-signed", "VLM_JUDGE_NAMESPACE": namespace,
+        "VLM_SIDECAR_ENDPOINTS": str(sidecars.path)}).start()
+    procs: list[subprocess.Popen] = []
+    logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("flagger", "loadtester")}  # noqa: SIM115
+    try:
+        cm = wait_for(lambda: configmap(core, namespace, "vlm-operator-judge-ca"), 60,
+                      f"the judge's CA ConfigMap\n{op.log_tail(20)}")
+        ca = tmp_path / "ca.crt"
+        ca.write_text(cm.data["ca.crt"])
+        lt_port = free_port()
+        procs.append(subprocess.Popen([str(bin_dir / "loadtester"), "-port", str(lt_port), "-log-level", "info",
+                                       "-zap-encoding", "console"], stdout=logs["loadtester"], stderr=subprocess.STDOUT))
+        procs.append(subprocess.Popen([str(bin_dir / "flagger"), "-kubeconfig", str(cluster.kubeconfig),
+                                       "-namespace", namespace, "-mesh-provider", "kubernetes",
+                                       "-metrics-server", "http://127.0.0.1:1", "-port", str(free_port()),
+                                       "-control-loop-interval", "5s", "-log-level", "info", "-zap-encoding",
+                                       "console", "-enable-config-tracking=false"],
+                                      stdout=logs["flagger"], stderr=subprocess.STDOUT))
+
+        (rollout,) = _in(namespace, REPO / "examples" / "argo-rollouts" / "rollout.yaml")
+        template = rollout["spec"]["template"]
+        for c in template["spec"]["containers"]:
+            c.pop("resources", None)  # kwok's GPUs are shared with other tests: none taken here
+        apps.create_namespaced_deployment(namespace, {
+            "metadata": {"name": "qwen-vl"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "qwen-vl"}}, "template": template}})
+        cluster.kubectl("apply", "--server-side", "-f", "-",
+                        stdin=json.dumps(_flagger_canary(namespace, lt_port, judge_port, token, ca)))
+
+        def status() -> dict:
+            return custom.get_namespaced_custom_object("flagger.app", "v1beta1", namespace, "canaries",
+                                                       "qwen-vl").get("status") or {}
+
+        def tail() -> str:
+            out = [f"canary status: {json.dumps(status())[:1500]}"]
+            for name in logs:
+                logs[name].flush()
+                out.append(f"--- {name}\n" + (tmp_path / f"{name}.log").read_text(errors="replace")[-2500:])
+            return "\n".join([*out, "--- operator", op.log_tail(20)])
+
+        def reach(phase: str, timeout: float) -> None:
+            try:
+                wait_for(lambda: status().get("phase") == phase, timeout, f"Canary phase {phase}", interval=1)
+            except AssertionError as e:
+                raise AssertionError(f"{e}\n{tail()}") from None
+
+        reach("Initialized", 180)
+
+        def revision(n: int) -> None:
+            apps.patch_namespaced_deployment("qwen-vl", namespace, {
+                "spec": {"template": {"metadata": {"annotations": {"revision": str(n)}}}}})
+
+        revision(2)  # unchanged: the canary's stand-ins run as fast as the primary's
+        reach("Progressing", 120)
+        reach("Succeeded", 420)
+        sidecars.slower = 0.20
+        revision(3)  # 20% slower: its new canary pods get the slower stand-ins
+        reach("Progressing", 120)
+        reach("Failed", 420)
+
+        def rolled_back() -> list:  # Flagger posts its Events apart from its status: the phase may come first
+            evs = core.list_namespaced_event(namespace, field_selector="involvedObject.kind=Canary").items
+            return evs if any("failed checks threshold reached" in e.message for e in evs) else []
+
+        try:
+            events = wait_for(rolled_back, 60, "Flagger's rollback Event on the Canary", interval=1)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{tail()}") from None
+        uid = custom.get_namespaced_custom_object("flagger.app", "v1beta1", namespace, "canaries",
+                                                  "qwen-vl")["metadata"]["uid"]
+        # Flagger's own: the failed checks (its webhook client drops a 5xx answer's body) and the rollback.
+        assert any("external check vlm-gate failed" in e.message for e in events), tail()
+        assert any("failed checks threshold reached" in e.message for e in events), tail()
+        # The judge's, on the same Canary (by uid: `kubectl describe canary` shows it): the reason and the function.
+        judged = [e for e in events if e.source.component == "vlm-operator-judge"]
+        assert len(judged) == 1, [(e.reason, e.message[:200]) for e in judged]
+        assert (judged[0].type, judged[0].reason, judged[0].involved_object.uid) == (
+            "Warning", "LoopLatencyRegressed", uid)
+        assert "reconstruct_on_target_device" in judged[0].message, judged[0].message
+        primary = apps.read_namespaced_deployment("qwen-vl-primary", namespace)
+        assert primary.spec.template.metadata.annotations.get("revision") == "2"  # the promoted one, kept
+    finally:
+        stop.set()
+        for p in procs:
+            p.terminate()
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for f in logs.values():
+            f.close()
+        op.stop()
+        sidecars.close()
+

@@ -99,6 +99,7 @@ def test_a_build_left_behind_outlives_the_session(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(binaries, "SCRIPT", tmp_path / "build.sh")
     (tmp_path / "build.sh").write_text("sleep 60\n")
     monkeypatch.setattr(binaries, "_background", None)
+    monkeypatch.setattr(binaries, "_adopted", None)
     binaries.start_background()
     proc = binaries._background
     try:
@@ -109,3 +110,33 @@ def test_a_build_left_behind_outlives_the_session(monkeypatch: pytest.MonkeyPatc
     finally:
         subprocess.run(["pkill", "-g", str(proc.pid)], check=False)
         proc.wait(10)
+
+
+def test_a_session_adopts_the_build_make_test_started(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """hack/build-behind.sh (the first thing `make test` runs) leaves its process group id behind: the unit session
+    starts no second build, and `paused` holds the adopted one while a test measures."""
+    group = subprocess.Popen(["bash", "-c", "sleep 60 & wait"], start_new_session=True)
+    try:
+        monkeypatch.setattr(binaries, "PGID", tmp_path / "build-behind.pgid")
+        monkeypatch.setattr(binaries, "SCRIPT", tmp_path / "must-not-run.sh")
+        monkeypatch.setattr(binaries, "_background", None)
+        monkeypatch.setattr(binaries, "_adopted", None)
+        (tmp_path / "build-behind.pgid").write_text(f"{group.pid}\n")
+        binaries.start_background()
+        assert binaries._background is None and binaries._adopted == group.pid
+        with binaries.paused() as held:
+            assert held is True and _states([group.pid], stopped=True)
+        assert _states([group.pid], stopped=False)
+        # The script itself: a build already running is left alone, none is started beside it.
+        r = subprocess.run(["bash", str(REPO / "hack" / "build-behind.sh")], capture_output=True, text=True,
+                           timeout=30, env={"PATH": "/usr/bin:/bin", "VLM_CACHE": str(tmp_path)})
+        assert r.returncode == 0 and "already running" in r.stderr, r.stderr
+        assert (tmp_path / "build-behind.pgid").read_text().strip() == str(group.pid)
+    finally:
+        subprocess.run(["pkill", "-g", str(group.pid)], check=False)
+        group.wait(10)
+    deadline = time.time() + 5  # its orphaned `sleep` is reaped by init a moment later
+    while binaries._running_behind() is not None and time.time() < deadline:
+        time.sleep(0.05)
+    with binaries.paused() as held:  # the adopted build ended: nothing to hold
+        assert held is False

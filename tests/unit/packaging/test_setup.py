@@ -37,8 +37,13 @@ def test_the_sets_the_tests_read_are_the_ones_the_script_fetches() -> None:
 
 
 def test_make_test_fetches_before_the_tests() -> None:
-    prereqs, _ = _rule("test")
-    assert "fetch" in prereqs and prereqs.index("fetch") < prereqs.index("lint"), prereqs
+    prereqs, recipe = _rule("test")
+    # The background Go build first of all, then the tools and the fetches side by side, then lint, then the tests.
+    assert prereqs[0] == "build-behind", prereqs
+    fetch_at = next(i for i, line in enumerate(recipe) if "$(MAKE)" in line and " fetch" in line)
+    lint_at = next(i for i, line in enumerate(recipe) if "$(MAKE)" in line and " lint" in line)
+    run_at = next(i for i, line in enumerate(recipe) if "run-tests.sh" in line)
+    assert fetch_at < lint_at < run_at, recipe
     assert "fetch" in _rule("setup")[0]
     _, recipe = _rule("fetch")
     for script in ("hack/fetch-crds.sh", "hack/fetch-sglang-wheels.sh", "hack/fetch-checkov.sh",
