@@ -22,6 +22,11 @@ from the stable pods and the rollout's own pairs, as on a service's first rollou
 Designs, on the same windows of each trial:
 - gate: the shipped gate with the pods' layout (nodes, pairs, the stable pods' 5-minute pre-period);
 - gate without layout: the same gate with every canary pod against the stable mean (Unpaired);
+- judge: the judge endpoint's own code (`vlm_operator.judge.evaluate`: the request with the same steps, the pods
+  by selector with their nodes and Ready times, `decide`) as Argo Rollouts or Flagger would call it each minute,
+  on what it can read: the windows of the pods running at the look, from the sidecars (a stable pod the rollout
+  replaced took its sidecar and its history with it), the running stable pods' 5-minute pre-period among them; no
+  calibration (the judge keeps nothing between calls); its analysis clock from the canary pods' Ready times;
 - competitors on the same windows, the same pods and the same schedule (each step its planned 5 minutes, looks
   every minute; none of them waits past it):
   - Kayenta: the canary's windows against the stable pods' since the rollout began, Mann-Whitney at 98% with its
@@ -49,7 +54,7 @@ import math
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +73,7 @@ from vlm_operator.analysis.gate import (
 from vlm_operator.analysis.gate.paired import HISTORY_DF_CAP
 from vlm_operator.analysis.tdist import t_ppf
 from vlm_operator.api import v1alpha1 as api
+from vlm_operator.judge import evaluate as judge
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -259,10 +265,13 @@ def simulate(world: World, seed: int, designs: tuple[str, ...]) -> dict[str, Res
                 now = start + e
                 base, can = windows_at(now, j)
                 ready = {f"canary-{i}": canary_start[i] + WINDOW_S for i in range(steps[j])}
-                layout = Layout(running(now, j), replaced, before, ready) if pairs else Layout(started=ready)
-                d = decide(base, can, policy, started_at=start, now=now, step_duration_s=analysis,
-                           data_started_at=start, step=j, evidence_since=t0, layout=layout,
-                           calibration=calibration, **OLD_GATE_ARGS)
+                if name == JUDGE:
+                    d = judge_look(policy, n, running(now, j), ready, base, can, j, now)
+                else:
+                    layout = Layout(running(now, j), replaced, before, ready) if pairs else Layout(started=ready)
+                    d = decide(base, can, policy, started_at=start, now=now, step_duration_s=analysis,
+                               data_started_at=start, step=j, evidence_since=t0, layout=layout,
+                               calibration=calibration, **OLD_GATE_ARGS)
                 mins = (now - t0) / 60
                 by = getattr(d, "decided_by", None) or ("timeout" if d.reason == "MaxDurationReached" else "evidence")
                 if d.verdict == "Rollback":
@@ -305,6 +314,31 @@ def simulate(world: World, seed: int, designs: tuple[str, ...]) -> dict[str, Res
     for name in COMPETITORS if not world.load else ():  # they judge loop latency; the rows are about throughput
         out[name] = competitor(name, policy, planned, steps, windows_at, t0)
     return out
+
+
+def judge_request(policy: GatePolicy, replicas: int, step: int) -> judge.JudgeRequest:
+    """What Argo Rollouts or Flagger sends for this step: the shipped analysis and the same step schedule."""
+    spec = api.parse_spec({"model": {"path": "m"}, "replicas": replicas, "rollout": {}})
+    steps = [s.model_dump(by_alias=True) for s in spec.rollout.schedule(replicas)]  # type: ignore[union-attr]
+    req = judge.JudgeRequest.model_validate({"namespace": "bench", "baseline": "rev=stable", "canary": "rev=canary",
+                                             "steps": steps, "step": step})
+    assert req.policy() == policy, "the judge's policy differs from the VLMService's at the same steps"
+    return req
+
+
+def judge_look(policy: GatePolicy, replicas: int, running: dict[str, str], ready: dict[str, float], base: list[Window],
+               can: list[Window], step: int, now: float):
+    """One look of the judge: the pods listed now (node, Ready time), the windows their sidecars still serve."""
+    req = _JUDGE_REQ.get((replicas, step))
+    if req is None:
+        req = _JUDGE_REQ[(replicas, step)] = judge_request(policy, replicas, step)
+    pods = [judge.PodRef(p, judge.CANARY if p.startswith("canary") else judge.BASELINE, None, node, True,
+                         ready.get(p)) for p, node in running.items()]
+    windows = [replace(w, revision=judge.BASELINE) for w in base if w.pod in running] + can
+    return judge.decide(req, windows, pods, now=now)
+
+
+_JUDGE_REQ: dict[tuple, judge.JudgeRequest] = {}
 
 
 def competitor(name: str, policy: GatePolicy, starts: list[float], steps: tuple[int, ...], windows_at, t0: float
@@ -357,7 +391,8 @@ def _cut(d) -> float | None:
     return next((s.covariate_cut for s in d.signals if s.name == "loop_latency"), None)
 
 
-GATES = ("gate", "gate without layout")
+JUDGE = "judge"
+GATES = ("gate", "gate without layout", JUDGE)
 THROUGHPUT_GATES = ("gate", RAW_THROUGHPUT)
 COMPETITORS = ("Kayenta", "Argo", "Flagger", "OME")
 DESIGNS = (*GATES, RAW_THROUGHPUT, NO_COVARIATES, *COMPETITORS)
@@ -496,7 +531,11 @@ def worlds_for(which: str) -> list[World]:
                                           ("mixed", 0.0, 0.0), ("saturated", 0.10, 0.0), ("mixed", 0.10, 0.0),
                                           ("mixed", 0.10, 0.10), ("below", 0.10, 0.0))]
     if which == "coverage":  # the interval under autocorrelated noise, at each step's end
-        return [World(8, f, e, "autocorrelated", spread=s) for s in (0.02, 0.08) for f in (0.0, 0.8) for e in (0.0, 0.05)]
+        return [World(8, f, e, "autocorrelated", spread=s) for s in (0.02, 0.05, 0.08) for f in (0.0, 0.5, 0.8)
+                for e in (0.0, 0.05)]
+    if which == "judge":  # the judge beside the VLMService gate: the core rows' corners, full nodes and surge pairs
+        out = [World(8, f, e, "autocorrelated", spread=s) for s in (0.02, 0.08) for f in (0.5, 0.8) for e in (0.0, 0.05)]
+        return out + [World(8, f, e, "autocorrelated", surge=True) for f in (0.5, 0.8) for e in (0.0, 0.05)]
     if which == "history":  # a later rollout: what the first rollout's targets need, known from history
         return [World(8, f, e, "autocorrelated", history=True) for f in (0.5, 0.8) for e in (0.0, 0.05)]
     if which == "covariates":  # the request mix as a covariate: with and without, A/A and +5%, f 0.5 and 0.8
@@ -518,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "paired_gate.md")
-    ap.add_argument("--worlds", choices=("quick", "core", "rest", "before", "classic", "throughput", "covariates", "history", "coverage"), default="core")
+    ap.add_argument("--worlds", choices=("quick", "core", "rest", "before", "classic", "throughput", "covariates", "history", "coverage", "judge"), default="core")
     ap.add_argument("--gates", default="", help="which of the gate designs to run (comma-separated; default "
                     f"{','.join(GATES)}, with --worlds throughput {','.join(THROUGHPUT_GATES)})")
     ap.add_argument("--quick", action="store_true", help="--worlds quick")
@@ -540,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--effects/--spreads/--fs: no row of --worlds {args.worlds} has those")
     t = time.time()
     gates = tuple(g for g in args.gates.split(",") if g) or {"throughput": THROUGHPUT_GATES, "coverage": (COVERAGE,),
-                                                            "covariates": COVARIATE_GATES}.get(args.worlds, GATES)
+                                                            "covariates": COVARIATE_GATES, "judge": ("gate", JUDGE)}.get(args.worlds, GATES)
     res = run(worlds, args.trials, args.jobs, args.seed, gates)
     text = (coverage_markdown(res, args.trials, time.time() - t) if gates == (COVERAGE,)
             else markdown(res, args.trials, time.time() - t, args.label))

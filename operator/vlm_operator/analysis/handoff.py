@@ -22,7 +22,6 @@ from vlm_operator.api.units import parse_duration, parse_time
 from vlm_operator.cluster.observed import Observed
 
 PROFILER_SPAN_WINDOWS = 4  # status.profiler summarises the windows of the last 4 telemetry intervals
-PRE_PERIOD_S = 300.0  # the stable pods' pre-period: the default step's analysis time
 
 
 @dataclass(frozen=True)
@@ -215,7 +214,7 @@ def before_start(
     pre: dict[str, gate.Before] = {}
     if spec.telemetry.enabled:
         try:
-            windows = source_for(ctx, spec, namespace, name, observed).read([stable_rev], now - PRE_PERIOD_S, now)
+            windows = source_for(ctx, spec, namespace, name, observed).read([stable_rev], now - gate.PRE_PERIOD_S, now)
         except sources.SignalsUnavailable:
             windows = []
         pre = gate.pre_period([w for w in windows if w.revision == stable_rev], policy, nodes, now)

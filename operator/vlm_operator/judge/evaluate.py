@@ -288,26 +288,59 @@ def pod_ref(body: Mapping[str, Any], side: str) -> PodRef:
 
 
 def decide(req: JudgeRequest, windows: Sequence[Window], pods: Sequence[PodRef], *, now: float,
-           unavailable: str | None = None) -> gate.Decision:
+           unavailable: str | None = None, lay: gate.Layout | None = None) -> gate.Decision:
     """The gate's decision on the request's pods: the same `gate.decide` a VLMService's look calls, with the same
-    policy mapping; the layout has the pods' nodes and Ready times (each canary pod's warm-up is left out), no
-    same-node pairs (the caller's rollout placed the pods, not the operator)."""
+    policy mapping and as much of the layout as the judge can see (`layout`): the pods' nodes (a canary pod on a
+    node where a baseline pod runs now is compared with it, Concurrent), each canary pod's Ready time (its warm-up
+    is left out), and the baseline pods' pre-period (their windows before the evidence starts, from the sidecars'
+    own history or Prometheus). What the judge cannot know: which baseline pod a canary pod replaced (the caller's
+    rollout deleted it, and its sidecar with it), so no canary pod is compared as Replace; and the service's
+    calibration from finished rollouts (the judge keeps nothing between calls)."""
     policy = req.policy()
     steps = req.schedule()
     k = len(steps) - 1 if req.step is None else req.step
     started, since = req.window(pods, now)
-    layout = gate.Layout(
-        nodes={p.name: p.node for p in pods if p.node},
-        started={p.name: p.ready_at for p in pods if p.side == CANARY and p.ready_at is not None},
-    )
     common: dict[str, Any] = dict(
         started_at=started, now=now, step_duration_s=parse_duration(steps[k].analysis), step=k,
-        evidence_since=since, layout=layout)
+        evidence_since=since, layout=lay if lay is not None else layout(req, windows, pods, now))
     if unavailable is not None:
         return gate.decide([], [], policy, unavailable=unavailable, **common)
-    base = [w for w in windows if w.revision == BASELINE]
-    can = [w for w in windows if w.revision == CANARY]
+    base = [w for w in windows if w.revision == BASELINE and w.end > since]
+    can = [w for w in windows if w.revision == CANARY and w.end > since]
     return gate.decide(base, can, policy, **common)
+
+
+def pre_period_since(req: JudgeRequest, pods: Sequence[PodRef], now: float) -> float:
+    """Where the windows the judge reads begin: the baseline pods' pre-period (gate.PRE_PERIOD_S) before the
+    evidence starts."""
+    return req.window(pods, now)[1] - gate.PRE_PERIOD_S
+
+
+def layout(req: JudgeRequest, windows: Sequence[Window], pods: Sequence[PodRef], now: float) -> gate.Layout:
+    """What the judge knows of where the pods run: every listed pod's node, the canary pods' Ready times, and the
+    pre-period of the baseline pods that run now (their windows in the PRE_PERIOD_S before the evidence starts;
+    none where the source's history does not reach back that far)."""
+    since = req.window(pods, now)[1]
+    nodes = {p.name: p.node for p in pods if p.node}
+    running = {p.name for p in pods if p.side == BASELINE and p.ready}
+    pre = [w for w in windows if w.revision == BASELINE and w.pod in running and since - gate.PRE_PERIOD_S < w.end <= since]
+    return gate.Layout(
+        nodes=nodes,
+        before=gate.pre_period(pre, req.policy(), nodes, since) if pre else {},
+        started={p.name: p.ready_at for p in pods if p.side == CANARY and p.ready_at is not None},
+    )
+
+
+def outcome(req: JudgeRequest, d: gate.Decision) -> str:
+    """The look's outcome in the three the gate decides between, plus waiting: Rollback; Expand (before the last
+    step: every signal under its harm ceiling; Argo Rollouts and Flagger continue to their next step); Promote (at
+    the last step, non-inferior within the margin); Wait (Continue, Inconclusive, Pause: no verdict yet)."""
+    if d.verdict == "Rollback":
+        return "Rollback"
+    if d.verdict == "Promote":
+        last = req.step is None or req.step >= len(req.schedule()) - 1
+        return "Promote" if last else "Expand"
+    return "Wait"
 
 
 def _num(x: float | None) -> float | None:
@@ -337,18 +370,20 @@ def flamegraph(namespace: str, canary: Sequence[Window], pods: Sequence[PodRef])
 
 
 def response(req: JudgeRequest, d: gate.Decision, windows: Sequence[Window], pods: Sequence[PodRef], *,
-             now: float, source: str) -> dict[str, Any]:
+             now: float, source: str, lay: gate.Layout | None = None) -> dict[str, Any]:
     """The answer: the verdict with the gate's names, `pass` (1 Promote, 0 not yet, -1 Rollback), the reason and
     message, every signal's estimate and interval, what grew (stage, function, `caller -> function` when the
     sidecars' call edges attribute it), where the flamegraph diff is, and what was read."""
     fn = d.regressed_function
     caller, _, callee = fn.partition(CALLER_ARROW) if fn else ("", "", "")
-    canary = [w for w in windows if w.revision == CANARY]
     started, since = req.window(pods, now)
+    canary = [w for w in windows if w.revision == CANARY and w.end > since]
+    lay = lay if lay is not None else layout(req, windows, pods, now)
     clock = d.clock_started_at if d.clock_started_at is not None else started
     return {
         "id": req.id,
         "verdict": d.verdict,
+        "outcome": outcome(req, d),
         "pass": PASS[d.verdict],
         "reason": d.reason,
         "decidedBy": d.decided_by,
@@ -375,7 +410,10 @@ def response(req: JudgeRequest, d: gate.Decision, windows: Sequence[Window], pod
             "now": now,
             "baselinePods": sorted(p.name for p in pods if p.side == BASELINE and p.ready),
             "canaryPods": sorted(p.name for p in pods if p.side == CANARY and p.ready),
-            "windows": {BASELINE: sum(1 for w in windows if w.revision == BASELINE), CANARY: len(canary)},
+            "windows": {BASELINE: sum(1 for w in windows if w.revision == BASELINE and w.end > since),
+                        CANARY: len(canary)},
+            "prePeriodPods": sorted(b for b in lay.before),
+            "pairing": list(d.pairing) or None,
             "resolvableMargin": _num(d.resolvable_margin),
             "warmupShift": _num(d.warmup_shift),
             "sglangAgreement": {k: round(100 * v, 2) for k, v in d.sglang_disagreement.items()} or None,

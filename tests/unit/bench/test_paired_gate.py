@@ -22,8 +22,13 @@ def test_the_world_and_the_designs_run_through_the_real_gate(bench):
     # promoted on evidence; +10% is rolled back in the first step by the gate and by every competitor.
     same = bench.simulate(bench.World(4, 1.0, 0.0, "iid", spread=0.005), 3, bench.GATES)
     assert same["gate"].verdict == "Promoted" and same["gate"].by == "evidence", same
-    slow = bench.simulate(bench.World(4, 1.0, 0.10, "iid", spread=0.005), 3, ("gate",))
+    # The judge (its own request, pods and decide, on what it can read) promotes it too, a little later: its clock
+    # starts at the canary pods' Ready times.
+    assert same[bench.JUDGE].verdict == "Promoted" and same[bench.JUDGE].minutes >= same["gate"].minutes, same
+    slow = bench.simulate(bench.World(4, 1.0, 0.10, "iid", spread=0.005), 3, ("gate", bench.JUDGE))
     assert (slow["gate"].verdict, slow["gate"].step, slow["gate"].pods) == ("RolledBack", 0, 1), slow
+    assert (slow[bench.JUDGE].verdict, slow[bench.JUDGE].step, slow[bench.JUDGE].reason) == (
+        "RolledBack", 0, "LoopLatencyRegressed"), slow
     assert all(slow[c].verdict == "RolledBack" for c in bench.COMPETITORS), slow
 
 

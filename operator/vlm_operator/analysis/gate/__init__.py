@@ -26,7 +26,7 @@ from vlm_operator.analysis.gate.decide import (
     resolvable_before_start,
     resolvable_margin,
 )
-from vlm_operator.analysis.gate.paired import Before, Calibration, Evidence, Layout
+from vlm_operator.analysis.gate.paired import PRE_PERIOD_S, Before, Calibration, Evidence, Layout
 from vlm_operator.analysis.gate.policy import REQUEST_SIGNALS, SIGNALS, GatePolicy, SignalVerdict, Verdict
 from vlm_operator.analysis.gate.verdict import Decision, SignalResult
 from vlm_operator.analysis.window import RoleSample, Window
@@ -34,6 +34,7 @@ from vlm_operator.api.names import FRONTEND_ROLES, STAGES
 
 __all__ = [
     "FRONTEND_ROLES",
+    "PRE_PERIOD_S",
     "REQUEST_SIGNALS",
     "SIGNALS",
     "STAGES",

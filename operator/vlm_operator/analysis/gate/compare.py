@@ -244,7 +244,7 @@ def plan_instance(
     scale = 1.0 if log else _level(inst) ** 2
     prior = max(paired.PRIOR_POD_SD_LOG**2 * scale, 0.0 if log else paired.PRIOR_POD_SD_LINEAR_MIN**2)
     history = (calibration.pod_ss * scale, calibration.pod_df)
-    pod, pod_df = paired.pooled(prior, paired.PRIOR_DF, history, (cur_ss, cur_df))
+    pod, pod_df = paired.pooled(prior, paired.PRIOR_DF, history, (cur_ss, cur_df), yields=True)
     within = (0.0, 0.0)
     if is_loop or (log and loop is None):
         # f = 0 until measured: the restart spread starts as the whole pod spread, an assumption worth little

@@ -375,6 +375,7 @@ def _variances_before_start(calibration: paired.Calibration, pre: Mapping[str, p
     if len(means) >= 2:
         m = sum(means) / len(means)
         cur = (sum((x - m) ** 2 for x in means), float(len(means) - 1))
-    pod, pod_df = paired.pooled(paired.PRIOR_POD_SD_LOG**2, paired.PRIOR_DF, (calibration.pod_ss, calibration.pod_df), cur)
+    pod, pod_df = paired.pooled(paired.PRIOR_POD_SD_LOG**2, paired.PRIOR_DF, (calibration.pod_ss, calibration.pod_df), cur,
+                                 yields=True)
     restart, r_df = paired.pooled(pod, paired.RESTART_PRIOR_DF, (calibration.restart_ss, calibration.restart_df))
     return paired.Variances(pod, restart, pod_df, r_df)

@@ -8,7 +8,14 @@ import pytest
 
 from vlm_operator.analysis import stats
 from vlm_operator.analysis.gate import Before, Calibration, GatePolicy, Layout, Window, decide
-from vlm_operator.analysis.gate.paired import Evidence, Variances, plan_pods, pooled, pre_period_coefficient
+from vlm_operator.analysis.gate.paired import (
+    Evidence,
+    Variances,
+    chi2_ppf,
+    plan_pods,
+    pooled,
+    pre_period_coefficient,
+)
 
 T0 = 1_000_000.0
 STAGES = {"run_batch": 0.6, "process_input_requests": 0.2, "idle": 0.05, "other": 0.15}
@@ -96,6 +103,26 @@ def test_pooled_variances_weigh_prior_history_and_look_by_degrees_of_freedom():
     c = Calibration().add(Evidence(0.0004 * 60, 60, 0.0001 * 10, 10))
     assert c.pod_df == 40 and c.pod_ss == pytest.approx(0.0004 * 40)  # capped, the variance kept
     assert c.node_bound_share == pytest.approx(0.75)
+
+
+def test_the_prior_yields_to_a_fleet_that_refutes_it():
+    # Seven stable pods 8% apart (6 df) refute a 2% prior: the spread is theirs, on their own degrees of freedom.
+    assert pooled(0.0004, 4.0, (0.0064 * 6, 6.0), yields=True) == pytest.approx((0.0064, 6.0))
+    # Without `yields` (the restart share's f = 0 start) the prior is averaged in, as before.
+    assert pooled(0.0004, 4.0, (0.0064 * 6, 6.0)) == pytest.approx(((0.0016 + 0.0384) / 10, 10.0))
+    # A fleet the prior could have produced keeps it: 2.5% on 6 df is within a 2% fleet's nine readings in ten.
+    v, df = pooled(0.0004, 4.0, (0.000625 * 6, 6.0), yields=True)
+    assert df == 10 and v == pytest.approx((0.0016 + 0.00375) / 10)
+    # History counts as measured: 40 df at 3% refute the prior even with a quiet look.
+    assert pooled(0.0004, 4.0, (0.0009 * 40, 40.0), (0.0, 0.0), yields=True) == pytest.approx((0.0009, 40.0))
+
+
+@pytest.mark.parametrize("df", [1, 2, 6, 40])
+@pytest.mark.parametrize("p", [0.5, 0.9, 0.99])
+def test_chi2_quantile_matches_scipy(df, p):
+    from scipy.stats import chi2
+
+    assert chi2_ppf(p, df) == pytest.approx(chi2.ppf(p, df), rel=0.035 if df == 1 else 0.015)
 
 
 def test_the_kind_is_chosen_on_variances_only_and_a_same_node_pair_needs_a_known_node_share():

@@ -67,11 +67,17 @@ class FakeConn:
         self.fleet = fleet
         self.fail = fail
         self.calls: list[tuple[str, str, Any]] = []
+        self.events: list[dict] = []
 
     def request(self, method: str, path: str, *, query=None, headers=None, body=None) -> bytes:
         self.calls.append((method, path, query))
         if self.fail is not None:
             raise self.fail
+        if path.endswith("/events"):  # the Warning Event a Flagger Rollback writes on its Canary
+            self.events.append(json.loads(body))
+            return body
+        if "/canaries/" in path:
+            return json.dumps({"metadata": {"name": path.rsplit("/", 1)[1], "uid": "canary-uid"}}).encode()
         sel = dict(query or [])["labelSelector"]
         want = dict(t.split("=", 1) for t in sel.split(","))
         items = [p for p in self.fleet.pods if all(p["metadata"]["labels"].get(k) == v for k, v in want.items())]
@@ -298,6 +304,50 @@ def test_a_canary_pods_warm_up_is_left_out_as_in_a_vlmservice_look():
     assert call(make_judge(fleet, T0 + 40 * EVERY), body())[1]["analysis"]["warmupShift"] is None
 
 
+def test_the_baseline_pods_pre_period_comes_from_their_history_and_is_not_evidence():
+    """The baseline pods' windows from the 5 minutes before the evidence starts are their pre-period (the gate's
+    Layout.before: the restart share learns from pods that shared a node before the canary came); a pod whose
+    history does not reach back has none; none of those windows counts as evidence. Two baseline pods share
+    node-0 with a canary pod, whose comparison is then with them (Concurrent: their within-node spread measures
+    the restart share); the others are compared with the baseline mean (Unpaired: one baseline pod per node says
+    nothing of the restart share, and at the conservative f = 0 a same-node pair is no better)."""
+    fleet = Fleet(n=40)
+    fleet.pods[1]["spec"]["nodeName"] = "node-0"  # svc-stable-1
+    for p in fleet.pods:
+        if p["metadata"]["labels"]["rev"] == "stable" and p["metadata"]["name"] != "svc-stable-2":
+            url = f"http://{p['status']['podIP']}:9400/windows.json"
+            i = int(p["metadata"]["name"].rsplit("-", 1)[1])
+            fleet.answers[url] = sidecar_windows(0.02, 0.0, 60, seed=i, start=T0 - 20 * EVERY)
+    now = T0 + 40 * EVERY
+    req = judge.parse(body())
+    got = make_judge(fleet, now).read(req, now)
+    assert min(w.end for w in got.windows) < T0 - 200  # read from the pre-period's start
+    lay = judge.layout(req, got.windows, got.pods, now)
+    assert sorted(lay.before) == ["svc-stable-0", "svc-stable-1"]
+    assert {b.pod: (b.node, b.windows) for b in lay.before.values()} == {
+        "svc-stable-0": ("node-0", 20), "svc-stable-1": ("node-0", 20)}
+    a = call(make_judge(fleet, now), body())[1]
+    assert a["analysis"]["prePeriodPods"] == ["svc-stable-0", "svc-stable-1"]
+    assert a["analysis"]["pairing"] == ["Concurrent", "Unpaired"]
+    assert a["analysis"]["windows"] == {"baseline": 3 * 40, "canary": 3 * 40}  # after startedAt only
+    loop = next(s for s in a["signals"] if s["name"] == "loop_latency")
+    assert loop["nBaseline"] <= 3 * 40
+
+
+def test_the_three_outcomes_expand_before_the_last_step_and_promote_at_it():
+    """A pass before the caller's last step is Expand (Argo Rollouts and Flagger go on to their next step: pass 1,
+    HTTP 200); at the last step it is Promote; a look with no verdict yet is Wait; a regression is Rollback."""
+    fleet = Fleet(n=40)
+    steps = [{"replicas": 1}, {"replicas": 3}]
+    now = T0 + 40 * EVERY
+    a = call(make_judge(fleet, now), body(steps=steps, step=0))[1]
+    assert (a["verdict"], a["outcome"], a["pass"]) == ("Promote", "Expand", 1), a["message"]
+    a = call(make_judge(fleet, now), body(steps=steps, step=1))[1]
+    assert (a["verdict"], a["outcome"]) == ("Promote", "Promote"), a["message"]
+    assert call(make_judge(fleet, T0 + 8 * EVERY), body())[1]["outcome"] == "Wait"
+    assert call(make_judge(Fleet(effect=0.10), T0 + 30 * EVERY), body())[1]["outcome"] == "Rollback"
+
+
 # ---------------------------------------------------------------- Flagger
 
 
@@ -312,10 +362,20 @@ def test_flagger_contract_statuses():
     """2xx on Promote and Continue (Flagger goes on), non-2xx on Rollback (a failed check: Flagger rolls back
     after `threshold` of them), and on Inconclusive and Pause (no evidence never advances a canary)."""
     fleet = Fleet(effect=0.10)
-    j = make_judge(fleet, T0 + 30 * EVERY)
+    conn = FakeConn(fleet)
+    j = make_judge(fleet, T0 + 30 * EVERY, conn=conn)
     status, a = call(j, flagger(startedAt=format_time(T0)), path="/v1/flagger")
     assert (status, a["verdict"]) == (412, "Rollback")
     assert a["id"] == "serving/svc/7d9f"
+    # The verdict's reason and function as a Warning Event on the Canary (Flagger's own Event drops the body), once
+    # for the repeated checks of the same revision.
+    (ev,) = conn.events
+    assert (ev["type"], ev["reason"], ev["involvedObject"]) == ("Warning", a["reason"], {
+        "apiVersion": "flagger.app/v1beta1", "kind": "Canary", "name": "svc", "namespace": "serving",
+        "uid": "canary-uid"})
+    assert a["regressedFunction"] and a["regressedFunction"] in ev["message"]
+    call(j, flagger(startedAt=format_time(T0)), path="/v1/flagger")
+    assert len(conn.events) == 1
     good = Fleet(n=40)
     status, a = call(make_judge(good, T0 + 40 * EVERY), flagger(startedAt=str(T0)), path="/v1/flagger")
     assert (status, a["verdict"]) == (200, "Promote")
