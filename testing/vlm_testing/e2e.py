@@ -119,11 +119,17 @@ def wait_phase(kube, namespace, phases, timeout, op, name=NAME, seen=None):
         raise AssertionError(f"phase {phases} not reached:\n{dump(st)}\noperator:\n{op.log_tail(40)}") from None
 
 
-def ready(kube, namespace, op, name=NAME, timeout=90):
+def ready(kube, namespace, op, name=NAME, timeout=180):
+    """Wait for the service's Ready condition. A setup wait, not the test's verdict: 180 s, since under the parallel
+    pass's load (3 workers and the unit tests on 2 cores) a service took over 90 s (CI, 2026-12-07)."""
     def check():
         st = get_vlms(kube, namespace, name).get("status") or {}
         return any(c["type"] == "Ready" and c["status"] == "True" for c in st.get("conditions", []))
-    wait_for(check, timeout, "Ready", interval=1.0)
+    try:
+        wait_for(check, timeout, "Ready", interval=1.0)
+    except AssertionError:
+        st = get_vlms(kube, namespace, name).get("status")
+        raise AssertionError(f"{name} not Ready after {timeout}s:\n{dump(st)}\noperator:\n{op.log_tail(40)}") from None
 
 
 def warnings(kube, namespace, reason, name=NAME):
