@@ -126,6 +126,23 @@ def proc_cpu_s(pid: int) -> float:
     return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def children(pid: int) -> list[str]:
+    """The command lines of a process's direct children (any thread's), for a diagnosis."""
+    out = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                for c in f.read().split():
+                    try:
+                        with open(f"/proc/{c}/cmdline", "rb") as g:
+                            out.append(g.read().replace(b"\0", b" ").decode(errors="replace").strip())
+                    except OSError:
+                        continue
+    except OSError:
+        pass
+    return out
+
+
 def tree_rss_bytes(pid: int) -> int:
     """RSS of a process plus its direct children (the sidecar and its py-spy, started from a pool thread:
     /proc lists a child under the thread that forked it)."""
@@ -197,7 +214,13 @@ def cadence_period(on: bool, standin_pid: int, port: int, seconds: float, interv
         except OSError:
             windows = []
         side.terminate()
-        side.wait(30)
+        try:
+            side.wait(60)  # a window in flight stops at once; 60 s is for a loaded machine's interpreter exit
+        except subprocess.TimeoutExpired:
+            left = children(side.pid)
+            side.kill()
+            side.wait()
+            raise RuntimeError(f"the sidecar did not exit 60 s after SIGTERM; its processes then: {left}") from None
     time.sleep(0.2)
     acc = accounting(port, start, end)
     ok = [w for w in windows if w.get("samples")]

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Every test tier, as `make test` and .ci/run run them, in four pytest passes (docs/testbed.md, "Test tiers and
 # their budgets"):
-#   1. unit + compat, before the testbed starts, in two sessions: `unit-quiet` (tests/unit/sidecar and
-#      tests/unit/bench: py-spy against real processes, timings; one at a time, they need a quiet CPU) starts the
+#   1. unit + compat, before the testbed starts, in two sessions: `unit-quiet` (tests/unit/sidecar,
+#      tests/unit/bench and the TIMED unit tests: py-spy against real processes, timings; one at a time, they need a
+#      quiet CPU) starts the
 #      control plane's build in the background (nice 19, paused while they measure) and leaves it running for the
-#      next passes; `unit` (every other unit and compat test: pure code, recorded samples) on 2 xdist workers,
+#      next passes (its failures get one more run each, `unit-quiet-rerun`); `unit` (every other unit and compat test: pure code, recorded samples) on 2 xdist workers,
 #      run beside pass 2 at nice 19 when pass 2 runs too and nothing builds behind the tests any more
 #      (`unit-beside`: pass 2 mostly waits on the testbed); alone before it otherwise (a cold run).
 #   2. integration + e2e on $VLM_TEST_WORKERS pytest-xdist workers (default 3; --dist loadfile: a module's
@@ -12,7 +13,8 @@
 #      LONGEST_FIRST, not by how many tests they hold) sharing ONE testbed, each test in its own namespace:
 #      `-m "not serial and not heavy"`. Its failures get one more run each, alone (`parallel-rerun`); the run
 #      fails when one fails again, and the summary names the others FLAKY UNDER LOAD.
-#   3. the tests whose verdicts rest on py-spy's samples (tests/conftest.py HEAVY), two workers: `-m heavy`.
+#   3. the tests whose verdicts rest on py-spy's samples (tests/conftest.py HEAVY), one at a time: `-m heavy`; its
+#      failures get one more run each (`heavy-rerun`), as pass 2's do.
 #   4. the tests that must have the testbed to themselves (tests/conftest.py SERIAL), one at a time: `-m serial`.
 # The testbed is started once before pass 2 (reused when one is already up) and stopped at the end when this
 # script started it. Each pass prints its wall time against its budget; every pass runs even when one fails,
@@ -24,9 +26,10 @@ PY=${PY:-python3}
 WORKERS=${VLM_TEST_WORKERS:-3}
 TIERS=${VLM_TEST_TIERS:-unit,parallel,heavy,serial}
 # Budgets in seconds on the 2-core CI machine, warm (binaries built); docs/testbed.md states them and why.
-declare -A BUDGET=([unit-quiet]=${VLM_BUDGET_UNIT_QUIET:-480} [unit]=${VLM_BUDGET_UNIT:-180}
-                   [unit-beside]=${VLM_BUDGET_UNIT_BESIDE:-900} [parallel]=${VLM_BUDGET_PARALLEL:-1080} [heavy]=${VLM_BUDGET_HEAVY:-540}
-                   [serial]=${VLM_BUDGET_SERIAL:-480} [parallel-rerun]=${VLM_BUDGET_PARALLEL_RERUN:-480})
+declare -A BUDGET=([unit-quiet]=${VLM_BUDGET_UNIT_QUIET:-480} [unit-quiet-rerun]=${VLM_BUDGET_UNIT_QUIET_RERUN:-240} [unit]=${VLM_BUDGET_UNIT:-180}
+                   [unit-beside]=${VLM_BUDGET_UNIT_BESIDE:-900} [parallel]=${VLM_BUDGET_PARALLEL:-1080} [heavy]=${VLM_BUDGET_HEAVY:-720}
+                   [serial]=${VLM_BUDGET_SERIAL:-480} [parallel-rerun]=${VLM_BUDGET_PARALLEL_RERUN:-480}
+                   [heavy-rerun]=${VLM_BUDGET_HEAVY_RERUN:-660})
 CACHE=${VLM_CACHE:-$HOME/.cache/vlm-operator}
 rc=0
 run_t0=$(date +%s)
@@ -54,6 +57,21 @@ record() {  # record NAME START-EPOCH PYTEST-EXIT: a pass's wall time against it
   echo "[tiers] $name took ${t}s (budget ${BUDGET[$name]}s): $verdict"
 }
 
+rerun() {  # rerun PASS PYTEST-EXIT FAILED-FILE RC-BEFORE BESIDE pytest-args...: a pass's failures once more, alone
+  local name=$1 code=$2 file=$3 before=$4 beside=$5
+  shift 5
+  if [[ $code -ne 0 && $code -ne 5 && -s "$file" ]]; then
+    local failed
+    mapfile -t failed < <(sort -u "$file")
+    rc=$before  # the pass's failures are decided by the rerun
+    tier "$name-rerun" "${failed[@]}" "$@"
+    if [[ $last_rc -eq 0 ]]; then
+      summary+=("$name: FLAKY UNDER LOAD (failed beside $beside, passed alone): ${failed[*]}")
+    fi
+  fi
+  rm -f "$file"
+}
+
 finish() {
   if [[ -n ${unit_pid:-} ]]; then kill "$unit_pid" 2>/dev/null || true; fi  # a run cut short: unit-beside goes too
   if (( started_testbed )); then
@@ -74,10 +92,20 @@ finish() {
 }
 trap finish EXIT
 
+# Unit tests that time themselves against the wall clock (a load generator's rate, a drain's budget) run in the quiet
+# pass too: at nice 19 beside the parallel pass they were starved past their bounds (CI, 2026-12-07).
+TIMED=(tests/unit/operator/controller/test_load_hook.py::test_every_target_gets_the_same_requests_at_the_same_rate
+       tests/unit/operator/desired/test_builders.py::test_the_drain_stops_at_its_budget_and_when_sglang_does_not_answer)
 UNIT=(-n 2 tests/unit tests/compat --ignore=tests/unit/sidecar --ignore=tests/unit/bench)
+for t in "${TIMED[@]}"; do UNIT+=(--deselect "$t"); done
 unit_beside=0
 if [[ ,$TIERS, == *,unit,* ]]; then
-  VLM_BUILD_BEHIND=1 tier unit-quiet tests/unit/sidecar tests/unit/bench "$@"
+  # Its failures get one more run each, as pass 2's do: a bench smoke test starved by the build behind it (CI,
+  # 2026-12-07: a sidecar that took over 30 s to exit on a loaded machine) is named FLAKY, not a failed run.
+  failed_file=$(mktemp)
+  rc_before=$rc
+  VLM_FAILED_FILE=$failed_file VLM_BUILD_BEHIND=1 tier unit-quiet tests/unit/sidecar tests/unit/bench "${TIMED[@]}" "$@"
+  VLM_BUILD_BEHIND=1 rerun unit-quiet "$last_rc" "$failed_file" "$rc_before" "the build behind the tests" "$@"
   # With the parallel pass to come, the rest of the unit tier runs beside it (below), at the lowest CPU priority:
   # the parallel pass's tests mostly wait on the testbed and leave CPU over; pure code takes only that. Not while
   # binaries still build behind the tests (a cold run): the build (also nice 19) and the parallel pass then leave
@@ -134,18 +162,16 @@ if [[ ,$TIERS, == *,parallel,* ]]; then
     unit_pid=""
     if [[ $unit_rc -ne 0 && $unit_rc -ne 5 ]]; then rc_before=1; fi
   fi
-  if [[ $parallel_rc -ne 0 && $parallel_rc -ne 5 && -s "$failed_file" ]]; then
-    mapfile -t failed < <(sort -u "$failed_file")
-    rc=$rc_before
-    tier parallel-rerun "${failed[@]}" "$@"
-    if [[ $last_rc -eq 0 ]]; then
-      summary+=("parallel: FLAKY UNDER LOAD (failed beside the other workers, passed alone): ${failed[*]}")
-    fi
-  fi
-  rm -f "$failed_file"
+  rerun parallel "$parallel_rc" "$failed_file" "$rc_before" "the other workers" "$@"
 fi
 if [[ ,$TIERS, == *,heavy,* ]]; then
-  tier heavy -n 2 --dist loadfile --no-loadscope-reorder -m heavy tests/integration tests/e2e "$@"
+  # One at a time: each of the two long tests alone takes about 2 cores (their stand-ins and samplers); side by side
+  # (until 2026-12-07) both failed in two of three CI runs, and passed alone after (docs/testbed.md). As the parallel
+  # pass: a failure gets one more run; the run fails if it fails again, and the summary names it FLAKY if it passes.
+  failed_file=$(mktemp)
+  rc_before=$rc
+  VLM_FAILED_FILE=$failed_file tier heavy -m heavy tests/integration tests/e2e "$@"
+  rerun heavy "$last_rc" "$failed_file" "$rc_before" "the CI machine's load" "$@"
 fi
 if [[ ,$TIERS, == *,serial,* ]]; then
   tier serial -m serial tests/integration tests/e2e "$@"

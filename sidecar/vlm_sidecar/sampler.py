@@ -120,6 +120,7 @@ class PySpySampler:
         self.pid_alive = pid_alive or process_alive
         self._procs: set[subprocess.Popen] = set()
         self._lock = threading.Lock()
+        self._stopping = False  # set by stop_all: a py-spy started after it is stopped at once
 
     def command(self, pid: int, out: str) -> list[str]:
         # py-spy's -d takes whole seconds; a window shorter than 1 s is rounded up.
@@ -149,6 +150,9 @@ class PySpySampler:
                 return self._outcome(pid, started, None, None, "", ("pyspy_missing", f"cannot run py-spy: {e}"))
             with self._lock:
                 self._procs.add(proc)
+                stopping = self._stopping
+            if stopping:  # shutdown began while this window started: write what it has, don't run a full window
+                proc.send_signal(signal.SIGINT)
             timed_out = False
             try:
                 try:
@@ -187,8 +191,10 @@ class PySpySampler:
         )
 
     def stop_all(self) -> None:
-        """Shutdown: ask running py-spy processes to write and exit."""
+        """Shutdown: ask running py-spy processes to write and exit, and any started after this call at once (a
+        window that was starting when the sidecar got SIGTERM would otherwise run its whole duration)."""
         with self._lock:
+            self._stopping = True
             procs = list(self._procs)
         for p in procs:
             if p.poll() is None:

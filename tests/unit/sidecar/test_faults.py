@@ -141,6 +141,17 @@ def test_pyspy_overruns_and_sigint_keeps_its_data(standin, pyspy, tmp_path):
     assert store.latest_with_stacks(0) is not None  # the flamegraph still has something to show
 
 
+def test_a_window_that_starts_after_shutdown_began_stops_at_once(standin, pyspy):
+    """SIGTERM can reach the sidecar between a window's discovery and its py-spy's start: stop_all finds no process
+    then, and the window must not run its whole duration (the sidecar's exit would wait for it)."""
+    s = standin()
+    runner, _ = make_runner(pyspy, s, duration=20)
+    runner.sampler.stop_all()
+    t0 = time.time()
+    runner.run_window()
+    assert time.time() - t0 < 10  # a 20 s window, stopped as it started
+
+
 def test_truncated_output(standin, pyspy, tmp_path):
     s = standin()
     cut = wrapper(tmp_path, "py-spy", f'{out_arg()}; {pyspy} "$@"; rc=$?; {PYTHON} -c "import sys; p = sys.argv[1]; d = open(p, \'rb\').read(); open(p, \'wb\').write(d[: len(d) // 2])" "$out"; exit $rc')
