@@ -8,10 +8,11 @@
 #     gaie-v1.6.2/inference.networking.k8s.io_inferencepools.yaml   (Gateway API Inference Extension: llm-d)
 #     flagger-v1.36.1/crd.yaml                                        (the judge's Flagger example)
 #     argo-rollouts-v1.8.3/*-crd.yaml                                 (the judge's Argo Rollouts examples)
+#     keda-v2.21.0/keda.sh_scaledobjects.yaml, keda.sh_clustertriggerauthentications.yaml   (spec.autoscaling)
 #
 # Each project publishes its CRDs in its Go module, so `go mod download` of one tagged version gives the same files
 # a release installs; nothing is built. The first three are for the guides (tests/integration/test_guides.py), the
-# others for the judge (test_judge_flagger.py, test_judge_argo.py). Why not at test time: the integration tests run
+# next two for the judge (test_judge_flagger.py, test_judge_argo.py), KEDA's for spec.autoscaling (test_autoscaling.py). Why not at test time: the integration tests run
 # inside the testbed's network namespace, where no registry is reachable.
 #
 # Idempotent: a set already in the cache (its .complete marker) is not fetched again, so a warm run makes no network
@@ -24,6 +25,7 @@ CRDS="${VLM_CRD_CACHE:-$CACHE/crds}"
 if [[ "${1:-}" == "--print-dir" ]]; then echo "$CRDS"; exit 0; fi
 FLAGGER_VERSION="${FLAGGER_VERSION:-v1.36.1}"
 ARGO_ROLLOUTS_VERSION="${ARGO_ROLLOUTS_VERSION:-v1.8.3}"  # the controller hack/build-argo-rollouts.sh builds
+KEDA_VERSION="${KEDA_VERSION:-v2.21.0}"  # v2.21.1 needs a newer Go than this machine's
 log() { printf '[fetch-crds] %s\n' "$*" >&2; }
 LIST=0; if [[ "${1:-}" == "--list" ]]; then LIST=1; fi
 
@@ -68,4 +70,6 @@ fetch gaie-v1.6.2 sigs.k8s.io/gateway-api-inference-extension@v1.6.2 \
 fetch "flagger-$FLAGGER_VERSION" "github.com/fluxcd/flagger@$FLAGGER_VERSION" artifacts/flagger/crd.yaml
 fetch "argo-rollouts-$ARGO_ROLLOUTS_VERSION" "github.com/argoproj/argo-rollouts@$ARGO_ROLLOUTS_VERSION" \
   'manifests/crds/*-crd.yaml'
+fetch "keda-$KEDA_VERSION" "github.com/kedacore/keda/v2@$KEDA_VERSION" config/crd/bases/keda.sh_scaledobjects.yaml \
+  config/crd/bases/keda.sh_clustertriggerauthentications.yaml
 ((LIST)) || echo "$CRDS"

@@ -22,6 +22,7 @@ CRD_CACHE = Path(os.environ.get("VLM_CRD_CACHE")
 STACKS = ("kserve-v0.15.2", "lws-v0.7.0", "gaie-v1.6.2")  # the guides (test_guides.py)
 FLAGGER = "flagger-v1.36.1"  # test_judge_flagger.py
 ARGO_ROLLOUTS = "argo-rollouts-v1.8.3"  # test_judge_argo.py; the controller hack/build-argo-rollouts.sh builds
+KEDA = "keda-v2.21.0"  # test_autoscaling.py: the ScaledObject spec.autoscaling makes
 
 
 def crds(name: str) -> list[Path]:

@@ -141,4 +141,11 @@ INVALID = [
     ({**MINIMAL, "rollout": {"analysis": {"maxRegression": {"loopP95": 101}}}}, "loopP95"),
     ({**MINIMAL, "rollout": {"maxUnavailable": -1}}, "maxUnavailable"),
     ({**MINIMAL, "rollout": {"analysis": {"maxRegression": {"loopP95": -1}}}}, "loopP95"),
+    ({**MINIMAL, "autoscaling": {"minReplicas": 3, "maxReplicas": 2}}, "minReplicas"),
+    ({**MINIMAL, "autoscaling": {"minReplicas": 0, "maxReplicas": 2}}, "minReplicas"),
+    ({**MINIMAL, "autoscaling": {}}, "maxReplicas"),
+    ({**MINIMAL, "autoscaling": {"maxReplicas": 2, "targets": {"schedulerBusyPercent": 120}}}, "schedulerBusyPercent"),
+    ({**MINIMAL, "autoscaling": {"maxReplicas": 2, "targets": {"ttftP95": "soon"}}}, "ttftP95"),
+    ({**MINIMAL, "replicas": 4, "autoscaling": {"minReplicas": 1, "maxReplicas": 4},
+      "rollout": {"steps": [{"replicas": 2}]}}, "minReplicas"),
 ]

@@ -12,6 +12,8 @@
 | VLM_PROMETHEUS_BASIC_AUTH_PASSWORD_FILE | ""                   | file with that user's password            |
 | VLM_PROMETHEUS_CA_FILE      | "" (system CAs)                  | PEM CA bundle Prometheus' TLS cert chains to |
 | VLM_PROMETHEUS_HEADERS      | {} (JSON object)                 | extra request headers (X-Scope-OrgID)     |
+| VLM_AUTOSCALING_PROMETHEUS_URL | "" (VLM_PROMETHEUS_URL)       | Prometheus KEDA queries for spec.autoscaling |
+| VLM_AUTOSCALING_TRIGGER_AUTH | ""                              | a KEDA ClusterTriggerAuthentication for it |
 | VLM_LOG_FORMAT              | text                             | text or json                              |
 | VLM_METRICS_PORT            | 8080                             | the operator's own /metrics               |
 | VLM_JUDGE_PORT              | 0 (off)                          | the judge endpoint (docs/judge.md)        |
@@ -202,6 +204,13 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='extra headers on every request to VLM_PROMETHEUS_URL (JSON object), e.g. {"X-Scope-OrgID": '
                     '"team-a"} for a Mimir/Cortex tenant')
+    autoscaling_prometheus_url: str = Field(
+        "", description="Prometheus that KEDA's Prometheus scaler queries for spec.autoscaling (default: "
+                        "VLM_PROMETHEUS_URL); KEDA's own pods must reach it")
+    autoscaling_trigger_auth: str = Field(
+        "", pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$", max_length=253,
+        description="name of a KEDA ClusterTriggerAuthentication the ScaledObjects' Prometheus triggers use "
+                    "(bearer, basic or TLS auth to that Prometheus)")
     log_format: Literal["text", "json"] = Field("text", description="text or json")
     metrics_port: int = Field(8080, ge=0, le=65535, description="the operator's own /metrics port")
     judge_port: int = Field(0, ge=0, le=65535, description="the judge endpoint's port (Argo Rollouts, Flagger; "

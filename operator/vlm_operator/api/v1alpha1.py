@@ -845,6 +845,74 @@ class RolloutSpec(KubeModel):
         return self
 
 
+class AutoscalingTargets(KubeModel):
+    """Per-replica targets; the autoscaler keeps every one at or below its target, so the replica count follows the
+    signal furthest above its own (KEDA's HPA takes the largest of its triggers' desired counts). An absent target is
+    not used."""
+
+    scheduler_busy_percent: float | None = Field(
+        85.0,
+        description="Mean busy share of the SGLang scheduler per replica, percent (1 - the idle stage's share, "
+        "vlm_scheduler_stage_share_ratio, of its busiest TP rank). The scheduler loop is one CPU thread in front of "
+        "the GPU; near 100% it is the bottleneck whatever the GPU shows.",
+        ge=1, le=100,
+    )
+    frontend_busy_percent: float | None = Field(
+        85.0,
+        description="Mean busy share of the busiest front-end role per replica (tokenizer manager, tokenizer "
+        "workers, image processor pool, detokenizer), percent (vlm_frontend_busy_share_ratio): image decoding and "
+        "tokenization cap a VLM's throughput with the GPU idle. Needs telemetry.frontendRoles.",
+        ge=1, le=100,
+    )
+    queue_per_replica: float | None = Field(
+        None,
+        description="Requests waiting in SGLang's queue per replica (sglang:num_queue_reqs).", ge=0.1, le=10000,
+    )
+    kv_cache_usage_percent: float | None = Field(
+        None,
+        description="Mean KV-cache usage per replica, percent (sglang:token_usage).", ge=1, le=100,
+    )
+    ttft_p95: Duration | None = Field(
+        None,
+        alias="ttftP95",
+        description="Time to first token, p95 over the service (sglang:time_to_first_token_seconds): replicas "
+        "scale in proportion to how far it is above this.",
+    )
+
+
+class AutoscalingSpec(KubeModel):
+    cel = (
+        ("!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+         "autoscaling.minReplicas must not exceed maxReplicas", ".minReplicas"),
+    )
+
+    min_replicas: int = Field(1, description="Fewest replicas the autoscaler keeps.", ge=1, le=64)
+    max_replicas: int = Field(description="Most replicas the autoscaler makes.", ge=1, le=64)
+    targets: AutoscalingTargets = Field(
+        default_factory=AutoscalingTargets,
+        description="What each replica may carry; default: scheduler and front-end busy shares at 85%.",
+    )
+    scale_up_stabilization: Duration = Field(
+        "1m",
+        description="How long a higher replica count must be wanted before replicas are added (HPA behavior "
+        "scaleUp.stabilizationWindowSeconds); at most 2 replicas are added a minute.",
+    )
+    scale_down_stabilization: Duration = Field(
+        "10m",
+        description="How long a lower count must be wanted before replicas are removed; at most one replica every "
+        "5 minutes. Longer than scale-up: a replica removed too early costs a model load of minutes to get back.",
+    )
+    polling_interval: Duration = Field(
+        "30s", description="How often KEDA queries Prometheus (ScaledObject pollingInterval).")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"autoscaling.minReplicas {self.min_replicas} must not exceed maxReplicas "
+                             f"{self.max_replicas}")
+        return self
+
+
 class VLMServiceSpec(KubeModel):
     cel = (
         (
@@ -877,6 +945,14 @@ class VLMServiceSpec(KubeModel):
             "sglang.volumeMounts must not use model.cache.mountPath",
             ".sglang.volumeMounts",
         ),
+        (
+            "!has(self.autoscaling) || !has(self.rollout) || !has(self.rollout.steps) "
+            "|| self.rollout.steps.all(s, s.replicas <= (has(self.autoscaling.minReplicas) ? "
+            "self.autoscaling.minReplicas : 1))",
+            "rollout steps must not ask for more canary replicas than autoscaling.minReplicas (the autoscaler may "
+            "scale spec.replicas down to it)",
+            ".autoscaling.minReplicas",
+        ),
     )
 
     model: ModelSpec = Field(description="The model to serve.")
@@ -895,6 +971,12 @@ class VLMServiceSpec(KubeModel):
         "terminationGracePeriodSeconds, automountServiceAccountToken, volumes.",
     )
     paused: bool = Field(False, description="Stop reconciling changes (status is still updated).")
+    autoscaling: AutoscalingSpec | None = Field(
+        None,
+        description="Scale spec.replicas on the signals the sidecar and SGLang export, through a KEDA ScaledObject "
+        "the operator writes (KEDA must be installed; without it the Autoscaling condition says so). The "
+        "autoscaler then owns spec.replicas.",
+    )
 
     @model_validator(mode="after")
     def _checks(self) -> VLMServiceSpec:
@@ -909,6 +991,12 @@ class VLMServiceSpec(KubeModel):
                     )
             if not self.telemetry.enabled:
                 raise ValueError("rollout: a rollout needs telemetry.enabled: the canary gate reads the profiler sidecars")
+            if self.autoscaling:
+                for i, s in enumerate(self.rollout.steps or []):
+                    if s.replicas > self.autoscaling.min_replicas:
+                        raise ValueError(
+                            f"rollout.steps[{i}].replicas {s.replicas} must not exceed autoscaling.minReplicas "
+                            f"{self.autoscaling.min_replicas} (the autoscaler may scale spec.replicas down to it)")
         volumes = {v.name for v in (self.pod.volumes if self.pod else None) or []}
         for m in self.sglang.volume_mounts or []:
             if m.name not in volumes:

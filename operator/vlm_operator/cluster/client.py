@@ -30,6 +30,7 @@ _PLURALS = {
     "NetworkPolicy": "networkpolicies",
     "Pod": "pods",
     "Job": "jobs",
+    "ScaledObject": "scaledobjects",
     "VLMService": PLURAL,
 }
 

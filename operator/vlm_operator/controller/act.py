@@ -21,7 +21,7 @@ from vlm_operator.api.names import (
 )
 from vlm_operator.cluster.observed import BASELINE_KEY, Observed
 from vlm_operator.cluster.writer import Apply, Confirm, Delete, PatchPod, Write, Writer
-from vlm_operator.desired import alerts, builders
+from vlm_operator.desired import alerts, autoscaling, builders
 from vlm_operator.rollout import steps as rollout
 from vlm_operator.status import build as S
 from vlm_operator.status import conditions as C
@@ -34,9 +34,11 @@ def intended(uid: str, status: Mapping[str, Any], generation: int | None, spec: 
              deployments: Mapping[str, Mapping[str, Any]], baseline: Mapping[str, Any] | None,
              network_policy: Mapping[str, Any] | None, pdb: Mapping[str, Any] | None, monitoring: bool,
              monitoring_labels: Mapping[str, str], alert_overrides: Any, load_job: Mapping[str, Any] | None = None,
-             weights_job: Mapping[str, Any] | None = None) -> list[Write]:
+             weights_job: Mapping[str, Any] | None = None, keda: bool = False,
+             scaled_object: Mapping[str, Any] | None = None) -> list[Write]:
     """Every write the plan wants, in order (pure; `Writer.write` sends them): the weights Job (even while hands
-    off: the weights come before anything else can), the budget and the policy once per spec generation, before
+    off: the weights come before anything else can), the budget, the policy and the ScaledObject once per spec
+    generation, before
     the Deployments (a pod never runs without its NetworkPolicy), the pods' writes, the Deployments and the
     Service (each only where it differs), the load Job, then the monitoring objects. A new service gets all of
     them in its first pass, in a burst of new services too (docs/benchmarks.md, "All objects of a burst in one
@@ -48,10 +50,14 @@ def intended(uid: str, status: Mapping[str, Any], generation: int | None, spec: 
         return out
     changed = status.get("observedGeneration") != generation
     if changed:
-        # Both follow the spec alone (and the operator's settings): applied once per generation, like the
-        # PodMonitor; deleted when the spec no longer wants them (replicas <= 1, networkPolicy Off).
-        for api_version, kind, want in (("networking.k8s.io/v1", "NetworkPolicy", network_policy),
-                                        ("policy/v1", "PodDisruptionBudget", pdb)):
+        # These follow the spec alone (and the operator's settings): applied once per generation, like the
+        # PodMonitor; deleted when the spec no longer wants them (replicas <= 1, networkPolicy Off, no
+        # spec.autoscaling).
+        wanted: list[tuple[str, str, Mapping[str, Any] | None]] = [
+            ("networking.k8s.io/v1", "NetworkPolicy", network_policy), ("policy/v1", "PodDisruptionBudget", pdb)]
+        if keda:  # spec.autoscaling's ScaledObject (desired.autoscaling), only where KEDA's CRD exists
+            wanted.append((autoscaling.KEDA_API_VERSION, autoscaling.SCALED_OBJECT, scaled_object))
+        for api_version, kind, want in wanted:
             if want is not None:
                 out.append(Apply(want))
             elif not (generation == 1 and "observedGeneration" not in status):

@@ -43,6 +43,7 @@ from vlm_operator.cluster import connection as kubeconn
 from vlm_operator.cluster.client import Kube
 from vlm_operator.cluster.observed import JobInfo, Observed, PodInfo
 from vlm_operator.controller.reconcile import Runtime, Target, reconcile
+from vlm_operator.desired import autoscaling
 from vlm_operator.desired import builders as B
 from vlm_operator.judge import server as judge_server
 
@@ -133,10 +134,11 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.peering.lifetime = SETTINGS.peering_lifetime_seconds  # used with --peering only
     keepalive_every_third_of(settings.peering.lifetime)
     kube = Kube(kubeconn.Connection(pool_size=HANDLER_THREADS), SETTINGS.field_manager)
-    memo.rt = Runtime(kube=kube, settings=SETTINGS, monitoring=kube.crd_exists("podmonitors.monitoring.coreos.com"))
+    memo.rt = Runtime(kube=kube, settings=SETTINGS, monitoring=kube.crd_exists("podmonitors.monitoring.coreos.com"),
+                      keda=kube.crd_exists(autoscaling.SCALED_OBJECTS_CRD))
     if SETTINGS.judge_port:
         memo.judge = judge_server.start(kube.conn, memo.rt.sidecars, SETTINGS)
-    log.info("vlm-operator started (monitoring CRDs: %s)", memo.rt.monitoring)
+    log.info("vlm-operator started (monitoring CRDs: %s, KEDA: %s)", memo.rt.monitoring, memo.rt.keda)
     # Its own connection: reviews must not wait behind reconciles for a pooled one.
     memo.webhook = webhook.start(SETTINGS, kubeconn.Connection(pool_size=2)) if SETTINGS.injection else None
 

@@ -34,7 +34,7 @@ from vlm_operator.cluster.client import KubeAPI
 from vlm_operator.cluster.observed import Observed
 from vlm_operator.cluster.writer import UNCONFIRMED_TTL_S, Writer
 from vlm_operator.controller import act
-from vlm_operator.desired import builders
+from vlm_operator.desired import autoscaling, builders
 from vlm_operator.rollout import placement
 from vlm_operator.rollout import steps as rollout
 from vlm_operator.status import build as S
@@ -54,6 +54,7 @@ class Runtime:
     kube: KubeAPI
     settings: Settings
     monitoring: bool = False  # monitoring.coreos.com CRDs present (checked at start-up)
+    keda: bool = False  # KEDA's ScaledObject CRD present (checked at start-up): spec.autoscaling's writes
     sidecars: SidecarReader | None = None  # built from the settings when not given
     writer: Writer | None = None  # over `kube`, built when not given
     # uid -> when status.profiler was last recomputed (in memory: at most one read per interval per service)
@@ -185,11 +186,13 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
     load_job = rollout.load_job(owner, spec, rt.settings, plan, observed)
     calib_status = _calibrated(calib_status, calibration, prev, spec, got.decision)
     ipc_active, ipc_reason, ipc_message = _ipc_cache(t, desired, stable_rev, got.stable_windows)
+    scaler = autoscaling.autoscaler(owner, spec, rt.settings, keda=rt.keda)
     h = S.running_health(
         observed, want=plan.want_ready, rollout=plan.rollout,
         ipc_active=ipc_active, ipc_reason=ipc_reason, ipc_message=ipc_message,
         startup_budget_s=_startup_budget_s(desired.template),
         model=(model.ready, model.reason, model.message) if model.ready is not None else None,
+        autoscaling=scaler.condition,
     )
     new = S.build_status(
         t.status, h, generation=t.generation, now=now_dt, selector=builders.selector(owner),
@@ -204,6 +207,7 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
         baseline=baseline, network_policy=desired.network_policy, pdb=desired.pdb,
         monitoring=rt.monitoring, monitoring_labels=rt.settings.monitoring_labels,
         alert_overrides=rt.settings.alert_overrides, load_job=load_job, weights_job=model.job,
+        keda=rt.keda, scaled_object=scaler.want,
     )
 
     # ---- act

@@ -48,6 +48,8 @@ class Health:
     ipc_message: str = ""
     # model.cache.download: (weights there, reason, message); None when the operator downloads nothing
     model: tuple[bool, str, str] | None = None
+    # spec.autoscaling: (its ScaledObject written, reason, message); None without spec.autoscaling (no condition)
+    autoscaling: tuple[bool, str, str] | None = None
 
 
 def health_conditions(h: Health) -> list[C.Cond]:
@@ -97,6 +99,8 @@ def health_conditions(h: Health) -> list[C.Cond]:
         conds.append(C.Cond(C.IPC_CACHE_ACTIVE, h.ipc_active, h.ipc_reason, h.ipc_message))
     if h.rollout_phase is not None:
         conds.append(margin_condition(h))
+    if h.autoscaling is not None:
+        conds.append(C.Cond(C.AUTOSCALING, *h.autoscaling))
     return conds
 
 
@@ -159,6 +163,8 @@ def build_status(
 ) -> api.VLMServiceStatus:
     """The full status (as written through the status subresource), validated by the model."""
     merged = C.merge(current.get("conditions") or [], health_conditions(h), generation=generation, now=now)
+    if h.autoscaling is None and not h.invalid:  # spec.autoscaling removed: its condition goes with it
+        merged = [c for c in merged if c.get("type") != C.AUTOSCALING]
     conditions = [c for c in (_condition(m) for m in merged) if c is not None]
     return api.VLMServiceStatus(
         observed_generation=generation,
@@ -255,6 +261,7 @@ def running_health(
     ipc_message: str = "",
     startup_budget_s: float | None = None,
     model: tuple[bool, str, str] | None = None,
+    autoscaling: tuple[bool, str, str] | None = None,
 ) -> Health:
     """The health of a service with a valid spec: ready pods of every role against what the plan wants."""
     unsched = observed.unschedulable()
@@ -275,6 +282,7 @@ def running_health(
         ipc_reason=ipc_reason,
         ipc_message=ipc_message,
         model=model,
+        autoscaling=autoscaling,
     )
 
 

@@ -18,7 +18,8 @@ DEGRADED = "Degraded"
 IPC_CACHE_ACTIVE = "IPCCacheActive"
 MARGIN_RESOLVABLE = "MarginResolvable"
 MODEL_READY = "ModelReady"
-ORDER = (READY, PROGRESSING, DEGRADED, MODEL_READY, IPC_CACHE_ACTIVE, MARGIN_RESOLVABLE)
+AUTOSCALING = "Autoscaling"  # spec.autoscaling only: its ScaledObject written, or what is missing
+ORDER = (READY, PROGRESSING, DEGRADED, MODEL_READY, IPC_CACHE_ACTIVE, MARGIN_RESOLVABLE, AUTOSCALING)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,8 @@ def events_for(transitions: Sequence[dict]) -> list[tuple[str, str, str]]:
     recovery. Replicas still starting and an invalid spec (reported by its own condition) are not news;
     a Warning reason posted once even when Ready and Degraded both turn for it.
     IPCCacheActive turning False/NotObserved (pods told to cache re-open IPC handles) is a Warning
-    `IPCCacheNotObserved`. A Degraded flip whose reason the rollout posts itself (CanaryRolledBack) is
+    `IPCCacheNotObserved`. Autoscaling's flips are Events of their reason (Normal when its ScaledObject is written,
+    a Warning naming what is missing otherwise). A Degraded flip whose reason the rollout posts itself (CanaryRolledBack) is
     not posted again."""
     out = []
     for c in transitions:
@@ -94,6 +96,8 @@ def events_for(transitions: Sequence[dict]) -> list[tuple[str, str, str]]:
         if c["type"] == IPC_CACHE_ACTIVE:
             if c["status"] == "False" and c["reason"] == "NotObserved":
                 out.append(("Warning", IPC_NOT_OBSERVED_EVENT, text))
+        elif c["type"] == AUTOSCALING:
+            out.append(("Normal" if c["status"] == "True" else "Warning", c["reason"], text))
         elif c["type"] == READY and c["status"] == "True":
             out.append(("Normal", c["reason"], text))
         elif (c["type"] == READY and c["status"] == "False" and c["reason"] != "ReplicasNotReady") or (

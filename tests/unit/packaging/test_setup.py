@@ -33,7 +33,7 @@ def _rule(target: str) -> tuple[list[str], list[str]]:
 def test_the_sets_the_tests_read_are_the_ones_the_script_fetches() -> None:
     listed = subprocess.run(["bash", str(fetched.FETCH), "--list"], capture_output=True, text=True, timeout=30,
                             check=True).stdout.split()
-    assert {*fetched.STACKS, fetched.FLAGGER, fetched.ARGO_ROLLOUTS} <= set(listed), listed
+    assert {*fetched.STACKS, fetched.FLAGGER, fetched.ARGO_ROLLOUTS, fetched.KEDA} <= set(listed), listed
 
 
 def test_make_test_fetches_before_the_tests() -> None:

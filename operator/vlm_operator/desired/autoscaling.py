@@ -1,0 +1,143 @@
+"""spec.autoscaling as a KEDA ScaledObject (pure): Prometheus triggers over the signals the sidecar and SGLang
+export, targeting the VLMService's own scale subresource, so the HPA that KEDA makes moves `spec.replicas` and the
+operator's reconcile does the rest (a rollout included).
+
+Per-replica targets are written as `AverageValue` triggers over the service's **sum** (of busy shares, queued
+requests, KV-cache usage): the HPA divides by the replica count, so the replicas wanted are ceil(sum / target), which
+stays put while new replicas load their model (the sum does not move until they take traffic): no runaway scale-up
+during a model load of minutes. TTFT p95 is not additive: a `Value` trigger, replicas in proportion to how far it is
+above its target.
+
+The owner reference makes the ScaledObject go with the VLMService; KEDA removes the HPA it made with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vlm_operator.api.names import API_VERSION, KIND
+from vlm_operator.api.settings import Settings
+from vlm_operator.api.units import parse_duration
+from vlm_operator.api.v1alpha1 import AutoscalingSpec, VLMServiceSpec
+from vlm_operator.desired.builders import Owner, owned_metadata
+
+KEDA_GROUP = "keda.sh"
+KEDA_VERSION = "v1alpha1"
+KEDA_API_VERSION = f"{KEDA_GROUP}/{KEDA_VERSION}"
+SCALED_OBJECT = "ScaledObject"
+SCALED_OBJECTS_CRD = f"scaledobjects.{KEDA_GROUP}"
+# The HPA's pace: at most 2 replicas added a minute, one removed every 5 minutes (a removed replica costs a model
+# load of minutes to get back).
+SCALE_UP_PODS, SCALE_UP_PERIOD_S = 2, 60
+SCALE_DOWN_PODS, SCALE_DOWN_PERIOD_S = 1, 300
+RATE_WINDOW = "2m"  # TTFT's histogram rate: at least four scrapes at the sidecar's default cadence
+
+
+def _sidecar_sel(owner: Owner, extra: str = "") -> str:
+    """The sidecar labels its series with the VLMService's namespace and name itself (honorLabels)."""
+    return "{" + ",".join(p for p in (f'namespace="{owner.namespace}"', f'vlmservice="{owner.name}"', extra) if p) + "}"
+
+
+def _sglang_sel(owner: Owner) -> str:
+    """SGLang's own series carry the pod's service label (the PodMonitor's podTargetLabels)."""
+    return f'{{namespace="{owner.namespace}",serving_vlmops_dev_vlmservice="{owner.name}"}}'
+
+
+def queries(owner: Owner, spec: AutoscalingSpec) -> list[tuple[str, str, str, float]]:
+    """(signal, PromQL, metricType, threshold) per target set, in a fixed order. Shares are summed over the pods
+    (one series per pod: `max by (pod)` first, so a pod's several roles or ranks count once)."""
+    t = spec.targets
+    out: list[tuple[str, str, str, float]] = []
+    if t.scheduler_busy_percent is not None:
+        # 1 - the idle stage's share of the busiest TP rank (the stage gauge is exported with or without the front
+        # end sampled).
+        sel = _sidecar_sel(owner, 'stage="idle"')
+        out.append(("schedulerBusy", f"sum(1 - min by (pod) (vlm_scheduler_stage_share_ratio{sel}))", "AverageValue",
+                    t.scheduler_busy_percent / 100))
+    if t.frontend_busy_percent is not None:
+        out.append(("frontendBusy", f"sum(max by (pod) (vlm_frontend_busy_share_ratio{_sidecar_sel(owner)}))",
+                    "AverageValue", t.frontend_busy_percent / 100))
+    if t.queue_per_replica is not None:
+        out.append(("queuePerReplica", f"sum(max by (pod) (sglang:num_queue_reqs{_sglang_sel(owner)}))",
+                    "AverageValue", t.queue_per_replica))
+    if t.kv_cache_usage_percent is not None:
+        out.append(("kvCacheUsage", f"sum(max by (pod) (sglang:token_usage{_sglang_sel(owner)}))", "AverageValue",
+                    t.kv_cache_usage_percent / 100))
+    if t.ttft_p95 is not None:
+        out.append(("ttftP95", "histogram_quantile(0.95, sum by (le) (rate(sglang:time_to_first_token_seconds_bucket"
+                    f"{_sglang_sel(owner)}[{RATE_WINDOW}])))", "Value", parse_duration(t.ttft_p95)))
+    return out
+
+
+def _threshold(v: float) -> str:
+    return f"{v:.6g}"
+
+
+def build_scaled_object(owner: Owner, spec: AutoscalingSpec, server: str, trigger_auth: str = "") -> dict[str, Any]:
+    """The ScaledObject for `spec` (KEDA keda.sh/v1alpha1), its triggers querying `server`."""
+    triggers = []
+    for signal, query, metric_type, threshold in queries(owner, spec):
+        trig: dict[str, Any] = {
+            "type": "prometheus", "name": signal, "metricType": metric_type,
+            # ignoreNullValues false: a query that returns nothing (Prometheus lost the pods' series) is an error
+            # KEDA reports on the ScaledObject, and the HPA holds the count instead of reading zero load.
+            "metadata": {"serverAddress": server, "query": query, "threshold": _threshold(threshold),
+                         "ignoreNullValues": "false"},
+        }
+        if trigger_auth:
+            trig["authenticationRef"] = {"name": trigger_auth, "kind": "ClusterTriggerAuthentication"}
+        triggers.append(trig)
+    return {
+        "apiVersion": KEDA_API_VERSION,
+        "kind": SCALED_OBJECT,
+        "metadata": owned_metadata(owner),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": API_VERSION, "kind": KIND, "name": owner.name},
+            "minReplicaCount": spec.min_replicas,
+            "maxReplicaCount": spec.max_replicas,
+            "pollingInterval": max(1, round(parse_duration(spec.polling_interval))),
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
+                "scaleUp": {"stabilizationWindowSeconds": round(parse_duration(spec.scale_up_stabilization)),
+                            "selectPolicy": "Max",
+                            "policies": [{"type": "Pods", "value": SCALE_UP_PODS, "periodSeconds": SCALE_UP_PERIOD_S}]},
+                "scaleDown": {"stabilizationWindowSeconds": round(parse_duration(spec.scale_down_stabilization)),
+                              "selectPolicy": "Min",
+                              "policies": [{"type": "Pods", "value": SCALE_DOWN_PODS,
+                                            "periodSeconds": SCALE_DOWN_PERIOD_S}]},
+            }}},
+            "triggers": triggers,
+        },
+    }
+
+
+@dataclass(frozen=True)
+class Autoscaler:
+    """What spec.autoscaling asks of this reconcile: the ScaledObject to apply (None: none may exist) and the
+    Autoscaling condition (None without spec.autoscaling)."""
+
+    want: dict[str, Any] | None = None
+    condition: tuple[bool, str, str] | None = None
+
+
+def autoscaler(owner: Owner, spec: VLMServiceSpec, settings: Settings, *, keda: bool) -> Autoscaler:
+    """The ScaledObject and the condition for `spec`; `keda`: KEDA's ScaledObject CRD was found at start-up. No
+    home-made autoscaler: without KEDA or a Prometheus to query, the condition says what is missing and spec.replicas
+    stays as the user set it."""
+    a = spec.autoscaling
+    if a is None:
+        return Autoscaler()
+    if not keda:
+        return Autoscaler(condition=(False, "KEDANotInstalled", (
+            f"spec.autoscaling needs KEDA: the CRD {SCALED_OBJECTS_CRD} was not found when the operator started "
+            "(install KEDA, then restart the operator); spec.replicas stays as set")))
+    server = settings.autoscaling_prometheus_url or settings.prometheus_url
+    if not server:
+        return Autoscaler(condition=(False, "NoPrometheus", (
+            "spec.autoscaling needs a Prometheus for KEDA to query: set the operator's VLM_AUTOSCALING_PROMETHEUS_URL "
+            "or VLM_PROMETHEUS_URL (chart: operator.prometheusURL); spec.replicas stays as set")))
+    want = build_scaled_object(owner, a, server, settings.autoscaling_trigger_auth)
+    signals = ", ".join(t["name"] for t in want["spec"]["triggers"])
+    return Autoscaler(want=want, condition=(True, "ScaledObjectApplied", (
+        f"KEDA ScaledObject {owner.name} scales spec.replicas between {a.min_replicas} and {a.max_replicas} on "
+        f"{signals} (Prometheus {server})")))
