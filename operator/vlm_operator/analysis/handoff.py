@@ -151,7 +151,7 @@ def _look(
     started = parse_time(prev.analysis_started_at)
     data = parse_time(prev.data_started_at) if prev.data_started_at else None
     since = min(started, parse_time(prev.evidence_since)) if prev.evidence_since else started
-    steps = spec.rollout.schedule(spec.replicas)  # type: ignore[union-attr]
+    steps = spec.steps()
     k = min(prev.step, len(steps) - 1)
     common: Mapping[str, Any] = dict(
         started_at=started, now=now, step_duration_s=parse_duration(steps[k].analysis), data_started_at=data,

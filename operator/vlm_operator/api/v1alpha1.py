@@ -1009,6 +1009,14 @@ class VLMServiceSpec(KubeModel):
     def gpus_per_replica(self) -> int:
         return self.gpu.count or self.sglang.tensor_parallel
 
+    def steps(self) -> list[RolloutStep]:
+        """The rollout's steps: as written, or the default schedule for spec.replicas; with spec.autoscaling, for
+        autoscaling.minReplicas, so that a scale event during a rollout moves only the stable revision and never
+        the canary's step (docs/autoscaling.md, "Rollouts")."""
+        if self.rollout is None:
+            return []
+        return self.rollout.schedule(self.autoscaling.min_replicas if self.autoscaling else self.replicas)
+
 
 # ---------------------------------------------------------------- status
 

@@ -249,7 +249,7 @@ def _calibrated(current: api.CalibrationStatus | None, calibration: gate.Calibra
     promotion): what its stable pods and its same-node pairs showed about the service's pods."""
     if decision is None or decision.evidence is None or prev is None or prev.phase != "Analysing" or spec.rollout is None:
         return current
-    last = prev.step >= len(spec.rollout.schedule(spec.replicas)) - 1
+    last = prev.step >= len(spec.steps()) - 1
     if not (decision.verdict == "Rollback" or (decision.verdict == "Promote" and last)):
         return current
     return analysis.calibration_status(calibration.add(decision.evidence), (current.rollouts if current else 0) + 1)

@@ -370,7 +370,7 @@ def _started(c: _Round) -> RolloutStatus | None:
         return prev
     ro = c.spec.rollout
     assert ro is not None
-    steps = ro.schedule(c.full)
+    steps = c.spec.steps()
     baseline = "Stable"
     if ro.baseline == "Fresh":
         if c.rooms is None:
@@ -418,7 +418,7 @@ def _user_action(c: _Round, r: RolloutStatus) -> tuple[RolloutStatus, bool]:
         r = _upd(r, phase="Progressing", analysis_started_at=None, data_started_at=None, step_started_at=t,
                  reason="Resumed", message="resumed by annotation")
     elif action == "promote" and r.phase != "Promoting":
-        steps = c.spec.rollout.schedule(c.full) if c.spec.rollout else []
+        steps = c.spec.steps()
         r = _upd(r, step=len(steps) - 1, phase="Promoting", verdict="Promote", reason="PromotedByUser",
                  message="promoted by annotation", analysis_started_at=None, data_started_at=None, step_started_at=t)
         c.event("Normal", "CanaryPromoting", f"canary {rev} promoted by annotation: replacing the rest")
@@ -483,7 +483,7 @@ def _verdict(c: _Round, r: RolloutStatus) -> tuple[RolloutStatus, bool]:
         c.event("Warning", "CanaryPaused", f"canary {rev} paused: {d.message}")
     elif r.phase == "Analysing" and d.verdict == "Promote":
         r = _decided(r, d, t)
-        steps = c.spec.rollout.schedule(c.full) if c.spec.rollout else []
+        steps = c.spec.steps()
         if r.step + 1 < len(steps):
             clock = r.data_started_at or r.analysis_started_at
             spent = max(0.0, c.now - parse_time(clock)) if clock else 0.0
@@ -551,7 +551,7 @@ def _step_pods(c: _Round, r: RolloutStatus) -> Plan:
     """The pods of the rollout's current step (or of the promotion), and what their progress means."""
     ro = c.spec.rollout
     assert ro is not None
-    steps = ro.schedule(c.full)
+    steps = c.spec.steps()
     k = steps[min(r.step, len(steps) - 1)].replicas
     out = c.run(_step_move(c, r, k), r)
     if out is None:

@@ -154,7 +154,7 @@ class GatePolicy:
         a spec the API server accepted never fails here (tests/unit/operator/analysis/test_gate.py fuzzes that)."""
         if spec.rollout is None:
             raise InvalidSpec("no rollout block", field="spec.rollout")
-        return cls.from_rollout(spec.rollout, spec.rollout.schedule(spec.replicas), spec.telemetry.interval)
+        return cls.from_rollout(spec.rollout, spec.steps(), spec.telemetry.interval)
 
     @classmethod
     def from_rollout(cls, rollout: api.RolloutSpec, schedule: list[api.RolloutStep], telemetry_interval: str

@@ -6,7 +6,7 @@ step is just a look too soon, and a regression that only shows in a later step i
 from __future__ import annotations
 
 from vlm_testing.fakekube import T0, SidecarCluster
-from vlm_testing.steps import STEPS, canary_revision, finish, is_canary, start, walk
+from vlm_testing.steps import CHANGE, STEPS, canary_revision, finish, is_canary, serving_ready, start, walk
 
 
 def test_three_steps_each_with_its_own_pods_and_clock_end_promoted():
@@ -118,3 +118,54 @@ def test_a_regression_that_shows_only_in_step_two_is_rolled_back_there():
     assert first and first[0] not in {p.name for p in c.kube.pods("svc")}
     reasons = [e[1] for e in c.events]
     assert reasons.count("CanaryRolledBack") == 1 and "CanaryPromoted" not in reasons, reasons
+
+
+def test_an_autoscaler_moving_replicas_mid_rollout_moves_the_stable_revision_and_the_rollout_ends():
+    """spec.autoscaling (docs/autoscaling.md, "Rollouts"): the HPA KEDA makes writes spec.replicas through the scale
+    subresource while a step is analysed. The canary keeps its step's pods (the steps are planned for minReplicas,
+    never for the moving count), the stable revision takes the change, no rollout waits for a replica that was
+    scaled away, and promotion moves every replica of the count at that time."""
+    auto = {**STEPS, "autoscaling": {"minReplicas": 2, "maxReplicas": 8},
+            "rollout": {**STEPS["rollout"], "steps": [{"replicas": 1, "analysis": "2m"}, {"replicas": 2,
+                                                                                          "analysis": "2m"}]}}
+    c = SidecarCluster(auto, gpus=16)
+    c.run(T0)
+    c.kube.settle("svc")
+    c.run(T0 + 1)
+    c.kube.settle("svc")
+    c.run(T0 + 2)
+    assert serving_ready(c) == 4
+    spec = {**auto, **CHANGE}
+    c.kube.update_spec("svc", spec)
+    t = T0 + 10
+    c.run(t)
+    scaled: dict[int, int] = {}  # step -> the replica count the autoscaler set during it
+    looks = []
+    for _ in range(60):
+        t += 60
+        c.run(t)
+        r = c.status["rollout"]
+        deps = c.kube.deployments("ns", "svc")
+        canary = deps.get(r["revision"])
+        stable = deps.get(c.status["stableRevision"])
+        looks.append((r.get("step"), r["phase"], canary["spec"]["replicas"] if canary else None,
+                      stable["spec"]["replicas"] if stable else None, c.kube.vlmservice("svc")["spec"]["replicas"]))
+        if r["phase"] in ("Promoted", "RolledBack", "Aborted"):
+            break
+        if r["phase"] == "Analysing" and r.get("step") not in scaled:  # the HPA scales once per step: up, then down
+            n = 6 if r.get("step") == 0 else 3
+            spec = {**spec, "replicas": n}
+            c.kube.update_spec("svc", spec)
+            scaled[r["step"]] = n
+        c.kube.settle("svc")
+    assert looks[-1][1] == "Promoted", looks
+    assert scaled == {0: 6, 1: 3}, looks
+    for step, phase, can, stab, want in looks:
+        if phase == "Analysing" and stab is not None and can is not None:
+            assert can == step + 1, looks  # the canary keeps its step's pods
+    # After each scale event the stable revision followed the new count (less the canary's pods).
+    assert any(x[0] == 0 and x[4] == 6 and x[3] == 5 for x in looks), looks
+    assert any(x[0] == 1 and x[4] == 3 and x[3] == 1 for x in looks), looks
+    finish(c, t)
+    deps = c.kube.deployments("ns", "svc")
+    assert list(deps.values())[0]["spec"]["replicas"] == 3 and len(c.kube.pods("svc")) == 3

@@ -133,3 +133,14 @@ def test_without_keda_nothing_is_written_and_the_condition_warns():
 def test_bad_bounds_are_refused_by_the_model(bad):
     with pytest.raises(ValueError):
         api.parse_spec({**MINIMAL, "autoscaling": bad})
+
+
+def test_the_default_steps_are_planned_for_min_replicas_not_the_moving_count():
+    rollout = {"analysis": {"maxDuration": "30m"}}
+    plain = api.parse_spec({**MINIMAL, "replicas": 8, "rollout": rollout})
+    auto = api.parse_spec({**MINIMAL, "replicas": 8, "rollout": rollout,
+                           "autoscaling": {"minReplicas": 4, "maxReplicas": 16}})
+    assert [s.replicas for s in plain.steps()] == [1, 2, 4]
+    assert [s.replicas for s in auto.steps()] == [1, 2]  # the same at 8 replicas or at 16
+    assert [s.replicas for s in auto.model_copy(update={"replicas": 16}).steps()] == [1, 2]
+    assert api.parse_spec(MINIMAL).steps() == []
