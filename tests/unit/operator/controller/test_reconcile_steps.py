@@ -160,7 +160,7 @@ def test_an_autoscaler_moving_replicas_mid_rollout_moves_the_stable_revision_and
         c.kube.settle("svc")
     assert looks[-1][1] == "Promoted", looks
     assert scaled == {0: 6, 1: 3}, looks
-    for step, phase, can, stab, want in looks:
+    for step, phase, can, stab, _want in looks:
         if phase == "Analysing" and stab is not None and can is not None:
             assert can == step + 1, looks  # the canary keeps its step's pods
     # After each scale event the stable revision followed the new count (less the canary's pods).
@@ -168,4 +168,4 @@ def test_an_autoscaler_moving_replicas_mid_rollout_moves_the_stable_revision_and
     assert any(x[0] == 1 and x[4] == 3 and x[3] == 1 for x in looks), looks
     finish(c, t)
     deps = c.kube.deployments("ns", "svc")
-    assert list(deps.values())[0]["spec"]["replicas"] == 3 and len(c.kube.pods("svc")) == 3
+    assert next(iter(deps.values()))["spec"]["replicas"] == 3 and len(c.kube.pods("svc")) == 3
