@@ -4,8 +4,8 @@
     python dashboards/build.py --check   # exit 1 when either copy is stale
 
 Panels: canary rollout (phase, signal deltas, verdicts, rollbacks), scheduler loop latency baseline vs
-canary (by revision), stage and function shares, SGLang TTFT / inter-token latency / throughput, and the
-profiler's own health. Every metric a panel queries is one the operator, the sidecar or SGLang exports
+canary (by revision), stage and function shares, SGLang TTFT / inter-token latency / throughput, the
+profiler's own health, the front end, and spec.autoscaling (desired vs running replicas, the signals). Every metric a panel queries is one the operator, the sidecar or SGLang exports
 (tests/unit/packaging/test_dashboard.py checks it against the real collectors).
 """
 
@@ -172,6 +172,24 @@ def panels() -> list[dict]:
         description="SGLang processes found per role; the busiest front-end role's busy share and the saturation "
                     "signal (1: busiest role >= 90% busy while the scheduler idles >= 50%), per pod. Flamegraph "
                     "per role: the sidecar's /profile/latest.svg?role=ROLE."))
+
+    out.append(_row(24, "Autoscaling (spec.autoscaling, through KEDA)", 66))
+    out.append(_panel(25, "Replicas: desired vs running", "timeseries", (0, 67, 12, 8), [
+        _target(f"max by (vlmservice) (vlm_operator_autoscaling_desired_replicas{{{SEL}}})", "desired {{vlmservice}}"),
+        _target(f"max by (vlmservice) (vlm_operator_autoscaling_max_replicas{{{SEL}}})", "max {{vlmservice}}",
+                ref="B"),
+        _target(f'count by (vlmservice) (max by (vlmservice, pod) (vlm_scheduler_stage_share_ratio{{{SEL},stage="idle"}}))',
+                "running {{vlmservice}}", ref="C")],
+        unit="short",
+        description="What spec.autoscaling's HPA (made by KEDA from the operator's ScaledObject) wants, its "
+                    "maxReplicas, and the pods whose sidecars report. Desired at max for long: "
+                    "VLMServiceAutoscalerAtMax."))
+    out.append(_panel(26, "Autoscaling signals: value / target", "timeseries", (12, 67, 12, 8), [
+        _target(f"max by (vlmservice, signal) (vlm_operator_autoscaling_signal_ratio{{{SEL}}})",
+                "{{vlmservice}} {{signal}}")],
+        unit="short",
+        description="Each target's current value over its target as the HPA last read it: above 1 it wants more "
+                    "replicas; the highest line drives the count (status.autoscaling.signal)."))
     return out
 
 

@@ -19,8 +19,9 @@
 #               configuration; built behind the monitoring stage, while the integration tier runs
 #   argo:       Argo Rollouts' controller (hack/build-argo-rollouts.sh; its CRDs come from hack/fetch-crds.sh), for
 #               the judge's integration test; built behind the prometheus stage
-#   flagger:    Flagger's controller and load tester (v1.36.1), for the judge's Flagger test; built last
-#   all:        tools,cluster,monitoring,prometheus,argo,flagger (the default)
+#   flagger:    Flagger's controller and load tester (v1.36.1), for the judge's Flagger test
+#   keda:       KEDA's operator and metrics server (v2.21.0; hack/build-keda.sh), for spec.autoscaling's test; last
+#   all:        tools,cluster,monitoring,prometheus,argo,flagger,keda (the default)
 # `make demo` builds pyspy,cluster only: the demo runs Debian's Prometheus (file_sd), no helm, no Prometheus
 # Operator, no Argo Rollouts.
 # Each stage holds a lock of its own in the cache while it runs: a second run of a stage waits for the
@@ -42,14 +43,14 @@ if [[ "${1:-}" == "--print-dir" ]]; then echo "$BIN"; exit 0; fi
 if [[ "${1:-}" == "--print-pyspy-dir" ]]; then echo "$CACHE/pyspy"; exit 0; fi
 STAGE=all
 if [[ "${1:-}" == "--stage" ]]; then STAGE="${2:-}"; fi
-[[ "$STAGE" == all ]] && STAGE=tools,cluster,monitoring,prometheus,argo,flagger
+[[ "$STAGE" == all ]] && STAGE=tools,cluster,monitoring,prometheus,argo,flagger,keda
 IFS=, read -ra GIVEN <<<"$STAGE"
 ((${#GIVEN[@]})) || GIVEN=("")  # an empty --stage is refused below, not taken as nothing to do
 STAGES=()
 for s in "${GIVEN[@]}"; do
   case "$s" in tools) STAGES+=(pyspy helm) ;;
-    pyspy|helm|cluster|monitoring|prometheus|argo|flagger) STAGES+=("$s") ;;
-    *) echo "[build-binaries] unknown stage '$s' (tools = pyspy,helm; cluster, monitoring, prometheus, argo, all)" >&2
+    pyspy|helm|cluster|monitoring|prometheus|argo|flagger|keda) STAGES+=("$s") ;;
+    *) echo "[build-binaries] unknown stage '$s' (tools = pyspy,helm; cluster, monitoring, prometheus, argo, flagger, keda, all)" >&2
        exit 2;; esac
 done
 
@@ -266,6 +267,8 @@ for stage in "${STAGES[@]}"; do
     flagger)  # Flagger's controller and its load tester, for the judge's Flagger test (no replace directives)
       build_goinstall flagger "$FLAGGER_VERSION" github.com/fluxcd/flagger/cmd/flagger
       build_goinstall loadtester "$FLAGGER_VERSION" github.com/fluxcd/flagger/cmd/loadtester ;;
+    keda)  # KEDA's operator and metrics server for spec.autoscaling's test (its own script, its own lock)
+      bash "$(dirname "$0")/build-keda.sh" ;;
   esac
   exec 9>&-
   log "binaries ready in $BIN ($stage; $(( $(date +%s) - start ))s)"

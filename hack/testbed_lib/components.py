@@ -95,11 +95,16 @@ def _apiserver(lo: Layout) -> list[str]:
         f"--client-ca-file={pki / 'ca.crt'}",
         f"--token-auth-file={pki / 'tokens.csv'}",
         "--authorization-mode=Node,RBAC",
-        # Without a front-proxy CA the delegated authenticators of kube-controller-manager and
-        # kube-scheduler log an error every few seconds. Reuse the cluster CA, but only trust a
-        # front-proxy-client CN, which the testbed never issues.
+        # The aggregation layer (KEDA's external metrics API): the apiserver proxies to an APIService's endpoint
+        # with the front-proxy-client certificate, and the extension server trusts the X-Remote-* headers of
+        # that CN only (the requestheader CA is the cluster CA; no other certificate has that CN). Without a
+        # front-proxy CA the delegated authenticators of kube-controller-manager and kube-scheduler would also
+        # log an error every few seconds. The proxy dials the endpoint's IP (no kube-proxy here).
         f"--requestheader-client-ca-file={pki / 'ca.crt'}",
         "--requestheader-allowed-names=front-proxy-client",
+        f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+        f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+        "--enable-aggregator-routing=true",
         "--requestheader-username-headers=X-Remote-User",
         "--requestheader-group-headers=X-Remote-Group",
         "--requestheader-extra-headers-prefix=X-Remote-Extra-",

@@ -44,6 +44,16 @@ subjectAltName = {sans}
 """
 
 
+# The apiserver's client certificate toward aggregated APIs (KEDA's external metrics server): the front proxy's
+# identity, which the extension server checks against the requestheader CA and allowed names.
+_FRONT_PROXY_EXT = """\
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = clientAuth
+"""
+FRONT_PROXY_CN = "front-proxy-client"
+
+
 def build_serving_sans(service_ip: str = SERVICE_IP) -> str:
     """subjectAltName for the apiserver: loopback plus the in-cluster names a pod would use."""
     names = [
@@ -84,8 +94,9 @@ def ensure_pki(layout: Layout) -> None:
             "ca.crt",
             cwd=pki,
         )
-        # A new CA invalidates the old serving cert.
+        # A new CA invalidates the old serving and front-proxy certs.
         (pki / "apiserver.crt").unlink(missing_ok=True)
+        (pki / "front-proxy-client.crt").unlink(missing_ok=True)
     if not (pki / "apiserver.crt").exists():
         (pki / "apiserver.ext").write_text(_SERVING_EXT.format(sans=build_serving_sans()))
         _openssl("genrsa", "-out", "apiserver.key", "2048", cwd=pki)
@@ -118,6 +129,14 @@ def ensure_pki(layout: Layout) -> None:
             "apiserver.crt",
             cwd=pki,
         )
+    if not (pki / "front-proxy-client.crt").exists():
+        (pki / "front-proxy-client.ext").write_text(_FRONT_PROXY_EXT)
+        _openssl("genrsa", "-out", "front-proxy-client.key", "2048", cwd=pki)
+        _openssl("req", "-new", "-key", "front-proxy-client.key", "-subj", f"/CN={FRONT_PROXY_CN}",
+                 "-out", "front-proxy-client.csr", cwd=pki)
+        _openssl("x509", "-req", "-in", "front-proxy-client.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-days", "3650", "-extfile", "front-proxy-client.ext",
+                 "-out", "front-proxy-client.crt", cwd=pki)
     if not (pki / "sa.key").exists():
         _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
         _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)

@@ -2,7 +2,7 @@
 
 `make test` builds only the tools stage in front (py-spy and helm, which the unit tier uses). When the
 collected tests include integration or e2e ones, the session starts `hack/build-binaries.sh --stage
-cluster,monitoring,prometheus,argo,flagger` in the background, at nice 19 in a session of its own: with the
+cluster,monitoring,prometheus,argo,flagger,keda` in the background, at nice 19 in a session of its own: with the
 kernel's scheduling autogroups that is an equal share of the CPU beside the tests, on purpose (the builds are on
 the integration tests' critical path: hack/build-behind.sh says what a real yield cost), and the timing tests
 hold it while they measure (`paused`). The first test that needs the control
@@ -42,7 +42,7 @@ SCRIPT = REPO / "hack" / "build-binaries.sh"
 CACHE = Path(os.environ.get("VLM_CACHE") or Path.home() / ".cache" / "vlm-operator")
 LOG = CACHE / "build-cluster.log"
 PGID = CACHE / "build-behind.pgid"
-STAGES = "cluster,monitoring,prometheus,argo,flagger"
+STAGES = "cluster,monitoring,prometheus,argo,flagger,keda"
 
 
 def behind() -> bool:

@@ -69,6 +69,8 @@ class FakeKube:
     pod_store: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pod_counter: int = 0
     zones: dict[str, str] = field(default_factory=dict)
+    # The HPA KEDA would make for a service's ScaledObject, as kopf's index would hold it: (namespace, name) -> info
+    hpas: dict[tuple[str, str], Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------- the KubeAPI the reconcile calls
 
@@ -321,6 +323,7 @@ class FakeKube:
             jobs={k[3]: JobInfo.from_body(o) for k, o in self.objects.items()
                   if k[:3] == ("batch/v1", "Job", namespace)
                   and (o["metadata"].get("labels") or {}).get(builders.LABEL_SERVICE) == name},
+            hpa=self.hpas.get((namespace, name)),
         )
 
     def written(self, verb: str | None = None, kind: str | None = None) -> list[Write]:

@@ -117,6 +117,10 @@ vlm_operator/cluster/client.py (server-side apply: create+patch; canary teardown
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors, prometheusrules]
   verbs: [get, list, watch, create, patch]
+# spec.autoscaling: the HPA KEDA makes for a service's ScaledObject, read for status.autoscaling (never written).
+- apiGroups: [autoscaling]
+  resources: [horizontalpodautoscalers]
+  verbs: [list, watch]
 {{- if and .Values.peering.enabled .Values.watchNamespaces }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]

@@ -10,6 +10,8 @@
     vlm_operator_ipc_cache_active{namespace,vlmservice}     1/0: the operator switched the cache on
     vlm_operator_ipc_cache_verified{namespace,vlmservice}   1/0: the pods' profiles show it working / not
     vlm_operator_canary_rollback_info{namespace,vlmservice,revision,signal,function}  1 while rolled back
+    vlm_operator_autoscaling_desired_replicas / _max_replicas / _at_max{namespace,vlmservice}  spec.autoscaling's HPA
+    vlm_operator_autoscaling_signal_ratio{namespace,vlmservice,signal}  each signal's value over its target
 
 Counters and the histogram are process-wide prometheus_client metrics. Everything per VLMService is state:
 `STATE` keeps the last known facts of each service, and `StateCollector` (registered once) turns them into
@@ -76,6 +78,10 @@ class ServiceFacts:
     rollback: tuple[str, str, str] | None = None  # revision, signal, function
     ipc_cache_verified: float | None = None  # None until a profile with feature traffic was seen
     failure: str | None = None  # the Ready condition's failure reason (status.FAILURE_REASONS), None when none
+    # spec.autoscaling's HPA: (desired replicas, maxReplicas, at max and still above target) and each signal's
+    # value over its target; None / empty without an HPA
+    autoscaling: tuple[float, float, float] | None = None
+    autoscaling_ratio: dict[str, float] = field(default_factory=dict)
 
 
 class State:
@@ -105,7 +111,7 @@ class State:
         with self._lock:
             return self.managed, {
                 k: ServiceFacts(f.phase, dict(f.signal_delta), f.ipc_cache_active, f.rollback, f.ipc_cache_verified,
-                                f.failure)
+                                f.failure, f.autoscaling, dict(f.autoscaling_ratio))
                 for k, f in self._services.items()
             }
 
@@ -134,7 +140,23 @@ def families(managed: float, services: dict[tuple[str, str], ServiceFacts]) -> l
         "ContainerConfigError, CrashLoopBackOff, OOMKilled, StartupBudgetExhausted); no series otherwise.",
         labels=[*_SVC, "reason"],
     )
+    desired = GaugeMetricFamily("vlm_operator_autoscaling_desired_replicas",
+                                "The replicas spec.autoscaling's HPA wants (it writes spec.replicas).", labels=_SVC)
+    maxr = GaugeMetricFamily("vlm_operator_autoscaling_max_replicas", "spec.autoscaling.maxReplicas.", labels=_SVC)
+    at_max = GaugeMetricFamily(
+        "vlm_operator_autoscaling_at_max", "1 while the HPA wants maxReplicas and the signal that drives it is still "
+        "above its target.", labels=_SVC)
+    ratio = GaugeMetricFamily(
+        "vlm_operator_autoscaling_signal_ratio",
+        "Each autoscaling signal's current value over its target, as the HPA last read it (above 1: it wants more "
+        "replicas).", labels=[*_SVC, "signal"])
     for (ns, name), f in sorted(services.items()):
+        if f.autoscaling is not None:
+            desired.add_metric([ns, name], f.autoscaling[0])
+            maxr.add_metric([ns, name], f.autoscaling[1])
+            at_max.add_metric([ns, name], f.autoscaling[2])
+        for signal, v in sorted(f.autoscaling_ratio.items()):
+            ratio.add_metric([ns, name, signal], v)
         if f.failure is not None:
             failing.add_metric([ns, name, f.failure], 1.0)
         if f.phase is not None:
@@ -148,7 +170,7 @@ def families(managed: float, services: dict[tuple[str, str], ServiceFacts]) -> l
             verified.add_metric([ns, name], f.ipc_cache_verified)
         if f.rollback is not None:
             info.add_metric([ns, name, *f.rollback], 1.0)
-    return [m, phase, delta, ipc, verified, info, failing]
+    return [m, phase, delta, ipc, verified, info, failing, desired, maxr, at_max, ratio]
 
 
 class StateCollector(Collector):
@@ -230,6 +252,15 @@ def set_ipc_verified(namespace: str, name: str, verified: bool | None) -> None:
 def set_failure(namespace: str, name: str, reason: str | None) -> None:
     """One series while the service reports a failure reason; none otherwise."""
     STATE.update(namespace, name, failure=reason)
+
+
+def set_autoscaling(namespace: str, name: str, st: object, ratios: dict[str, float]) -> None:
+    """spec.autoscaling's series from status.autoscaling (an api.AutoscalingStatus); none while its HPA has not
+    reported (no desired count) or without spec.autoscaling."""
+    desired = getattr(st, "desired_replicas", None)
+    facts = None if desired is None else (float(desired), float(getattr(st, "max_replicas", 0) or 0),
+                                          1.0 if getattr(st, "at_max_replicas", False) else 0.0)
+    STATE.update(namespace, name, autoscaling=facts, autoscaling_ratio=dict(ratios))
 
 
 def forget(namespace: str, name: str) -> None:

@@ -1178,6 +1178,24 @@ class SGLangStatus(KubeModel):
     version: str | None = Field(None, description="Its SGLang version (spec.sglang.version or the image tag).")
 
 
+class AutoscalingStatus(KubeModel):
+    """spec.autoscaling as its HPA (made by KEDA from the operator's ScaledObject) last saw it."""
+
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    current_replicas: int | None = Field(None, description="The replicas the HPA counted at its last look.")
+    desired_replicas: int | None = Field(None, description="The replicas the HPA wants (it writes spec.replicas).")
+    signal: str | None = Field(
+        None, description="The target that wants the most replicas (schedulerBusy, frontendBusy, queuePerReplica, "
+        "kvCacheUsage, ttftP95): what drives the count.")
+    value: float | None = Field(None, description="Its current value, per replica for the per-replica targets.")
+    target: float | None = Field(None, description="Its target, in the same unit.")
+    at_max_replicas: bool | None = Field(
+        None, description="At maxReplicas with the driving signal still above its target (alert "
+        "VLMServiceAutoscalerAtMax).")
+    last_scale_time: str | None = None
+
+
 class VLMServiceStatus(KubeModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
@@ -1194,6 +1212,7 @@ class VLMServiceStatus(KubeModel):
     calibration: CalibrationStatus | None = Field(
         None, description="What the gate learned about this service's pods from its finished rollouts.")
     sglang: SGLangStatus | None = Field(None, description="The effective SGLang image and version.")
+    autoscaling: AutoscalingStatus | None = Field(None, description="spec.autoscaling's HPA, as last seen.")
 
 
 PRINTER_COLUMNS = [
@@ -1206,6 +1225,8 @@ PRINTER_COLUMNS = [
     {"name": "TopFn", "type": "string", "jsonPath": ".status.profiler.topFunction"},
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.readyReplicas", "priority": 1},
     {"name": "Revision", "type": "string", "jsonPath": ".status.stableRevision", "priority": 1},
+    {"name": "Desired", "type": "integer", "jsonPath": ".status.autoscaling.desiredReplicas", "priority": 1},
+    {"name": "ScaledOn", "type": "string", "jsonPath": ".status.autoscaling.signal", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

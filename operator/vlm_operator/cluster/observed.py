@@ -20,7 +20,7 @@ from vlm_operator.api.names import (
     SCHEDULING_GATE,
     VICTIM_COST,
 )
-from vlm_operator.api.units import parse_time_or_none
+from vlm_operator.api.units import parse_quantity, parse_time_or_none
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +185,57 @@ class JobInfo:
 
 
 @dataclass(frozen=True)
+class ScalerMetric:
+    """One of the autoscaler's metrics as its HPA last read it: the trigger's index in the ScaledObject (KEDA names
+    the metric `s<index>-<scaler>`), its current value (per replica for AverageValue) and its target."""
+
+    index: int
+    value: float
+    target: float
+
+
+@dataclass(frozen=True)
+class HPAInfo:
+    """The HPA KEDA made for the service's ScaledObject (labelled scaledobject.keda.sh/name): its counts and its
+    metrics' last readings."""
+
+    current: int = 0
+    desired: int = 0
+    metrics: tuple[ScalerMetric, ...] = ()
+    last_scale_time: str | None = None
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> HPAInfo:
+        spec, st = body.get("spec") or {}, body.get("status") or {}
+        targets: dict[str, float] = {}
+        for m in spec.get("metrics") or []:
+            ext = m.get("external") or {}
+            t = ext.get("target") or {}
+            q = t.get("averageValue") if t.get("type") == "AverageValue" else t.get("value")
+            if ext.get("metric", {}).get("name") and q is not None:
+                targets[ext["metric"]["name"]] = _quantity(q)
+        out = []
+        for m in st.get("currentMetrics") or []:
+            ext = m.get("external") or {}
+            name = (ext.get("metric") or {}).get("name") or ""
+            cur = ext.get("current") or {}
+            q = cur.get("averageValue", cur.get("value"))
+            idx = name[1:].split("-", 1)[0] if name.startswith("s") else ""
+            if q is None or not idx.isdigit() or not targets.get(name):
+                continue
+            out.append(ScalerMetric(int(idx), _quantity(q), targets[name]))
+        return cls(current=int(st.get("currentReplicas") or 0), desired=int(st.get("desiredReplicas") or 0),
+                   metrics=tuple(sorted(out, key=lambda x: x.index)), last_scale_time=st.get("lastScaleTime"))
+
+
+def _quantity(q: Any) -> float:
+    try:
+        return float(parse_quantity(str(q)))
+    except (ValueError, ArithmeticError):
+        return float("nan")
+
+
+@dataclass(frozen=True)
 class Observed:
     # revision -> its Deployment's body (`{name}-{revision}`, or `{name}` adopted from a release before revision
     # Deployments); BASELINE_KEY -> the fresh baseline's
@@ -193,6 +244,7 @@ class Observed:
     service: Mapping[str, Any] | None = None
     monitoring: frozenset[str] = frozenset()  # kinds of the service's monitoring objects that exist (PodMonitor, ...)
     jobs: Mapping[str, JobInfo] = field(default_factory=dict)  # the service's Jobs (the load hook's), by name
+    hpa: HPAInfo | None = None  # the HPA KEDA made for spec.autoscaling's ScaledObject, when there is one
 
     def revisions(self) -> list[str]:
         """The revisions that have a Deployment, by name."""

@@ -41,7 +41,7 @@ from vlm_operator.api.names import (
 from vlm_operator.api.settings import Settings
 from vlm_operator.cluster import connection as kubeconn
 from vlm_operator.cluster.client import Kube
-from vlm_operator.cluster.observed import JobInfo, Observed, PodInfo
+from vlm_operator.cluster.observed import HPAInfo, JobInfo, Observed, PodInfo
 from vlm_operator.controller.reconcile import Runtime, Target, reconcile
 from vlm_operator.desired import autoscaling
 from vlm_operator.desired import builders as B
@@ -212,8 +212,15 @@ async def vlm_prometheusrules(namespace: str, labels: dict, **_: Any) -> dict:
     return {(namespace, labels.get(LABEL_SERVICE)): "PrometheusRule"}
 
 
+# The HPA KEDA makes for a ScaledObject (spec.autoscaling) carries scaledobject.keda.sh/name: the operator's
+# ScaledObject is named like its VLMService. Its counts and metrics go into status.autoscaling.
+@kopf.index("autoscaling", "v2", "horizontalpodautoscalers", labels={autoscaling.HPA_LABEL: kopf.PRESENT})
+async def vlm_hpas(namespace: str, labels: dict, body: kopf.Body, **_: Any) -> dict:
+    return {(namespace, labels.get(autoscaling.HPA_LABEL)): HPAInfo.from_body(body)}
+
+
 def _observed(key: tuple[str, str], deployments: kopf.Index, pods: kopf.Index, services: kopf.Index,
-              *monitoring: kopf.Index, jobs: kopf.Index) -> Observed:
+              *monitoring: kopf.Index, jobs: kopf.Index, hpas: kopf.Index | None = None) -> Observed:
     service = next(iter(services.get(key, [])), None)
     return Observed(
         jobs={j.name: j for j in jobs.get(key, [])},
@@ -221,6 +228,7 @@ def _observed(key: tuple[str, str], deployments: kopf.Index, pods: kopf.Index, s
         pods=tuple(pods.get(key, [])),
         service=service.unpack() if service is not None else None,
         monitoring=frozenset(kind for index in monitoring for kind in index.get(key, [])),
+        hpa=next(iter(hpas.get(key, [])), None) if hpas is not None else None,
     )
 
 
@@ -231,7 +239,8 @@ def _observed(key: tuple[str, str], deployments: kopf.Index, pods: kopf.Index, s
 def reconcile_vlmservice(
     name: str, namespace: str, uid: str, meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status, body: kopf.Body,
     memo: kopf.Memo, vlm_deployments: kopf.Index, vlm_pods: kopf.Index, vlm_services: kopf.Index,
-    vlm_podmonitors: kopf.Index, vlm_prometheusrules: kopf.Index, vlm_jobs: kopf.Index, **_: Any,
+    vlm_podmonitors: kopf.Index, vlm_prometheusrules: kopf.Index, vlm_jobs: kopf.Index, vlm_hpas: kopf.Index,
+    **_: Any,
 ) -> None:
     """Create, update and periodic resync share one idempotent reconcile."""
     target = Target(name, namespace, uid, meta.get("generation"), dict(spec), dict(status), dict(meta.annotations),
@@ -239,7 +248,7 @@ def reconcile_vlmservice(
     with _locks.setdefault(uid, threading.Lock()):
         # Inside the lock: a handler that waited for another one sees the objects that one made.
         observed = _observed((namespace, name), vlm_deployments, vlm_pods, vlm_services,
-                             vlm_podmonitors, vlm_prometheusrules, jobs=vlm_jobs)
+                             vlm_podmonitors, vlm_prometheusrules, jobs=vlm_jobs, hpas=vlm_hpas)
         try:
             reconcile(memo.rt, target, observed, lambda t, r, m: kopf.event(body, type=t, reason=r, message=m))
         except TemporaryError as e:

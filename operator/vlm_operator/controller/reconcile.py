@@ -198,6 +198,7 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
         t.status, h, generation=t.generation, now=now_dt, selector=builders.selector(owner),
         stable_revision=plan.stable_revision, canary_revision=plan.canary_revision, rollout=plan.rollout,
         profiler=got.profiler, sglang=S.sglang_status(desired.image, desired.version), calibration=calib_status,
+        autoscaling=autoscaling.status_of(spec, observed.hpa),
     )
     # every write of this round, decided here: the Deployments built from the plan's replicas, then in order
     deployments, baseline = builders.revision_deployments(owner, desired, observed.deployments, plan.replicas,
@@ -233,13 +234,17 @@ def _reconcile(rt: Runtime, t: Target, observed: Observed, emit: Emit, now: floa
         if rv:  # our own write: the status below is conditional on the copy after it
             t = replace(t, resource_version=rv)
     _record_metrics(t, plan, desired, got.decision, ipc_active if ipc_reason in P.IPC_VERIFIED_REASONS else None)
+    metrics.set_autoscaling(t.namespace, t.name, new.autoscaling, autoscaling.ratios(spec, observed.hpa))
     failing = "DownloadFailed" if model.reason == "DownloadFailed" else h.failure[0] if h.failure else None
     metrics.set_failure(t.namespace, t.name, failing if h.ready < h.want else None)
     if t.status.get("observedGeneration") != t.generation:
         for w in desired.plan.warnings:
             emit("Warning", "IPCCacheWarning", w)
+    before = S.parse_status({"autoscaling": t.status.get("autoscaling")}).autoscaling
     act.write_status(rt.w, t.uid, t.namespace, t.name, t.status, t.resource_version, new, emit)
     act.post_events(plan, emit)
+    if (ev := autoscaling.scale_event(before, new.autoscaling)) is not None:
+        emit(*ev)
     return "ok"
 
 

@@ -138,6 +138,16 @@ def rules(scope: str = "") -> list[dict[str, Any]]:
             "role, the sidecar's /profile/latest.svg?role=ROLE shows where its time goes.",
         ),
         alert(
+            "VLMServiceAutoscalerAtMax",
+            f"max by (namespace, vlmservice) (vlm_operator_autoscaling_at_max{_sel('', scope)}) == 1",
+            "15m",
+            "warning",
+            "{{ $labels.namespace }}/{{ $labels.vlmservice }} is at autoscaling.maxReplicas and still saturated",
+            "For 15 minutes spec.autoscaling's HPA has wanted maxReplicas while the signal that drives it "
+            "(status.autoscaling.signal) stayed above its target: requests queue and the service cannot grow. "
+            "vlm_operator_autoscaling_signal_ratio{signal} says how far above; raise maxReplicas or add GPUs.",
+        ),
+        alert(
             "VLMProfilerStale",
             f"max by (namespace, vlmservice, pod) (vlm_profiler_stale{_sel('', scope)}) == 1",
             "5m",

@@ -19,7 +19,8 @@ from typing import Any
 from vlm_operator.api.names import API_VERSION, KIND
 from vlm_operator.api.settings import Settings
 from vlm_operator.api.units import parse_duration
-from vlm_operator.api.v1alpha1 import AutoscalingSpec, VLMServiceSpec
+from vlm_operator.api.v1alpha1 import AutoscalingSpec, AutoscalingStatus, VLMServiceSpec
+from vlm_operator.cluster.observed import HPAInfo
 from vlm_operator.desired.builders import Owner, owned_metadata
 
 KEDA_GROUP = "keda.sh"
@@ -27,6 +28,7 @@ KEDA_VERSION = "v1alpha1"
 KEDA_API_VERSION = f"{KEDA_GROUP}/{KEDA_VERSION}"
 SCALED_OBJECT = "ScaledObject"
 SCALED_OBJECTS_CRD = f"scaledobjects.{KEDA_GROUP}"
+HPA_LABEL = "scaledobject.keda.sh/name"  # on the HPA KEDA makes: its ScaledObject's (and so the service's) name
 # The HPA's pace: at most 2 replicas added a minute, one removed every 5 minutes (a removed replica costs a model
 # load of minutes to get back).
 SCALE_UP_PODS, SCALE_UP_PERIOD_S = 2, 60
@@ -45,7 +47,7 @@ def _sglang_sel(owner: Owner) -> str:
 
 
 def queries(owner: Owner, spec: AutoscalingSpec) -> list[tuple[str, str, str, float]]:
-    """(signal, PromQL, metricType, threshold) per target set, in a fixed order. Shares are summed over the pods
+    """(signal, PromQL, metricType, threshold) per target set, in `signals`' order. Shares are summed over the pods
     (one series per pod: `max by (pod)` first, so a pod's several roles or ranks count once)."""
     t = spec.targets
     out: list[tuple[str, str, str, float]] = []
@@ -141,3 +143,51 @@ def autoscaler(owner: Owner, spec: VLMServiceSpec, settings: Settings, *, keda: 
     return Autoscaler(want=want, condition=(True, "ScaledObjectApplied", (
         f"KEDA ScaledObject {owner.name} scales spec.replicas between {a.min_replicas} and {a.max_replicas} on "
         f"{signals} (Prometheus {server})")))
+
+
+def signals(spec: AutoscalingSpec) -> list[str]:
+    """The targets' names in the ScaledObject's trigger order (KEDA numbers its HPA's metrics by that order)."""
+    t = spec.targets
+    return [name for name, v in (("schedulerBusy", t.scheduler_busy_percent), ("frontendBusy", t.frontend_busy_percent),
+                                 ("queuePerReplica", t.queue_per_replica),
+                                 ("kvCacheUsage", t.kv_cache_usage_percent), ("ttftP95", t.ttft_p95))
+            if v is not None]
+
+
+def status_of(spec: VLMServiceSpec, hpa: HPAInfo | None) -> AutoscalingStatus | None:
+    """status.autoscaling: the HPA's counts and the signal that drives them (the one furthest above its target:
+    the HPA wants ceil(replicas x value / target) for each and takes the largest). None without spec.autoscaling."""
+    a = spec.autoscaling
+    if a is None:
+        return None
+    if hpa is None:
+        return AutoscalingStatus(min_replicas=a.min_replicas, max_replicas=a.max_replicas)
+    names = signals(a)
+    known = [m for m in hpa.metrics if m.index < len(names) and m.target > 0 and m.value == m.value]
+    top = max(known, key=lambda m: m.value / m.target, default=None)
+    return AutoscalingStatus(
+        min_replicas=a.min_replicas, max_replicas=a.max_replicas, current_replicas=hpa.current,
+        desired_replicas=hpa.desired, signal=names[top.index] if top else None,
+        value=round(top.value, 6) if top else None, target=round(top.target, 6) if top else None,
+        at_max_replicas=bool(top and hpa.desired >= a.max_replicas and top.value > top.target),
+        last_scale_time=hpa.last_scale_time)
+
+
+def ratios(spec: VLMServiceSpec, hpa: HPAInfo | None) -> dict[str, float]:
+    """Each signal's current value over its target, as the HPA last read them (the operator's metrics)."""
+    if spec.autoscaling is None or hpa is None:
+        return {}
+    names = signals(spec.autoscaling)
+    return {names[m.index]: m.value / m.target for m in hpa.metrics
+            if m.index < len(names) and m.target > 0 and m.value == m.value}
+
+
+def scale_event(before: AutoscalingStatus | None, now: AutoscalingStatus | None) -> tuple[str, str, str] | None:
+    """One Event per scale decision: the HPA's desired count changed since the last status."""
+    if now is None or now.desired_replicas is None or before is None or before.desired_replicas is None \
+            or before.desired_replicas == now.desired_replicas:
+        return None
+    why = (f": {now.signal} at {now.value:g} against its target {now.target:g}" if now.signal and now.value is not None
+           and now.target is not None else "")
+    return ("Normal", "Autoscaled", f"the autoscaler wants {now.desired_replicas} replicas "
+            f"(was {before.desired_replicas}){why}")

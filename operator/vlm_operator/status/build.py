@@ -160,6 +160,7 @@ def build_status(
     profiler: api.ProfilerStatus | None = None,
     sglang: api.SGLangStatus | None = None,
     calibration: api.CalibrationStatus | None = None,
+    autoscaling: api.AutoscalingStatus | None = None,
 ) -> api.VLMServiceStatus:
     """The full status (as written through the status subresource), validated by the model."""
     merged = C.merge(current.get("conditions") or [], health_conditions(h), generation=generation, now=now)
@@ -179,6 +180,7 @@ def build_status(
         profiler=profiler,
         calibration=calibration,
         sglang=sglang,
+        autoscaling=autoscaling,
     )
 
 

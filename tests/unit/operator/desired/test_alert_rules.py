@@ -221,7 +221,8 @@ def exported_series() -> dict[str, set[str]]:
                 out.setdefault(s.name, set()).update(k for k, v in s.labels.items())
 
     facts = om.ServiceFacts(phase="Analysing", signal_delta={"loop_latency": 0.1}, ipc_cache_active=1.0,
-                            rollback=("r", "loop_latency", "f"), ipc_cache_verified=1.0, failure="CrashLoopBackOff")
+                            rollback=("r", "loop_latency", "f"), ipc_cache_verified=1.0, failure="CrashLoopBackOff",
+                            autoscaling=(4.0, 4.0, 1.0), autoscaling_ratio={"schedulerBusy": 1.2})
     add(om.families(1.0, {(NAMESPACE, SERVICE): facts}))
     for obj in vars(om).values():
         if isinstance(obj, MetricWrapperBase):

@@ -26,7 +26,7 @@ def test_promtool_accepts_the_rules(tmp_path):
     path.write_text(alerts.render())
     scoped = tmp_path / "scoped.yaml"
     scoped.write_text(yaml.safe_dump(alerts.build_prometheus_rule("svc", "ns", {}, {})["spec"]))
-    for p, n in ((path, 12), (scoped, 10)):
+    for p, n in ((path, 13), (scoped, 11)):
         out = subprocess.run([promtool, "check", "rules", str(p)], capture_output=True, text=True)
         assert out.returncode == 0, out.stdout + out.stderr
         assert f"SUCCESS: {n} rules found" in out.stdout
@@ -46,6 +46,7 @@ def test_each_alert_has_summary_description_and_a_runbook_paragraph():
         "VLMCanaryRollbackFailed",
         "VLMServiceNotServing",
         "VLMFrontendSaturated",
+        "VLMServiceAutoscalerAtMax",
     }
     assert {r["alert"] for r in alerts.self_rules()} == {"VLMOperatorDown", "VLMOperatorReconcileErrors"}
     for r in alerts.rules() + alerts.self_rules():

@@ -144,3 +144,52 @@ def test_the_default_steps_are_planned_for_min_replicas_not_the_moving_count():
     assert [s.replicas for s in auto.steps()] == [1, 2]  # the same at 8 replicas or at 16
     assert [s.replicas for s in auto.model_copy(update={"replicas": 16}).steps()] == [1, 2]
     assert api.parse_spec(MINIMAL).steps() == []
+
+
+def _hpa(desired: int, current: int, *metrics: tuple[float, float]):
+    """An HPA as KEDA makes it: metric s<i>-prometheus per trigger, AverageValue targets."""
+    from vlm_operator.cluster.observed import HPAInfo
+
+    return HPAInfo.from_body({
+        "spec": {"metrics": [{"type": "External", "external": {"metric": {"name": f"s{i}-prometheus"},
+                                                               "target": {"type": "AverageValue",
+                                                                          "averageValue": f"{int(t * 1000)}m"}}}
+                             for i, (_, t) in enumerate(metrics)]},
+        "status": {"currentReplicas": current, "desiredReplicas": desired, "lastScaleTime": "2027-01-15T08:00:00Z",
+                   "currentMetrics": [{"type": "External", "external": {"metric": {"name": f"s{i}-prometheus"},
+                                                                        "current": {"averageValue": f"{int(v * 1000)}m"}}}
+                                      for i, (v, _) in enumerate(metrics)]}})
+
+
+def test_the_status_names_the_signal_that_drives_the_count_and_says_when_it_is_stuck_at_max():
+    spec = _spec(maxReplicas=4)  # schedulerBusy (s0), frontendBusy (s1), both at 0.85
+    st = A.status_of(spec, _hpa(3, 2, (0.6, 0.85), (1.2, 0.85)))
+    assert (st.signal, st.value, st.target) == ("frontendBusy", 1.2, 0.85)
+    assert (st.current_replicas, st.desired_replicas, st.at_max_replicas) == (2, 3, False)
+    assert A.status_of(spec, _hpa(4, 4, (0.6, 0.85), (1.2, 0.85))).at_max_replicas is True
+    assert A.status_of(spec, _hpa(4, 4, (0.6, 0.85), (0.8, 0.85))).at_max_replicas is False  # at max, not above
+    assert A.status_of(spec, None).desired_replicas is None
+    assert A.status_of(api.parse_spec(MINIMAL), _hpa(1, 1, (0.1, 0.85))) is None
+    assert A.ratios(spec, _hpa(3, 2, (0.6, 0.85), (1.2, 0.85))) == pytest.approx(
+        {"schedulerBusy": 0.6 / 0.85, "frontendBusy": 1.2 / 0.85})
+
+
+def test_each_scale_decision_is_one_event_and_the_status_and_metrics_follow_the_hpa():
+    from vlm_operator.api import metrics
+
+    c = _autoscaled(keda=True)
+    c.run()
+    assert c.status["autoscaling"] == {"minReplicas": 2, "maxReplicas": 4}  # no HPA yet
+    c.kube.hpas[("ns", "svc")] = _hpa(2, 2, (0.5, 0.85), (0.2, 0.85))
+    c.run(T0 + 15)
+    assert c.status["autoscaling"]["desiredReplicas"] == 2 and c.status["autoscaling"]["signal"] == "schedulerBusy"
+    assert not [e for e in c.events if e[1] == "Autoscaled"]  # the first reading is no decision
+    c.kube.hpas[("ns", "svc")] = _hpa(4, 2, (1.5, 0.85), (0.2, 0.85))
+    c.run(T0 + 30)
+    c.run(T0 + 45)  # the same reading again: no second Event
+    scaled = [e for e in c.events if e[1] == "Autoscaled"]
+    assert len(scaled) == 1 and "wants 4 replicas (was 2): schedulerBusy at 1.5" in scaled[0][2], scaled
+    assert c.status["autoscaling"]["atMaxReplicas"] is True
+    _, facts = metrics.STATE.snapshot()
+    f = facts[("ns", "svc")]
+    assert f.autoscaling == (4.0, 4.0, 1.0) and f.autoscaling_ratio["schedulerBusy"] == pytest.approx(1.5 / 0.85)
