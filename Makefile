@@ -69,7 +69,7 @@ lint: venv
 # them on 2 xdist workers at nice 19, the py-spy-bound e2e tests one at a time, then the tests that need the testbed to themselves
 # (hack/run-tests.sh; docs/testbed.md, "Test tiers and their budgets").
 # Only the tools the unit tier needs are built in front. The control plane's binaries, then the Prometheus
-# Operator, Prometheus, the Argo Rollouts controller and Flagger build in the background from the very start
+# Operator, Prometheus, the Argo Rollouts controller, Flagger and KEDA build in the background from the very start
 # (hack/build-behind.sh, before the virtualenv: on a cold machine the Go build overlaps the setup as well as the
 # unit tier and the first integration tests; testing/vlm_testing/binaries.py). The tools (py-spy's cargo build,
 # helm) and the fetches (mostly waiting on registries) run side by side. `$(PY) -m pytest` alone still runs every

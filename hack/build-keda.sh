@@ -18,7 +18,7 @@ export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 command -v go >/dev/null || { echo "[build-keda] go not found" >&2; exit 1; }
 mkdir -p "$BIN" "$CACHE/src"
 log() { printf '[build-keda] %s\n' "$*" >&2; }
-exec 9>"$CACHE/build-keda.lock"
+exec 9>"$CACHE/build-keda-wrapper.lock"  # not build-keda.lock: build-binaries.sh holds that one around this script
 flock 9
 
 if [[ -x "$BIN/keda-operator-$VERSION" && -x "$BIN/keda-adapter-$VERSION" ]]; then

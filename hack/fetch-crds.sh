@@ -8,7 +8,7 @@
 #     gaie-v1.6.2/inference.networking.k8s.io_inferencepools.yaml   (Gateway API Inference Extension: llm-d)
 #     flagger-v1.36.1/crd.yaml                                        (the judge's Flagger example)
 #     argo-rollouts-v1.8.3/*-crd.yaml                                 (the judge's Argo Rollouts examples)
-#     keda-v2.21.0/keda.sh_scaledobjects.yaml, keda.sh_clustertriggerauthentications.yaml   (spec.autoscaling)
+#     keda-v2.21.0/*.yaml                                             (spec.autoscaling: KEDA's operator watches all)
 #
 # Each project publishes its CRDs in its Go module, so `go mod download` of one tagged version gives the same files
 # a release installs; nothing is built. The first three are for the guides (tests/integration/test_guides.py), the
@@ -70,6 +70,5 @@ fetch gaie-v1.6.2 sigs.k8s.io/gateway-api-inference-extension@v1.6.2 \
 fetch "flagger-$FLAGGER_VERSION" "github.com/fluxcd/flagger@$FLAGGER_VERSION" artifacts/flagger/crd.yaml
 fetch "argo-rollouts-$ARGO_ROLLOUTS_VERSION" "github.com/argoproj/argo-rollouts@$ARGO_ROLLOUTS_VERSION" \
   'manifests/crds/*-crd.yaml'
-fetch "keda-$KEDA_VERSION" "github.com/kedacore/keda/v2@$KEDA_VERSION" config/crd/bases/keda.sh_scaledobjects.yaml \
-  config/crd/bases/keda.sh_clustertriggerauthentications.yaml
+fetch "keda-$KEDA_VERSION" "github.com/kedacore/keda/v2@$KEDA_VERSION" 'config/crd/bases/*.yaml'
 ((LIST)) || echo "$CRDS"

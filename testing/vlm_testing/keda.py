@@ -103,12 +103,23 @@ class Keda:
                                             cwd=self.workdir, start_new_session=True)
 
     def start(self) -> Keda:
+        try:
+            return self._start_all()
+        except BaseException:
+            self.stop()  # what did start goes (a process left running would hold its ports and watch on)
+            raise
+
+    def _start_all(self) -> Keda:
         op, adapter = built(self.cluster.bin_dir)
         k = self.cluster.kubectl
+        import yaml
+
         for f in fetched.crds(fetched.KEDA):
             k("apply", "--server-side", "--force-conflicts", "-f", str(f), timeout=120)
-        wait_for(lambda: _established(json.loads(k("get", "crd/scaledobjects.keda.sh", "-o", "json"))), 120,
-                 "CRD scaledobjects.keda.sh Established")
+        for f in fetched.crds(fetched.KEDA):  # KEDA's operator watches every one of its kinds from the start
+            crd = yaml.safe_load(f.read_text())["metadata"]["name"]
+            wait_for(lambda crd=crd: _established(json.loads(k("get", f"crd/{crd}", "-o", "json"))), 120,
+                     f"CRD {crd} Established")
         k("create", "namespace", NAMESPACE, check=False)
         certs = self.workdir / "certs"
         make_certs(certs)
@@ -126,8 +137,8 @@ class Keda:
             str(adapter), f"--secure-port={self.adapter_port}", f"--bind-address={ADAPTER_IP}",
             f"--cert-dir={certs}", f"--tls-cert-file={certs / 'tls.crt'}",
             f"--tls-private-key-file={certs / 'tls.key'}", f"--authentication-kubeconfig={kc}",
-            f"--authorization-kubeconfig={kc}", f"--kubeconfig={kc}",
-            f"--metrics-service-address=127.0.0.1:{self.grpc_port}", f"--port={_free_port()}", "--v=0"], env)
+            f"--authorization-kubeconfig={kc}", f"--lister-kubeconfig={kc}", f"--kubeconfig={kc}",
+            f"--metrics-service-address=127.0.0.1:{self.grpc_port}", f"--port={_free_port()}"], env)
         self._wait_serving(certs / "ca.crt")
         self._register((certs / "ca.crt").read_bytes())
         return self
@@ -190,6 +201,10 @@ class Keda:
 
     def stop(self) -> None:
         k = self.cluster.kubectl
+        # ScaledObjects first, while KEDA's operator runs: it removes their finalizer (and its HPA); stopped first,
+        # they would keep their namespace and KEDA's CRD Terminating for good.
+        k("delete", "scaledobjects.keda.sh", "--all", "-A", "--ignore-not-found", "--timeout=60s", check=False,
+          timeout=90)
         k("delete", "apiservice", APISERVICE, "--ignore-not-found", "--wait=false", check=False)
         for p in self.procs.values():
             if p.poll() is None:

@@ -146,6 +146,7 @@ INVALID = [
     ({**MINIMAL, "autoscaling": {}}, "maxReplicas"),
     ({**MINIMAL, "autoscaling": {"maxReplicas": 2, "targets": {"schedulerBusyPercent": 120}}}, "schedulerBusyPercent"),
     ({**MINIMAL, "autoscaling": {"maxReplicas": 2, "targets": {"ttftP95": "soon"}}}, "ttftP95"),
+    ({**MINIMAL, "autoscaling": {"maxReplicas": 2, "targets": {"frontendBusyPercent": 80}}}, "frontendBusyPercent"),
     ({**MINIMAL, "replicas": 4, "autoscaling": {"minReplicas": 1, "maxReplicas": 4},
       "rollout": {"steps": [{"replicas": 2}]}}, "minReplicas"),
 ]

@@ -38,11 +38,12 @@ def keda_crds(cluster):
 
 
 def test_the_scaled_object_passes_kedas_own_schema(cluster, namespace, keda_crds):
-    spec = api.parse_spec({**MINIMAL, "autoscaling": {
+    spec = api.parse_spec({**MINIMAL, "telemetry": {"frontendRoles": ["mm_processor"]}, "autoscaling": {
         "minReplicas": 2, "maxReplicas": 8,
-        "targets": {"queuePerReplica": 4, "kvCacheUsagePercent": 85, "ttftP95": "2s"}}})
+        "targets": {"schedulerBusyPercent": 85, "frontendBusyPercent": 85, "queuePerReplica": 4,
+                    "kvCacheUsagePercent": 85, "ttftP95": "2s"}}})
     obj = A.build_scaled_object(Owner("qwen", namespace, "00000000-0000-0000-0000-000000000001"), spec.autoscaling,
-                                "http://prometheus.monitoring:9090", trigger_auth="prometheus")
+                                "http://prometheus.monitoring:9090", trigger_auth="prometheus", frontend=True)
     back = _dry_run(cluster, obj)
     lost = _kept(obj["spec"], back["spec"], "ScaledObject.spec")
     assert not lost, f"KEDA's schema dropped or changed {lost}"
@@ -165,8 +166,7 @@ def test_a_real_keda_scales_a_vlmservice_up_on_a_busy_scheduler_and_down_after_s
     try:
         body = {"apiVersion": names.API_VERSION, "kind": names.KIND, "metadata": {"name": "auto", "namespace": namespace},
                 "spec": {**MINIMAL, "replicas": 1, "autoscaling": {
-                    "minReplicas": 1, "maxReplicas": 2, "targets": {"schedulerBusyPercent": 50,
-                                                                    "frontendBusyPercent": None},
+                    "minReplicas": 1, "maxReplicas": 2, "targets": {"schedulerBusyPercent": 50},
                     "scaleUpStabilization": "0s", "scaleDownStabilization": "20s", "pollingInterval": "5s"}}}
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(body))
         wait_condition(kube, namespace, "auto", "Autoscaling", "True", timeout=90, op=op)
@@ -210,8 +210,8 @@ def test_a_real_keda_scales_a_vlmservice_up_on_a_busy_scheduler_and_down_after_s
         events = json.loads(cluster.kubectl("get", "events", "-n", namespace, "-o", "json",
                                             "--field-selector", "reason=Autoscaled"))["items"]
         msgs = [e["message"] for e in events]
-        assert any("wants 2 replicas (was 1)" in m for m in msgs) and any("wants 1 replicas (was 2)" in m
-                                                                          for m in msgs), msgs
+        assert [m.split(":")[0] for m in sorted(msgs, key=lambda m: "1 replicas" in m)] == [
+            "the autoscaler wants 2 replicas (has 1)", "the autoscaler wants 1 replicas (has 2)"], msgs
         # The dashboard's autoscaling panels draw from what Prometheus scraped of the operator and the sidecars.
         mon, now = _Prom(prom_url), time.time()
         empty = [(title, t["refId"]) for title, t in dashboard.targets(dashboard.load())

@@ -845,20 +845,24 @@ class RolloutSpec(KubeModel):
         return self
 
 
+DEFAULT_BUSY_TARGET = 85.0
+
+
 class AutoscalingTargets(KubeModel):
     """Per-replica targets; the autoscaler keeps every one at or below its target, so the replica count follows the
-    signal furthest above its own (KEDA's HPA takes the largest of its triggers' desired counts). An absent target is
-    not used."""
+    signal furthest above its own (KEDA's HPA takes the largest of its triggers' desired counts). Only the targets
+    set are used; none set: schedulerBusyPercent 85, and frontendBusyPercent 85 where telemetry.frontendRoles are
+    sampled (`effective`)."""
 
     scheduler_busy_percent: float | None = Field(
-        85.0,
+        None,
         description="Mean busy share of the SGLang scheduler per replica, percent (1 - the idle stage's share, "
         "vlm_scheduler_stage_share_ratio, of its busiest TP rank). The scheduler loop is one CPU thread in front of "
         "the GPU; near 100% it is the bottleneck whatever the GPU shows.",
         ge=1, le=100,
     )
     frontend_busy_percent: float | None = Field(
-        85.0,
+        None,
         description="Mean busy share of the busiest front-end role per replica (tokenizer manager, tokenizer "
         "workers, image processor pool, detokenizer), percent (vlm_frontend_busy_share_ratio): image decoding and "
         "tokenization cap a VLM's throughput with the GPU idle. Needs telemetry.frontendRoles.",
@@ -879,6 +883,14 @@ class AutoscalingTargets(KubeModel):
         "scale in proportion to how far it is above this.",
     )
 
+    def effective(self, frontend_sampled: bool) -> AutoscalingTargets:
+        """The targets as set; none set: the busy shares at DEFAULT_BUSY_TARGET (the front end's only where it is
+        sampled: a trigger over a series nobody exports would hold every scale-down)."""
+        if self.model_dump(exclude_none=True):
+            return self
+        return AutoscalingTargets(scheduler_busy_percent=DEFAULT_BUSY_TARGET,
+                                  frontend_busy_percent=DEFAULT_BUSY_TARGET if frontend_sampled else None)
+
 
 class AutoscalingSpec(KubeModel):
     cel = (
@@ -890,7 +902,8 @@ class AutoscalingSpec(KubeModel):
     max_replicas: int = Field(description="Most replicas the autoscaler makes.", ge=1, le=64)
     targets: AutoscalingTargets = Field(
         default_factory=AutoscalingTargets,
-        description="What each replica may carry; default: scheduler and front-end busy shares at 85%.",
+        description="What each replica may carry. None set: the scheduler's busy share at 85%, and the front end's "
+        "where telemetry.frontendRoles are sampled.",
     )
     scale_up_stabilization: Duration = Field(
         "1m",
@@ -946,6 +959,14 @@ class VLMServiceSpec(KubeModel):
             ".sglang.volumeMounts",
         ),
         (
+            "!has(self.autoscaling) || !has(self.autoscaling.targets) || "
+            "!has(self.autoscaling.targets.frontendBusyPercent) || (has(self.telemetry) && "
+            "has(self.telemetry.frontendRoles) && size(self.telemetry.frontendRoles) > 0)",
+            "autoscaling.targets.frontendBusyPercent needs telemetry.frontendRoles (the sidecar samples no front end "
+            "without them)",
+            ".autoscaling.targets.frontendBusyPercent",
+        ),
+        (
             "!has(self.autoscaling) || !has(self.rollout) || !has(self.rollout.steps) "
             "|| self.rollout.steps.all(s, s.replicas <= (has(self.autoscaling.minReplicas) ? "
             "self.autoscaling.minReplicas : 1))",
@@ -991,12 +1012,16 @@ class VLMServiceSpec(KubeModel):
                     )
             if not self.telemetry.enabled:
                 raise ValueError("rollout: a rollout needs telemetry.enabled: the canary gate reads the profiler sidecars")
-            if self.autoscaling:
-                for i, s in enumerate(self.rollout.steps or []):
-                    if s.replicas > self.autoscaling.min_replicas:
-                        raise ValueError(
-                            f"rollout.steps[{i}].replicas {s.replicas} must not exceed autoscaling.minReplicas "
-                            f"{self.autoscaling.min_replicas} (the autoscaler may scale spec.replicas down to it)")
+        if self.autoscaling and self.autoscaling.targets.frontend_busy_percent is not None \
+                and not self.telemetry.frontend_roles:
+            raise ValueError("autoscaling.targets.frontendBusyPercent needs telemetry.frontendRoles (the sidecar "
+                             "samples no front end without them)")
+        if self.rollout and self.autoscaling:
+            for i, s in enumerate(self.rollout.steps or []):
+                if s.replicas > self.autoscaling.min_replicas:
+                    raise ValueError(
+                        f"rollout.steps[{i}].replicas {s.replicas} must not exceed autoscaling.minReplicas "
+                        f"{self.autoscaling.min_replicas} (the autoscaler may scale spec.replicas down to it)")
         volumes = {v.name for v in (self.pod.volumes if self.pod else None) or []}
         for m in self.sglang.volume_mounts or []:
             if m.name not in volumes:

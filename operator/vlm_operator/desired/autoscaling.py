@@ -28,6 +28,7 @@ KEDA_VERSION = "v1alpha1"
 KEDA_API_VERSION = f"{KEDA_GROUP}/{KEDA_VERSION}"
 SCALED_OBJECT = "ScaledObject"
 SCALED_OBJECTS_CRD = f"scaledobjects.{KEDA_GROUP}"
+SIDECAR_SIGNALS = frozenset({"schedulerBusy", "frontendBusy"})  # read from the profiler sidecar, not SGLang
 HPA_LABEL = "scaledobject.keda.sh/name"  # on the HPA KEDA makes: its ScaledObject's (and so the service's) name
 # The HPA's pace: at most 2 replicas added a minute, one removed every 5 minutes (a removed replica costs a model
 # load of minutes to get back).
@@ -46,10 +47,11 @@ def _sglang_sel(owner: Owner) -> str:
     return f'{{namespace="{owner.namespace}",serving_vlmops_dev_vlmservice="{owner.name}"}}'
 
 
-def queries(owner: Owner, spec: AutoscalingSpec) -> list[tuple[str, str, str, float]]:
-    """(signal, PromQL, metricType, threshold) per target set, in `signals`' order. Shares are summed over the pods
-    (one series per pod: `max by (pod)` first, so a pod's several roles or ranks count once)."""
-    t = spec.targets
+def queries(owner: Owner, spec: AutoscalingSpec, frontend: bool = False) -> list[tuple[str, str, str, float]]:
+    """(signal, PromQL, metricType, threshold) per effective target (`frontend`: the front end is sampled), in
+    `signals`' order. Shares are summed over the pods (one series per pod: `max by (pod)` first, so a pod's several
+    roles or ranks count once)."""
+    t = spec.targets.effective(frontend)
     out: list[tuple[str, str, str, float]] = []
     if t.scheduler_busy_percent is not None:
         # 1 - the idle stage's share of the busiest TP rank (the stage gauge is exported with or without the front
@@ -76,10 +78,12 @@ def _threshold(v: float) -> str:
     return f"{v:.6g}"
 
 
-def build_scaled_object(owner: Owner, spec: AutoscalingSpec, server: str, trigger_auth: str = "") -> dict[str, Any]:
-    """The ScaledObject for `spec` (KEDA keda.sh/v1alpha1), its triggers querying `server`."""
+def build_scaled_object(owner: Owner, spec: AutoscalingSpec, server: str, trigger_auth: str = "", *,
+                        frontend: bool = False) -> dict[str, Any]:
+    """The ScaledObject for `spec` (KEDA keda.sh/v1alpha1), its triggers querying `server`; `frontend`: the
+    sidecars sample the front end (telemetry.frontendRoles), which the default targets then include."""
     triggers = []
-    for signal, query, metric_type, threshold in queries(owner, spec):
+    for signal, query, metric_type, threshold in queries(owner, spec, frontend):
         trig: dict[str, Any] = {
             "type": "prometheus", "name": signal, "metricType": metric_type,
             # ignoreNullValues false: a query that returns nothing (Prometheus lost the pods' series) is an error
@@ -133,21 +137,28 @@ def autoscaler(owner: Owner, spec: VLMServiceSpec, settings: Settings, *, keda: 
         return Autoscaler(condition=(False, "KEDANotInstalled", (
             f"spec.autoscaling needs KEDA: the CRD {SCALED_OBJECTS_CRD} was not found when the operator started "
             "(install KEDA, then restart the operator); spec.replicas stays as set")))
+    frontend = bool(spec.telemetry.frontend_roles)
+    sidecar = [n for n in signals(a, frontend) if n in SIDECAR_SIGNALS]
+    if sidecar and not spec.telemetry.enabled:
+        return Autoscaler(condition=(False, "NoTelemetry", (
+            f"spec.autoscaling's targets {', '.join(sidecar)} are the profiler sidecar's: set telemetry.enabled, or "
+            "scale on SGLang's own metrics (queuePerReplica, kvCacheUsagePercent, ttftP95)")))
     server = settings.autoscaling_prometheus_url or settings.prometheus_url
     if not server:
         return Autoscaler(condition=(False, "NoPrometheus", (
             "spec.autoscaling needs a Prometheus for KEDA to query: set the operator's VLM_AUTOSCALING_PROMETHEUS_URL "
             "or VLM_PROMETHEUS_URL (chart: operator.prometheusURL); spec.replicas stays as set")))
-    want = build_scaled_object(owner, a, server, settings.autoscaling_trigger_auth)
-    signals = ", ".join(t["name"] for t in want["spec"]["triggers"])
+    want = build_scaled_object(owner, a, server, settings.autoscaling_trigger_auth, frontend=frontend)
+    names = ", ".join(t["name"] for t in want["spec"]["triggers"])
     return Autoscaler(want=want, condition=(True, "ScaledObjectApplied", (
         f"KEDA ScaledObject {owner.name} scales spec.replicas between {a.min_replicas} and {a.max_replicas} on "
-        f"{signals} (Prometheus {server})")))
+        f"{names} (Prometheus {server})")))
 
 
-def signals(spec: AutoscalingSpec) -> list[str]:
-    """The targets' names in the ScaledObject's trigger order (KEDA numbers its HPA's metrics by that order)."""
-    t = spec.targets
+def signals(spec: AutoscalingSpec, frontend: bool = False) -> list[str]:
+    """The effective targets' names in the ScaledObject's trigger order (KEDA numbers its HPA's metrics by that
+    order)."""
+    t = spec.targets.effective(frontend)
     return [name for name, v in (("schedulerBusy", t.scheduler_busy_percent), ("frontendBusy", t.frontend_busy_percent),
                                  ("queuePerReplica", t.queue_per_replica),
                                  ("kvCacheUsage", t.kv_cache_usage_percent), ("ttftP95", t.ttft_p95))
@@ -160,9 +171,9 @@ def status_of(spec: VLMServiceSpec, hpa: HPAInfo | None) -> AutoscalingStatus | 
     a = spec.autoscaling
     if a is None:
         return None
-    if hpa is None:
+    if hpa is None or hpa.desired < 1:  # (a new HPA says 0 until its first computation: min is at least 1)
         return AutoscalingStatus(min_replicas=a.min_replicas, max_replicas=a.max_replicas)
-    names = signals(a)
+    names = signals(a, bool(spec.telemetry.frontend_roles))
     known = [m for m in hpa.metrics if m.index < len(names) and m.target > 0 and m.value == m.value]
     top = max(known, key=lambda m: m.value / m.target, default=None)
     return AutoscalingStatus(
@@ -177,17 +188,18 @@ def ratios(spec: VLMServiceSpec, hpa: HPAInfo | None) -> dict[str, float]:
     """Each signal's current value over its target, as the HPA last read them (the operator's metrics)."""
     if spec.autoscaling is None or hpa is None:
         return {}
-    names = signals(spec.autoscaling)
+    names = signals(spec.autoscaling, bool(spec.telemetry.frontend_roles))
     return {names[m.index]: m.value / m.target for m in hpa.metrics
             if m.index < len(names) and m.target > 0 and m.value == m.value}
 
 
 def scale_event(before: AutoscalingStatus | None, now: AutoscalingStatus | None) -> tuple[str, str, str] | None:
-    """One Event per scale decision: the HPA's desired count changed since the last status."""
-    if now is None or now.desired_replicas is None or before is None or before.desired_replicas is None \
-            or before.desired_replicas == now.desired_replicas:
+    """One Event per scale decision: the HPA wants a count other than the one it has, and did not want it at the
+    last status."""
+    if now is None or now.desired_replicas is None or now.desired_replicas == now.current_replicas \
+            or (before is not None and before.desired_replicas == now.desired_replicas):
         return None
     why = (f": {now.signal} at {now.value:g} against its target {now.target:g}" if now.signal and now.value is not None
            and now.target is not None else "")
     return ("Normal", "Autoscaled", f"the autoscaler wants {now.desired_replicas} replicas "
-            f"(was {before.desired_replicas}){why}")
+            f"(has {now.current_replicas}){why}")

@@ -21,12 +21,23 @@ OWNER = Owner("qwen", "ml", "uid-1")
 PROM = "http://prometheus.monitoring:9090"
 
 
-def _spec(**autoscaling) -> api.VLMServiceSpec:
-    return api.parse_spec({**MINIMAL, "autoscaling": {"maxReplicas": 6, **autoscaling}})
+FRONTEND = {"telemetry": {"frontendRoles": ["tokenizer_manager", "mm_processor"]}}
+
+
+def _spec(front: bool = True, **autoscaling) -> api.VLMServiceSpec:
+    return api.parse_spec({**MINIMAL, **(FRONTEND if front else {}), "autoscaling": {"maxReplicas": 6, **autoscaling}})
+
+
+def test_the_default_targets_are_the_busy_shares_the_sidecars_export():
+    plain = _spec(front=False)
+    assert A.signals(plain.autoscaling, frontend=False) == ["schedulerBusy"]  # no front end sampled: no trigger on it
+    assert A.signals(_spec().autoscaling, frontend=True) == ["schedulerBusy", "frontendBusy"]
+    only = _spec(targets={"queuePerReplica": 4})
+    assert A.signals(only.autoscaling, frontend=True) == ["queuePerReplica"]  # a target set: only those set
 
 
 def test_the_defaults_scale_on_the_scheduler_and_the_front_end_per_replica():
-    obj = A.build_scaled_object(OWNER, _spec().autoscaling, PROM)
+    obj = A.build_scaled_object(OWNER, _spec().autoscaling, PROM, frontend=True)
     s = obj["spec"]
     assert obj["apiVersion"] == "keda.sh/v1alpha1" and obj["kind"] == "ScaledObject"
     assert obj["metadata"]["ownerReferences"][0]["uid"] == "uid-1"  # goes with the VLMService
@@ -70,8 +81,9 @@ def test_every_target_becomes_a_trigger_in_its_units():
 def test_the_triggers_queries_are_promql_the_real_promtool_accepts(tmp_path):
     promtool = shutil.which("promtool")
     assert promtool, "promtool not found: hack/install-system-deps.sh installs Debian's prometheus"
-    spec = _spec(targets={"queuePerReplica": 4, "kvCacheUsagePercent": 80, "ttftP95": "2s"})
-    queries = A.queries(OWNER, spec.autoscaling)
+    spec = _spec(targets={"schedulerBusyPercent": 85, "frontendBusyPercent": 85, "queuePerReplica": 4,
+                          "kvCacheUsagePercent": 80, "ttftP95": "2s"})
+    queries = A.queries(OWNER, spec.autoscaling, frontend=True)
     assert len(queries) == 5
     rules = {"groups": [{"name": "keda", "rules": [{"record": f"vlm:autoscaling_{name}", "expr": q}
                                                    for name, q, _, _ in queries]}]}
@@ -89,6 +101,9 @@ def test_the_condition_says_what_is_missing_and_no_home_made_autoscaler_runs():
     assert "scaledobjects.keda.sh" in none.condition[2]
     no_prom = A.autoscaler(OWNER, spec, Settings(), keda=True)
     assert no_prom.want is None and no_prom.condition[:2] == (False, "NoPrometheus")
+    off = spec.model_copy(update={"telemetry": spec.telemetry.model_copy(update={"enabled": False})})
+    no_sidecar = A.autoscaler(OWNER, off, Settings(prometheus_url=PROM), keda=True)
+    assert no_sidecar.want is None and no_sidecar.condition[:2] == (False, "NoTelemetry")
     ok = A.autoscaler(OWNER, spec, Settings(prometheus_url="http://a:9090", autoscaling_prometheus_url=PROM),
                       keda=True)
     assert ok.condition[:2] == (True, "ScaledObjectApplied")
@@ -129,10 +144,11 @@ def test_without_keda_nothing_is_written_and_the_condition_warns():
     assert c.status["replicas"] == 2  # spec.replicas as set: the operator scales nothing itself
 
 
-@pytest.mark.parametrize("bad", [{"minReplicas": 3, "maxReplicas": 2}, {"maxReplicas": 0}])
+@pytest.mark.parametrize("bad", [{"minReplicas": 3, "maxReplicas": 2}, {"maxReplicas": 0},
+                                 {"maxReplicas": 2, "targets": {"frontendBusyPercent": 80}}])
 def test_bad_bounds_are_refused_by_the_model(bad):
     with pytest.raises(ValueError):
-        api.parse_spec({**MINIMAL, "autoscaling": bad})
+        api.parse_spec({**MINIMAL, "autoscaling": bad})  # (the last: no telemetry.frontendRoles)
 
 
 def test_the_default_steps_are_planned_for_min_replicas_not_the_moving_count():
@@ -183,13 +199,16 @@ def test_each_scale_decision_is_one_event_and_the_status_and_metrics_follow_the_
     c.kube.hpas[("ns", "svc")] = _hpa(2, 2, (0.5, 0.85), (0.2, 0.85))
     c.run(T0 + 15)
     assert c.status["autoscaling"]["desiredReplicas"] == 2 and c.status["autoscaling"]["signal"] == "schedulerBusy"
-    assert not [e for e in c.events if e[1] == "Autoscaled"]  # the first reading is no decision
+    assert not [e for e in c.events if e[1] == "Autoscaled"]  # it has what it wants: no decision
     c.kube.hpas[("ns", "svc")] = _hpa(4, 2, (1.5, 0.85), (0.2, 0.85))
     c.run(T0 + 30)
     c.run(T0 + 45)  # the same reading again: no second Event
-    scaled = [e for e in c.events if e[1] == "Autoscaled"]
-    assert len(scaled) == 1 and "wants 4 replicas (was 2): schedulerBusy at 1.5" in scaled[0][2], scaled
     assert c.status["autoscaling"]["atMaxReplicas"] is True
+    scaled = [e for e in c.events if e[1] == "Autoscaled"]
+    assert len(scaled) == 1 and "wants 4 replicas (has 2): schedulerBusy at 1.5" in scaled[0][2], scaled
+    c.kube.hpas[("ns", "svc")] = _hpa(4, 4, (0.9, 0.85), (0.2, 0.85))  # it got them: no new decision
+    c.run(T0 + 60)
+    assert len([e for e in c.events if e[1] == "Autoscaled"]) == 1
     _, facts = metrics.STATE.snapshot()
     f = facts[("ns", "svc")]
-    assert f.autoscaling == (4.0, 4.0, 1.0) and f.autoscaling_ratio["schedulerBusy"] == pytest.approx(1.5 / 0.85)
+    assert f.autoscaling == (4.0, 4.0, 1.0) and f.autoscaling_ratio["schedulerBusy"] == pytest.approx(0.9 / 0.85)
