@@ -65,13 +65,14 @@ def finish(c: SidecarCluster, t: float, limit: int = 10) -> float:
     raise AssertionError(f"still {sorted(c.kube.deployments('ns', 'svc'))} after {limit} rounds")
 
 
-def start(c: SidecarCluster) -> float:
+def start(c: SidecarCluster, spec: dict = STEPS) -> float:
+    """4 Ready stable pods of `spec`, then `spec` with CHANGE applied (a new revision): the rollout's start time."""
     c.run(T0)
     c.kube.settle("svc")  # the pods made, gated
     c.run(T0 + 1)  # released
     c.kube.settle("svc")  # placed and Ready
     c.run(T0 + 2)
     assert serving_ready(c) == 4
-    c.kube.update_spec("svc", {**STEPS, **CHANGE})
+    c.kube.update_spec("svc", {**spec, **CHANGE})
     c.run(T0 + 10)
     return T0 + 10

@@ -25,21 +25,8 @@ from vlm_operator.api import v1alpha1 as api
 from vlm_operator.api.settings import Settings
 from vlm_operator.desired import builders
 from vlm_operator.jobs import loadgen
-from vlm_testing.fakekube import T0, SidecarCluster
-from vlm_testing.steps import CHANGE, STEPS, is_canary, serving_ready, walk
-
-
-def start(c: SidecarCluster, spec: dict) -> float:
-    """test_reconcile_steps.start with this spec: 4 Ready stable pods, then a change."""
-    c.run(T0)
-    c.kube.settle("svc")
-    c.run(T0 + 1)
-    c.kube.settle("svc")
-    c.run(T0 + 2)
-    assert serving_ready(c) == 4
-    c.kube.update_spec("svc", {**spec, **CHANGE})
-    c.run(T0 + 10)
-    return T0 + 10
+from vlm_testing.fakekube import SidecarCluster
+from vlm_testing.steps import STEPS, is_canary, start, walk
 
 
 class Recorder:
