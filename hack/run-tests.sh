@@ -26,9 +26,10 @@ PY=${PY:-python3}
 WORKERS=${VLM_TEST_WORKERS:-3}
 TIERS=${VLM_TEST_TIERS:-unit,parallel,heavy,serial}
 # Budgets in seconds on the 2-core CI machine, warm (binaries built); docs/testbed.md states them and why.
-declare -A BUDGET=([unit-quiet]=${VLM_BUDGET_UNIT_QUIET:-480} [unit-quiet-rerun]=${VLM_BUDGET_UNIT_QUIET_RERUN:-240} [unit]=${VLM_BUDGET_UNIT:-180}
+declare -A BUDGET=([unit-quiet]=${VLM_BUDGET_UNIT_QUIET:-480} [unit-quiet-rerun]=${VLM_BUDGET_UNIT_QUIET_RERUN:-240}
+                   [unit-beside-rerun]=${VLM_BUDGET_UNIT_BESIDE_RERUN:-120} [unit]=${VLM_BUDGET_UNIT:-180}
                    [unit-beside]=${VLM_BUDGET_UNIT_BESIDE:-900} [parallel]=${VLM_BUDGET_PARALLEL:-1080} [heavy]=${VLM_BUDGET_HEAVY:-720}
-                   [serial]=${VLM_BUDGET_SERIAL:-480} [parallel-rerun]=${VLM_BUDGET_PARALLEL_RERUN:-480}
+                   [serial]=${VLM_BUDGET_SERIAL:-540} [parallel-rerun]=${VLM_BUDGET_PARALLEL_RERUN:-480}
                    [heavy-rerun]=${VLM_BUDGET_HEAVY_RERUN:-660})
 CACHE=${VLM_CACHE:-$HOME/.cache/vlm-operator}
 rc=0
@@ -95,7 +96,8 @@ trap finish EXIT
 # Unit tests that time themselves against the wall clock (a load generator's rate, a drain's budget) run in the quiet
 # pass too: at nice 19 beside the parallel pass they were starved past their bounds (CI, 2026-12-07).
 TIMED=(tests/unit/operator/controller/test_load_hook.py::test_every_target_gets_the_same_requests_at_the_same_rate
-       tests/unit/operator/desired/test_builders.py::test_the_drain_stops_at_its_budget_and_when_sglang_does_not_answer)
+       tests/unit/operator/desired/test_builders.py::test_the_drain_stops_at_its_budget_and_when_sglang_does_not_answer
+       tests/unit/operator/analysis/test_sources_sidecars.py::test_a_failed_pod_is_retried_in_the_background_without_blocking_the_caller)
 UNIT=(-n 2 tests/unit tests/compat --ignore=tests/unit/sidecar --ignore=tests/unit/bench)
 for t in "${TIMED[@]}"; do UNIT+=(--deselect "$t"); done
 unit_beside=0
@@ -144,7 +146,8 @@ if [[ ,$TIERS, == *,parallel,* ]]; then
     unit_log=$(mktemp)
     unit_t0=$(date +%s)
     echo "[tiers] unit-beside: nice -n 19 pytest $(printf '%q ' "${UNIT[@]}" "$@")(its output follows the parallel pass)"
-    nice -n 19 "$PY" -m pytest "${UNIT[@]}" "$@" >"$unit_log" 2>&1 &
+    unit_failed=$(mktemp)
+    VLM_FAILED_FILE=$unit_failed nice -n 19 "$PY" -m pytest "${UNIT[@]}" "$@" >"$unit_log" 2>&1 &
     unit_pid=$!
   fi
   failed_file=$(mktemp)
@@ -160,9 +163,18 @@ if [[ ,$TIERS, == *,parallel,* ]]; then
     rm -f "$unit_log"
     record unit-beside "$unit_t0" "$unit_rc"
     unit_pid=""
-    if [[ $unit_rc -ne 0 && $unit_rc -ne 5 ]]; then rc_before=1; fi
+    # unit-beside's failures are decided by their own rerun (below); the parallel pass's stand as they were
+    rc=$rc_before
+    if [[ $parallel_rc -ne 0 && $parallel_rc -ne 5 ]]; then rc=1; fi
   fi
   rerun parallel "$parallel_rc" "$failed_file" "$rc_before" "the other workers" "$@"
+  # unit-beside's failures once more each, alone, as the parallel pass's: at nice 19 beside three workers a unit
+  # test that times itself was starved (CI, 2026-12-07); the run fails if one fails again, or if the pass failed
+  # without naming a test (a crash).
+  if (( unit_beside )); then
+    if [[ $unit_rc -ne 0 && $unit_rc -ne 5 && ! -s $unit_failed ]]; then rc=1; fi
+    rerun unit-beside "$unit_rc" "$unit_failed" "$rc" "the parallel pass" "$@"
+  fi
 fi
 if [[ ,$TIERS, == *,heavy,* ]]; then
   # One at a time: each of the two long tests alone takes about 2 cores (their stand-ins and samplers); side by side

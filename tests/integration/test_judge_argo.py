@@ -145,7 +145,9 @@ def test_argo_rollouts_follows_the_judges_verdict(cluster, crd, argo_crds, names
         sidecars.canary_hash = "?"
         custom.patch_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "rollouts", "qwen-vl", {
             "spec": {"template": {"metadata": {"annotations": {"revision": "2"}}}}})
-        canary = wait_for(lambda: (h := ro()["status"].get("currentPodHash")) != stable and h, 60, "the canary hash")
+        # A setup wait, not the verdict: 180 s, since beside the parallel pass's other workers the controller took
+        # over 60 s to see the new revision (CI, 2026-12-07).
+        canary = wait_for(lambda: (h := ro()["status"].get("currentPodHash")) != stable and h, 180, "the canary hash")
         sidecars.canary_hash = canary
         t0 = time.time()
 

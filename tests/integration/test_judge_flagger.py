@@ -177,20 +177,26 @@ def test_flagger_promotes_what_the_judge_passes_and_rolls_back_what_it_fails_nam
         reach("Progressing", 120)
         reach("Failed", 420)
 
-        def rolled_back() -> list:  # Flagger posts its Events apart from its status: the phase may come first
-            evs = core.list_namespaced_event(namespace, field_selector="involvedObject.kind=Canary").items
-            return evs if any("failed checks threshold reached" in e.message for e in evs) else []
+        # Flagger's own record of why: the failed checks (its webhook client drops a 5xx answer's body) and the
+        # rollback at its threshold. Read from its log, which it writes with each Event: its Events on the Canary
+        # go through client-go's spam filter (25 per object, then one per 5 minutes), and a run slowed by load
+        # fails more warm-up checks, reaches that limit and has its rollback Event dropped (CI, 2026-12-07).
+        def flagger_log() -> str:
+            logs["flagger"].flush()
+            return (tmp_path / "flagger.log").read_text(errors="replace")
 
         try:
-            events = wait_for(rolled_back, 60, "Flagger's rollback Event on the Canary", interval=1)
+            wait_for(lambda: "failed checks threshold reached" in flagger_log(), 60, "Flagger's rollback in its log",
+                     interval=1)
         except AssertionError as e:
             raise AssertionError(f"{e}\n{tail()}") from None
+        assert "external check vlm-gate failed" in flagger_log(), tail()
+        assert any(c.get("reason") == "Failed" for c in status().get("conditions") or []), tail()
         uid = custom.get_namespaced_custom_object("flagger.app", "v1beta1", namespace, "canaries",
                                                   "qwen-vl")["metadata"]["uid"]
-        # Flagger's own: the failed checks (its webhook client drops a 5xx answer's body) and the rollback.
-        assert any("external check vlm-gate failed" in e.message for e in events), tail()
-        assert any("failed checks threshold reached" in e.message for e in events), tail()
-        # The judge's, on the same Canary (by uid: `kubectl describe canary` shows it): the reason and the function.
+        # The judge's Event, on the same Canary (by uid: `kubectl describe canary` shows it): the reason and the
+        # function. Its own source, so Flagger's many Events do not count against it.
+        events = core.list_namespaced_event(namespace, field_selector="involvedObject.kind=Canary").items
         judged = [e for e in events if e.source.component == "vlm-operator-judge"]
         assert len(judged) == 1, [(e.reason, e.message[:200]) for e in judged]
         assert (judged[0].type, judged[0].reason, judged[0].involved_object.uid) == (
