@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     event("Stopping")
     runner.stop()
     loop.join(timeout=cfg.duration_s + 5)
+    # A py-spy that has not exited on SIGINT by now is killed: the exit would otherwise wait for it (CI, 2026-12-07:
+    # py-spy processes of a front-end window still ran 60 s after SIGTERM on a loaded machine).
+    runner.kill()
+    loop.join(timeout=5)
     http.shutdown()
     return 0
 

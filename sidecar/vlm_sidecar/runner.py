@@ -236,3 +236,9 @@ class Runner:
         if self.frontend_sampler is not self.sampler:
             self.frontend_sampler.stop_all()
 
+    def kill(self) -> None:
+        """After `stop` and a grace period: py-spy processes still running are killed (their windows are lost)."""
+        self.sampler.kill_all()
+        if self.frontend_sampler is not self.sampler:
+            self.frontend_sampler.kill_all()
+

@@ -190,6 +190,15 @@ class PySpySampler:
             samples=int(m[1]) if m else None, pyspy_errors=int(m[2]) if m else None,
         )
 
+    def kill_all(self) -> None:
+        """Shutdown's last step: SIGKILL any py-spy still running (one that did not exit on SIGINT would otherwise
+        hold the sidecar's exit: its pool thread waits for it)."""
+        with self._lock:
+            procs = list(self._procs)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
     def stop_all(self) -> None:
         """Shutdown: ask running py-spy processes to write and exit, and any started after this call at once (a
         window that was starting when the sidecar got SIGTERM would otherwise run its whole duration)."""

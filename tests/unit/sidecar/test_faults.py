@@ -264,3 +264,24 @@ def test_a_hot_function_on_a_sleeping_scheduler_is_sampled_at_its_share(standin,
     # per request, 8 features x 6 ms in hash_feature against one ~45 ms prefill batch: ~50% of the loop
     assert 0.3 < w.function_shares.get("hash_feature", 0.0) < 0.7, w.function_shares
     assert cores < 0.2, f"the sleeping scheduler used {cores:.2f} cores"
+
+
+def test_a_pyspy_that_ignores_sigint_is_killed_at_shutdown(standin, tmp_path):
+    """The sidecar's exit waits for its py-spy windows: one that does not exit on SIGINT is killed after the grace
+    period (`Runner.kill`), so the exit is bounded."""
+    import threading
+
+    s = standin()
+    deaf = wrapper(tmp_path, "py-spy",
+                   f'exec {PYTHON} -c "import signal,time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"')
+    runner, _ = make_runner(deaf, s, duration=30, slack=30)
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (runner.run_window(), done.set()), daemon=True)
+    t.start()
+    time.sleep(1.0)  # the window's py-spy runs
+    runner.stop()
+    assert not done.wait(1.0)  # SIGINT ignored: the window still waits
+    t0 = time.time()
+    runner.kill()
+    assert done.wait(10), "the window did not end after its py-spy was killed"
+    assert time.time() - t0 < 10
