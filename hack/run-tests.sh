@@ -37,10 +37,25 @@ run_t0=$(date +%s)
 summary=()
 started_testbed=0
 
+# How busy the machine's CPUs are, per pass and per test (tests/conftest.py writes VLM_CPU_LOG): a pass that waits
+# more than it computes has room beside it; one near 100% has none.
+export VLM_CPU_LOG=${VLM_CPU_LOG:-$(mktemp)}
+declare -A CPU0=()
+cpu_ticks() {  # busy and total jiffies since boot (idle and iowait are not busy)
+  awk 'NR==1 {t=0; for (i=2; i<=NF; i++) t+=$i; print t-$5-$6, t; exit}' /proc/stat
+}
+cpu_busy() {  # cpu_busy NAME: percent of the machine's CPU time busy since CPU0[NAME]
+  local b0 n0 b1 n1
+  read -r b0 n0 <<<"${CPU0[$1]:-0 0}"
+  read -r b1 n1 < <(cpu_ticks)
+  awk -v b="$((b1 - b0))" -v n="$((n1 - n0))" 'BEGIN{printf "%d", n > 0 ? 100*b/n : 0}'
+}
+
 tier() {  # tier NAME pytest-args...
   local name=$1 t0
   shift
   echo "[tiers] $name: pytest $(printf '%q ' "$@")"
+  CPU0[$name]=$(cpu_ticks)
   t0=$(date +%s)
   "$PY" -m pytest "$@"
   record "$name" "$t0" $?
@@ -54,7 +69,7 @@ record() {  # record NAME START-EPOCH PYTEST-EXIT: a pass's wall time against it
   if [[ $rcode -ne 0 && $rcode -ne 5 ]]; then rc=1; fi
   local verdict="within budget"
   if (( t > BUDGET[$name] )); then verdict="OVER BUDGET by $(( t - BUDGET[$name] ))s"; fi
-  summary+=("$(printf '%-14s %5ds (%4.1f min), budget %4ds: %s, pytest exit %d' "$name" "$t" "$(awk "BEGIN{print $t/60}")" "${BUDGET[$name]}" "$verdict" "$rcode")")
+  summary+=("$(printf '%-14s %5ds (%4.1f min), budget %4ds: %s, pytest exit %d, CPU %s%% busy' "$name" "$t" "$(awk "BEGIN{print $t/60}")" "${BUDGET[$name]}" "$verdict" "$rcode" "$(cpu_busy "$name")")")
   echo "[tiers] $name took ${t}s (budget ${BUDGET[$name]}s): $verdict"
 }
 
@@ -87,6 +102,11 @@ finish() {
   fi
   echo "[tiers] wall time per pass (budgets: docs/testbed.md, \"Test tiers and their budgets\"):"
   for line in "${summary[@]}"; do echo "[tiers]   $line"; done
+  if [[ -s $VLM_CPU_LOG ]]; then
+    cp "$VLM_CPU_LOG" "$CACHE/tests-cpu.tsv" 2>/dev/null || true
+    echo "[tiers] the 12 longest tests (wall seconds from setup to teardown, the machine's CPU busy meanwhile, worker):"
+    sort -t$'\t' -k1,1 -rn "$VLM_CPU_LOG" | head -12 | awk -F'\t' '{printf "[tiers]   %6.1fs  CPU %3d%%  %-3s %s\n", $1, 100*$2, $3, $4}'
+  fi
   local total=$(( $(date +%s) - run_t0 ))
   echo "[tiers]   all passes with the testbed's start: ${total}s ($(awk "BEGIN{print $total/60}") min); goal for the whole" \
        ".ci/run on this 2-core machine: 35 min warm, 45 cold"
@@ -145,6 +165,7 @@ if [[ ,$TIERS, == *,parallel,* ]]; then
   if (( unit_beside )); then
     unit_log=$(mktemp)
     unit_t0=$(date +%s)
+    CPU0[unit-beside]=$(cpu_ticks)
     echo "[tiers] unit-beside: nice -n 19 pytest $(printf '%q ' "${UNIT[@]}" "$@")(its output follows the parallel pass)"
     unit_failed=$(mktemp)
     VLM_FAILED_FILE=$unit_failed nice -n 19 "$PY" -m pytest "${UNIT[@]}" "$@" >"$unit_log" 2>&1 &

@@ -2,6 +2,7 @@
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,31 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             and item.config.option.markexpr != "heavy":
         pytest.fail("marked heavy (tests/conftest.py HEAVY): on xdist workers it runs only beside other heavy tests "
                     "(-m heavy, hack/run-tests.sh); beside the parallel pass py-spy's samples starve", pytrace=False)
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine since boot, from /proc/stat's first line."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """With VLM_CPU_LOG set, each test's wall time (setup to teardown) and how busy the machine's CPUs were
+    meanwhile are appended to that file, one tab-separated line per test (hack/run-tests.sh prints the slowest
+    with their CPU share: where a pass waits rather than computes is where tests can run side by side)."""
+    path = os.environ.get("VLM_CPU_LOG")
+    if not path:
+        yield
+        return
+    t0, (b0, n0) = time.monotonic(), _cpu_ticks()
+    yield
+    wall, (b1, n1) = time.monotonic() - t0, _cpu_ticks()
+    busy = (b1 - b0) / (n1 - n0) if n1 > n0 else 0.0
+    with open(path, "a") as f:
+        f.write(f"{wall:.1f}\t{busy:.2f}\t{os.environ.get('PYTEST_XDIST_WORKER', '-')}\t{item.nodeid}\n")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
