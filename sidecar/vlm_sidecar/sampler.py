@@ -141,6 +141,10 @@ class PySpySampler:
         started = self.clock()
         if self.pyspy is None:
             return self._outcome(pid, started, None, None, "", ("pyspy_missing", "py-spy not found"))
+        with self._lock:
+            stopping = self._stopping
+        if stopping:  # shutdown began before this window's py-spy started: none is started (no samples)
+            return self._outcome(pid, started, None, None, "", None)
         with tempfile.TemporaryDirectory(prefix="vlm-sidecar-") as tmp:
             out = os.path.join(tmp, "window.json")
             try:
@@ -151,7 +155,10 @@ class PySpySampler:
             with self._lock:
                 self._procs.add(proc)
                 stopping = self._stopping
-            if stopping:  # shutdown began while this window started: write what it has, don't run a full window
+            # Shutdown began while this window's py-spy started: it writes what it has at once. (SIGINT can be lost
+            # here: a py-spy that has not yet set its handler and inherited SIGINT ignored, as a background job of
+            # a non-interactive shell does; the check above and the shutdown's kill_all bound it then.)
+            if stopping:
                 proc.send_signal(signal.SIGINT)
             timed_out = False
             try:
