@@ -124,27 +124,47 @@ def require(stage: str, what: str) -> None:
                     pytrace=False)
 
 
+def _held_beside() -> int | None:
+    """The process group of work run beside this session at nice 19 (hack/run-tests.sh's unit-beside, whose
+    group id is in the file VLM_HOLD_PGID_FILE names), while it runs."""
+    path = os.environ.get("VLM_HOLD_PGID_FILE")
+    try:
+        pgid = int(Path(path).read_text().strip()) if path else 0
+    except (OSError, ValueError):
+        return None
+    if pgid <= 1:
+        return None
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return None
+    return pgid
+
+
 @contextlib.contextmanager
 def paused() -> Iterator[bool]:
-    """Hold the background build (SIGSTOP to its process group, SIGCONT after) while a test measures timing
-    against live processes: at nice 19 it still takes the CPU the test leaves idle for a moment, and a cold
-    build's compilers, linker and page cache then read py-spy's loop estimates several percent long. Yields
-    whether a build was running; a no-op once it has finished (every warm run)."""
+    """Hold the background build (SIGSTOP to its process group, SIGCONT after), and the unit tests run beside this
+    session (VLM_HOLD_PGID_FILE), while a test measures timing against live processes: at nice 19 they still take
+    the CPU the test leaves idle for a moment, and a cold build's compilers, linker and page cache then read
+    py-spy's loop estimates several percent long. Yields whether anything was held; a no-op when nothing runs."""
+    groups: list[int] = []
     with _lock:
         pgid = _background.pid if _background is not None and _background.poll() is None else None
         if pgid is None and _adopted is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(_adopted, 0)
                 pgid = _adopted
-        if pgid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGSTOP)
+        for g in (pgid, _held_beside()):
+            if g is not None and g not in groups:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(g, signal.SIGSTOP)
+                    groups.append(g)
     try:
-        yield pgid is not None
+        yield bool(groups)
     finally:
-        if pgid is not None:
+        for g in groups:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGCONT)
+                os.killpg(g, signal.SIGCONT)
 
 
 def stop_background() -> None:

@@ -8,11 +8,8 @@ other invalid specs (test_crd.py, vlm_testing.specs.INVALID)."""
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
-import yaml
 
 from vlm_operator.api import v1alpha1 as api
 from vlm_operator.desired import autoscaling as A
@@ -52,89 +49,6 @@ def test_the_scaled_object_passes_kedas_own_schema(cluster, namespace, keda_crds
 
 # ---------------------------------------------------------------- a real KEDA and the HPA loop
 
-class _Sidecars:
-    """What the sidecars of the service's pods would export to Prometheus for the scheduler busy target, with the
-    idle share the test sets: the gauge `vlm_scheduler_stage_share_ratio{stage="idle"}`, one series per Running pod
-    of the service, listed from the API at each scrape. A stand-in for the sidecars (no SGLang runs here); what
-    Prometheus, KEDA, the HPA loop and the operator do with it is real."""
-
-    def __init__(self, kube, namespace: str, name: str):
-        from kubernetes import client
-
-        self.core, self.namespace, self.name = client.CoreV1Api(kube), namespace, name
-        self.idle = 0.9
-
-    def text(self) -> str:
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"serving.vlmops.dev/vlmservice={self.name}")
-        lines = ["# TYPE vlm_scheduler_stage_share_ratio gauge"]
-        for p in pods.items:
-            if p.status.phase == "Running" and not p.metadata.deletion_timestamp:
-                lines.append(f'vlm_scheduler_stage_share_ratio{{namespace="{self.namespace}",vlmservice="{self.name}",'
-                             f'pod="{p.metadata.name}",tp_rank="0",stage="idle"}} {self.idle}')
-        return "\n".join(lines) + "\n"
-
-    def serve(self) -> tuple[int, object]:
-        import http.server
-        import threading
-
-        me = self
-
-        class H(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                body = me.text().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a):
-                pass
-
-        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        return srv.server_address[1], srv
-
-
-class _Prom:
-    """The two queries vlm_testing.dashboard.has_data asks of a Prometheus."""
-
-    def __init__(self, url: str):
-        self.url = url
-
-    def _get(self, path: str, **params) -> list:
-        import urllib.parse
-        import urllib.request
-
-        with urllib.request.urlopen(f"{self.url}{path}?{urllib.parse.urlencode(params)}", timeout=10) as r:
-            return json.loads(r.read())["data"]["result"]
-
-    def query(self, q: str, at: float | None = None) -> list:
-        return self._get("/api/v1/query", query=q, **({"time": at} if at else {}))
-
-    def query_range(self, q: str, start: float, end: float, step: float) -> list:
-        return self._get("/api/v1/query_range", query=q, start=start, end=end, step=step)
-
-
-def _prometheus(tmp: Path, target_port: int, operator_port: int):
-    import shutil
-    import socket
-
-    exe = shutil.which("prometheus")
-    assert exe, "prometheus not found: hack/install-system-deps.sh installs Debian's"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cfg = tmp / "prometheus.yml"
-    cfg.write_text(yaml.safe_dump({"global": {"scrape_interval": "2s"}, "scrape_configs": [
-        {"job_name": "sidecars", "honor_labels": True, "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]},
-        {"job_name": "vlm-operator", "honor_labels": True,
-         "static_configs": [{"targets": [f"127.0.0.1:{operator_port}"]}]}]}))
-    proc = subprocess.Popen([exe, f"--config.file={cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
-                            stderr=open(tmp / "prometheus.log", "ab"))  # noqa: SIM115
-    return f"http://127.0.0.1:{port}", proc
-
 
 def test_a_real_keda_scales_a_vlmservice_up_on_a_busy_scheduler_and_down_after_stabilisation(
         cluster, crd, kube, namespace, tmp_path):
@@ -143,22 +57,20 @@ def test_a_real_keda_scales_a_vlmservice_up_on_a_busy_scheduler_and_down_after_s
     subresource: busy schedulers (80% a replica against a 50% target) take 1 replica to 2 (maxReplicas), and idle
     ones take it back to 1 once the scale-down window (20 s here) has passed. The operator follows spec.replicas
     with its Deployment."""
-    import socket
     import time
 
     from vlm_operator.api import names
     from vlm_testing import dashboard
+    from vlm_testing.autoscaling import BusySidecars, Prom, free_port, prometheus
     from vlm_testing.integration import wait_condition
     from vlm_testing.keda import Keda
     from vlm_testing.operator_proc import get_vlms, run_operator
 
     keda = Keda(cluster, tmp_path).start()
-    side = _Sidecars(kube, namespace, "auto")
+    side = BusySidecars(kube, namespace, "auto")
     port, srv = side.serve()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        op_port = sock.getsockname()[1]
-    prom_url, prom = _prometheus(tmp_path, port, op_port)
+    op_port = free_port()
+    prom_url, prom = prometheus(tmp_path, port, op_port)
     op_run = run_operator(cluster.kubeconfig, namespace, tmp_path, VLM_AUTOSCALING_PROMETHEUS_URL=prom_url,
                           VLM_METRICS_PORT=str(op_port))
     op = next(op_run)
@@ -213,7 +125,7 @@ def test_a_real_keda_scales_a_vlmservice_up_on_a_busy_scheduler_and_down_after_s
         assert [m.split(":")[0] for m in sorted(msgs, key=lambda m: "1 replicas" in m)] == [
             "the autoscaler wants 2 replicas (has 1)", "the autoscaler wants 1 replicas (has 2)"], msgs
         # The dashboard's autoscaling panels draw from what Prometheus scraped of the operator and the sidecars.
-        mon, now = _Prom(prom_url), time.time()
+        mon, now = Prom(prom_url), time.time()
         empty = [(title, t["refId"]) for title, t in dashboard.targets(dashboard.load())
                  if (title, t["refId"]) in dashboard.AUTOSCALING_TARGETS
                  and not dashboard.has_data(mon, t, namespace, "auto", t_begin, now)]

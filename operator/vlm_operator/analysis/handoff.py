@@ -162,7 +162,21 @@ def _look(
         # Still the gate's call: at maxDuration it applies onInconclusive (and never promotes without data).
         return gate.decide([], [], policy, unavailable=str(e), **common)
     base, can, ref = split(windows, observed, stable_rev, prev.revision or "", prev.baseline or "Stable")
+    if (prev.baseline or "Stable") == "Stable":
+        base = warmed(base, observed, stable_rev, started, {b.pod for b in prev.before})
     return gate.decide(base, can, policy, spread_reference=ref, **common)
+
+
+def warmed(base: Sequence[Window], observed: Observed, stable_rev: str, started: float, before: set[str]
+           ) -> list[Window]:
+    """The stable windows the gate compares with: a stable pod that became Ready after the analysis began (an
+    autoscaler's scale-up, a restart) and has no pre-period in status counts only once it has run
+    gate.PRE_PERIOD_S; its windows before that are its warm-up (a new pod's start is its own speed, not the
+    fleet's), so it is no pair and no part of the stable mean until then."""
+    joined = {p.name: p.ready_since for p in observed.pods
+              if p.revision == stable_rev and p.ready_since is not None and p.ready_since > started
+              and p.name not in before}
+    return [w for w in base if w.pod not in joined or w.end >= joined[w.pod] + gate.PRE_PERIOD_S]
 
 
 def layout(observed: Observed, prev: api.RolloutStatus) -> gate.Layout:

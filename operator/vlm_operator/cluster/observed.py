@@ -42,6 +42,7 @@ class PodInfo:
     terminating: bool = False
     labelled_role: str = ""  # the role label as the pod carries it (role: as this reconcile reads it)
     affinity_nodes: tuple[str, ...] = ()  # nodes a pin restricts it to (matchFields metadata.name In)
+    ready_since: float | None = None  # when it last became Ready (its Ready condition's transition), if Ready
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PodInfo:
@@ -49,7 +50,8 @@ class PodInfo:
         labels = meta.get("labels", {}) or {}
         st = body.get("status", {}) or {}
         conds = st.get("conditions") or []
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+        ready_cond = next((c for c in conds if c.get("type") == "Ready" and c.get("status") == "True"), None)
+        ready = ready_cond is not None
         unsched = next(
             (
                 c.get("message") or "Unschedulable"
@@ -66,6 +68,7 @@ class PodInfo:
             revision=labels.get(LABEL_REVISION, ""),
             phase=st.get("phase", "Unknown"),
             ready=ready,
+            ready_since=parse_time_or_none(ready_cond.get("lastTransitionTime")) if ready_cond else None,
             unschedulable=unsched,
             ip=st.get("podIP"),
             problem=container_problem(st),

@@ -25,7 +25,7 @@ def _run(tmp_path, *args: str, timeout: float) -> tuple[dict, str]:
     return json.loads(out.read_text()), res.stdout
 
 
-def test_the_interleaved_segments_measure_every_mode(tmp_path):
+def test_the_interleaved_segments_measure_every_mode(quiet_cpu, tmp_path):
     r, stdout = _run(tmp_path, "--rounds", "1", "--duration", "1", "--cadence-rounds", "0", timeout=120)
     assert [t["mode"] for t in r["modes"]] == list(so.MODES) == ["none", "nonblocking", "blocking"]
     assert r["baseline_iter_per_s"] > 10 and all(t["iter_per_s_median"] > 10 for t in r["modes"])
@@ -37,7 +37,7 @@ def test_the_interleaved_segments_measure_every_mode(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_cadence_part_runs_the_real_sidecar_with_the_front_end_and_a_second_pyspy(tmp_path):
+def test_the_cadence_part_runs_the_real_sidecar_with_the_front_end_and_a_second_pyspy(quiet_cpu, tmp_path):
     pyspy = so.default_pyspy()
     assert pyspy, "the sidecar's py-spy is not built (hack/build-binaries.sh)"
     r, stdout = _run(tmp_path, "--rounds", "0", "--cadence-rounds", "1", "--cadence-cycles", "1", "--frontend",

@@ -7,16 +7,7 @@ import time
 
 import pytest
 
-from vlm_testing import binaries
 from vlm_testing.sidecar import Standin
-
-
-@pytest.fixture
-def quiet_cpu():
-    """The control plane's background build (a cold `make test`) held while the test measures timing against
-    live processes (testing/vlm_testing/binaries.py `paused`); True when one was running."""
-    with binaries.paused() as held:
-        yield held
 
 
 @pytest.fixture

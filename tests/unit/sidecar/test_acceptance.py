@@ -86,7 +86,7 @@ def test_stage_shares_and_loop_time_match_truth(quiet_cpu, standin, version, ext
      {"SGLANG_USE_CUDA_IPC_TRANSPORT": "1", "SGLANG_USE_IPC_POOL_HANDLE_CACHE": "0"}),
     ("0.5.23", ["--mm-feature-transport", "cuda_ipc"], {}, {"SGLANG_USE_IPC_POOL_HANDLE_CACHE": "0"}),
 ], ids=["0.5.10", "0.5.23"])
-def test_cache_off_shows_larger_input_share(standin, version, extra, env_on, env_off):
+def test_cache_off_shows_larger_input_share(quiet_cpu, standin, version, extra, env_on, env_off):
     shares = {}
     for name, env in (("off", env_off), ("on", env_on)):
         s = standin("--standin-version", version, *extra, "--standin-threads", "2", env=env)

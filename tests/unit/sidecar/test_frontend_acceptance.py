@@ -67,7 +67,7 @@ def windows(s, n: int):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_frontend_busy_shares_and_saturation_match_truth(standin, case):
+def test_frontend_busy_shares_and_saturation_match_truth(quiet_cpu, standin, case):
     extra, saturated, busiest = CASES[case]
     s = standin("--standin-frontend", *SCHED, *extra, warmup_s=2.5)
     pids = s.info["frontend_pids"]

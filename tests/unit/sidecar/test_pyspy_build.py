@@ -39,7 +39,7 @@ def test_the_flag_is_passed_only_to_a_py_spy_that_has_it(tmp_path):
     assert "--main-thread" in PySpySampler(str(stock), 100, 1, main_thread=True).command(1, "out.json")
 
 
-def test_main_thread_samples_the_scheduler_alone_among_many_threads(standin, pyspy):
+def test_main_thread_samples_the_scheduler_alone_among_many_threads(quiet_cpu, standin, pyspy):
     s = standin("--standin-threads", "4", "--standin-native-threads", "56", warmup_s=2.0)
     pid = s.pids[0]
     assert len(os.listdir(f"/proc/{pid}/task")) >= 61

@@ -32,11 +32,13 @@ class Sidecars:
     reader: SidecarReader
     pods: Sequence[tuple[str, str, str | None]]  # (name, revision, IP) of the ready pods
     interval_s: float  # the telemetry interval: when a pod's next window is due
+    group: str = ""  # the service ("namespace/name"): windows of its pods that left still count
     kind: str = "Sidecars"
 
     def read(self, revisions: Sequence[str], since: float, now: float) -> list[Window]:
         pods = [p for p in self.pods if p[1] in revisions]
-        return self.reader.read(pods, since, interval=self.interval_s, now=now)
+        return self.reader.read(pods, since, interval=self.interval_s, now=now, group=self.group,
+                                revisions=revisions)
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ def choose(
     else the operator's): Prometheus when asked for, or on Auto when a URL is known; the sidecars otherwise."""
     if source == "Prometheus" or (source == "Auto" and url):
         return Prometheus(url or "", namespace, service, interval_s)  # (the API refuses Prometheus without a URL)
-    return Sidecars(reader, pods, interval_s)
+    return Sidecars(reader, pods, interval_s, group=f"{namespace}/{service}")
 
 
 __all__ = [

@@ -110,6 +110,7 @@ class SidecarReader:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._entries: dict[str, _PodEntry] = {}
+        self._groups: dict[str, str] = {}  # pod -> the group (its service) it was last read for
         self._background: set[Future] = set()
         self._pruned_at = 0.0
         self.reads = 0  # GETs sent (answered or not), for tests and benches
@@ -129,6 +130,7 @@ class SidecarReader:
         with self._lock:
             for p in pods:
                 self._entries.pop(p, None)
+                self._groups.pop(p, None)
 
     def wait_idle(self, timeout: float = 10.0) -> None:
         """Wait for the background retries in flight (tests and benches)."""
@@ -144,10 +146,15 @@ class SidecarReader:
             pool.shutdown(wait=False, cancel_futures=True)
 
     def read(
-        self, pods: Iterable[tuple[str, str, str | None]], since: float, *, interval: float, now: float | None = None
+        self, pods: Iterable[tuple[str, str, str | None]], since: float, *, interval: float, now: float | None = None,
+        group: str = "", revisions: Iterable[str] | None = None,
     ) -> list[Window]:
         """pods: (name, revision, ip). Windows that ended after `since`; SignalsUnavailable when no pod
-        answered, or no pod of some revision did (its pods are named)."""
+        answered, or no pod of some revision did (its pods are named).
+
+        With `group` (the service, "namespace/name"), the windows a pod of the group gave before it left (an
+        autoscaler's scale-down, a deleted pod) still count: every cached window of the group's other pods (of
+        `revisions`, when given) that ended after `since`. They stay cached while they are asked for."""
         now = time.time() if now is None else now
         interval = max(1.0, interval)
         overrides = _endpoint_overrides()
@@ -184,11 +191,15 @@ class SidecarReader:
                 if e is None:
                     continue
                 e.used = now
+                if group:
+                    self._groups[name] = group
                 if e.ok:
                     answered[revision] = answered.get(revision, 0) + 1
                     out.extend(w for w in e.windows if w.end >= since)
                 else:
                     down.setdefault(revision, []).append(f"{name} ({e.error})")
+            if group:
+                out.extend(self._departed(group, {n for n, _, _ in wanted}, since, revisions, now))
             self._prune(now)
         silent = {rev: names for rev, names in down.items() if not answered.get(rev)}
         if not answered or silent:
@@ -279,6 +290,22 @@ class SidecarReader:
         self._entries[name] = _PodEntry(addr, revision, ok=True, windows=windows, kept_since=keep,
                                         next_read=now + wait, used=now, horizons=horizons)
 
+    def _departed(self, group: str, present: set[str], since: float, revisions: Iterable[str] | None,
+                  now: float) -> list[Window]:
+        """Caller holds the lock. The cached windows after `since` of the group's pods that are not among the
+        pods asked about now (they left), of `revisions` when given."""
+        revs = None if revisions is None else set(revisions)
+        out: list[Window] = []
+        for name, g in self._groups.items():
+            e = self._entries.get(name)
+            if g != group or name in present or e is None or (revs is not None and e.revision not in revs):
+                continue
+            ws = [w for w in e.windows if w.end >= since]
+            if ws:
+                e.used = now  # kept while it still counts
+                out.extend(ws)
+        return out
+
     def _prune(self, now: float) -> None:
         """Caller holds the lock. Drops pods nobody asked about for PRUNE_AFTER_S (gone pods), once a minute."""
         if now - self._pruned_at < 60.0:
@@ -286,6 +313,7 @@ class SidecarReader:
         self._pruned_at = now
         for name in [n for n, e in self._entries.items() if now - e.used > PRUNE_AFTER_S]:
             del self._entries[name]
+            self._groups.pop(name, None)
 
 
 def _short(e: BaseException) -> str:

@@ -277,3 +277,33 @@ def test_a_restarted_sidecar_counts_its_ids_again_and_no_cached_window_is_lost()
         side.tick(NOW + k * INTERVAL - 1)
         got = reader.read([("p", "r1", "10.0.0.1")], NOW, interval=INTERVAL, now=NOW + k * INTERVAL)
     assert sorted(w.end for w in got) == [NOW + k * INTERVAL - 1 for k in range(1, 8)]
+
+
+def test_windows_of_a_pod_that_left_still_count_for_its_service_while_asked_for():
+    """An autoscaler's scale-down mid-step: the stable pod that left gave windows before it went, and the gate still
+    compares them (a pod of another service, or of a revision not asked for, is not mixed in)."""
+    answers = {"a": entries(NOW - 2, loop=0.02), "b": entries(NOW - 2, loop=0.03),
+               "z": entries(NOW - 2, loop=0.05)}
+    reader = sidecars.SidecarReader(fetch=lambda url, _t: answers[url.split("//")[1].split(":")[0]])
+    since = NOW - 4 * INTERVAL
+    read = {"a": ("a", "stable", "a"), "b": ("b", "stable", "b"), "z": ("z", "stable", "z")}
+    both = reader.read([read["a"], read["b"]], since, interval=INTERVAL, now=NOW, group="ns/svc")
+    reader.read([read["z"]], since, interval=INTERVAL, now=NOW, group="ns/other")
+    assert {w.pod for w in both} == {"a", "b"}
+    # b is gone (scaled down): its windows after `since` still come with a's, z's (another service) never do.
+    later = reader.read([read["a"]], since, interval=INTERVAL, now=NOW + 20, group="ns/svc")
+    assert {w.pod for w in later} == {"a", "b"}
+    assert len([w for w in later if w.pod == "b"]) == len([w for w in both if w.pod == "b"])
+    assert {w.pod for w in reader.read([read["a"]], since, interval=INTERVAL, now=NOW + 21, group="ns/svc",
+                                       revisions=["canary"])} == {"a"}  # b's revision was not asked for
+    # Without a group (the judge's reads), only the pods asked about.
+    assert {w.pod for w in reader.read([read["a"]], since, interval=INTERVAL, now=NOW + 22)} == {"a"}
+    # A later step (since after b left) has none of b's windows.
+    assert {w.pod for w in reader.read([read["a"]], NOW + 30, interval=INTERVAL, now=NOW + 40,
+                                       group="ns/svc")} <= {"a"}
+
+
+def test_the_sidecar_source_reads_departed_pods_of_its_own_service():
+    src = sources.choose("Sidecars", None, namespace="ns", service="svc", interval_s=INTERVAL, pods=[],
+                         reader=sidecars.SidecarReader())
+    assert src.group == "ns/svc"
