@@ -231,7 +231,7 @@ if [[ ,$TIERS, == *,parallel,* ]]; then
   # without naming a test (a crash).
   if (( unit_beside )); then
     if [[ $unit_rc -ne 0 && $unit_rc -ne 5 && ! -s $unit_failed ]]; then rc=1; fi
-    rerun unit-beside "$unit_rc" "$unit_failed" "$rc" "the parallel pass" "$@"
+    rerun unit-beside "$unit_rc" "$unit_failed" "$rc" "the quiet or the parallel pass" "$@"
   fi
 fi
 if [[ ,$TIERS, == *,heavy,* ]]; then
