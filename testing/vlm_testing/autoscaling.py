@@ -47,7 +47,6 @@ class BusySidecars:
         self._rng = random.Random(seed)
         self._text, self._at = "", -1
         self._lock = threading.Lock()
-        self.on_window: Callable[[dict[str, float]], None] | None = None
 
     def _running_pods(self) -> list[str]:
         from kubernetes import client
@@ -69,8 +68,6 @@ class BusySidecars:
             if self.noise:
                 busy += self._rng.gauss(0.0, self.noise)
             out[p] = round(min(1.0, max(0.0, 1.0 - busy)), 4)
-        if self.on_window:
-            self.on_window(out)
         return out
 
     def text(self) -> str:
