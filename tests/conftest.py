@@ -35,8 +35,9 @@ SERIAL = {
     "integration/test_chart.py": "helm adopts and upgrades the one VLMService CRD every test uses",
     "integration/test_plugin_rbac.py": "helm adopts and upgrades the one VLMService CRD every test uses",
     "integration/test_burst.py": "1000 services: the API server and CPU are the measurement",
-    "integration/test_autoscaling.py": "registers KEDA's external metrics API: API discovery fails for all while it "
-                                       "is not up; installs KEDA's CRDs, which operators started meanwhile would see",
+    "e2e/test_autoscaling.py": "runs KEDA: registers its external metrics API (API discovery fails for all while it is "
+                               "not up) and installs its CRDs",
+    "integration/test_autoscaling.py": "installs KEDA's CRDs, which operators started meanwhile would see",
 }
 # Tests whose verdicts rest on py-spy's samples of stand-ins: beside two other workers on 2 cores the samples
 # starve (CI, 2026-12-06: the node pairs read an unchanged canary 25% slower). They run in a pass of their own

@@ -1,11 +1,13 @@
-"""What autoscaling's test and bench run beside a real KEDA (vlm_testing.keda): a stand-in for the sidecars' busy-share
-series and a Prometheus that scrapes it and the operator.
+"""What autoscaling's e2e test and bench run beside a real KEDA (vlm_testing.keda).
 
-No SGLang runs on the testbed's fake nodes, so the series the sidecars would export are made here: the gauge
-`vlm_scheduler_stage_share_ratio{stage="idle"}`, one series per Running pod of the service (listed from the API at
-each window). What Prometheus, KEDA, the HPA loop and the operator do with it is real. The stand-in says so in what
-it cannot copy: a real sidecar's window comes from py-spy's samples of a real scheduler; here the share is set by
-the caller (a fixed idle share, or a load model)."""
+- `ServiceLoad`: a Service's traffic to a VLMService's stand-in front ends (tests/e2e/test_autoscaling.py: the real
+  sidecars' samples of the pools it keeps busy are the signal).
+- `BusySidecars`, `prometheus`: for the bench (bench/autoscaling.py), which needs a signal it can make noisy at will
+  and many replicas on a 2-core machine: a stand-in for the sidecars' busy-share series, the gauge
+  `vlm_scheduler_stage_share_ratio{stage="idle"}`, one series per Running pod of the service (listed from the API
+  at each window), and a Prometheus that scrapes it and the operator. What Prometheus, KEDA, the HPA loop and the
+  operator do with it is real; the share itself is set by the caller (a fixed idle share, or a load model), where
+  a real sidecar's window comes from py-spy's samples of a real scheduler."""
 
 from __future__ import annotations
 
@@ -142,3 +144,112 @@ def prometheus(tmp: Path, sidecars_port: int | list[int], operator_port: int,
                              f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
                             stderr=open(tmp / "prometheus.log", "ab"))  # noqa: SIM115
     return f"http://127.0.0.1:{port}", proc
+
+
+class ServiceLoad:
+    """A Service's traffic to a VLMService's stand-in front ends: `POST /generate` of `images` images at `rate`
+    requests a second in all (fixed gaps), spread round robin over the service's Ready pods, as kube-proxy spreads a
+    Service's connections over its Ready endpoints; each pod's front end listens on `port` of its pod IP
+    (`--standin-frontend-port`). So one pod's share of the load falls as replicas are added, which is what an
+    autoscaler acts on. The pods are listed from the API every second. kwok reports a pod Ready before its stand-in
+    listens: a pod that refuses a connection is skipped for 2 s and its request goes to the next one. Open loop, up
+    to `workers` requests in flight; one that finds them all taken waits (counted in `late`)."""
+
+    def __init__(self, kube, namespace: str, name: str, port: int, *, images: int = 2, workers: int = 48):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.kube, self.namespace, self.name, self.port, self.images = kube, namespace, name, port, images
+        self.rate = 0.0
+        self.sent: dict[str, int] = {}  # pod -> requests answered
+        self.refused = self.late = 0
+        self._targets: list[tuple[str, str]] = []  # (pod, ip), Ready
+        self._skip: dict[str, float] = {}
+        self._rr = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._slots = threading.Semaphore(workers)
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="service-load")
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> ServiceLoad:
+        for target in (self._list, self._send):
+            t = threading.Thread(target=target, daemon=True, name=f"service-load{target.__name__}")
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(10)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _list(self) -> None:
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.kube)
+        while not self._stop.is_set():
+            try:
+                pods = core.list_namespaced_pod(
+                    self.namespace, label_selector=f"serving.vlmops.dev/vlmservice={self.name}").items
+                ready = [(p.metadata.name, p.status.pod_ip) for p in pods
+                         if p.status.pod_ip and not p.metadata.deletion_timestamp
+                         and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))]
+                with self._lock:
+                    self._targets = sorted(ready)
+            except Exception:  # a flaky list keeps the last targets; the next second retries
+                pass
+            self._stop.wait(1.0)
+
+    def _pick(self) -> tuple[str, str] | None:
+        now = time.monotonic()
+        with self._lock:
+            live = [t for t in self._targets if self._skip.get(t[0], 0) <= now]
+            if not live:
+                return None
+            self._rr += 1
+            return live[self._rr % len(live)]
+
+    def _post(self, rid: int) -> None:
+        import http.client
+
+        try:
+            for _ in range(3):
+                target = self._pick()
+                if target is None:
+                    return
+                pod, ip = target
+                body = json.dumps({"rid": rid, "text": "describe the image", "images": self.images})
+                try:
+                    conn = http.client.HTTPConnection(ip, self.port, timeout=30)
+                    conn.request("POST", "/generate", body, {"Content-Type": "application/json"})
+                    conn.getresponse().read()
+                    conn.close()
+                except OSError:
+                    with self._lock:
+                        self.refused += 1
+                        self._skip[pod] = time.monotonic() + 2.0
+                    continue
+                with self._lock:
+                    self.sent[pod] = self.sent.get(pod, 0) + 1
+                return
+        finally:
+            self._slots.release()
+
+    def _send(self) -> None:
+        rid, nxt = 0, time.monotonic()
+        while not self._stop.is_set():
+            rate = self.rate
+            if rate <= 0:
+                nxt = time.monotonic()
+                self._stop.wait(0.2)
+                continue
+            nxt = max(nxt + 1.0 / rate, time.monotonic() - 1.0)  # a stall is not made up by a burst
+            delay = nxt - time.monotonic()
+            if delay > 0:
+                self._stop.wait(delay)
+            if not self._slots.acquire(timeout=0):
+                self.late += 1
+                self._slots.acquire()
+            self._pool.submit(self._post, rid)
+            rid += 1

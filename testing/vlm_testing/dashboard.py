@@ -14,7 +14,7 @@ RATE_INTERVAL = f"{4 * SCRAPE_S}s"
 # pods run SGLang's front end, checks these; test_monitoring.py every other one.
 FRONTEND_TARGETS = {("Busy share per role", "A"), ("Front-end saturation and processes", "A"),
                     ("Front-end saturation and processes", "B"), ("Front-end saturation and processes", "C")}
-# spec.autoscaling's panels: drawn where KEDA runs (tests/integration/test_autoscaling.py reads them)
+# spec.autoscaling's panels: drawn where KEDA runs (tests/e2e/test_autoscaling.py reads them)
 AUTOSCALING_TARGETS = {("Replicas: desired vs running", "A"), ("Replicas: desired vs running", "B"),
                        ("Replicas: desired vs running", "C"), ("Autoscaling signals: value / target", "A")}
 

@@ -89,7 +89,7 @@ ALERTS_NOT_PRODUCED = {
     "VLMProfilerDisagreesWithSGLang": "needs the sidecar and SGLang's stage counters 2 points apart for 15 minutes "
                                       "(the stand-in's counters agree with its profile); promtool: agreement",
     "VLMServiceAutoscalerAtMax": "needs spec.autoscaling with KEDA's HPA at maxReplicas and still saturated for 15 "
-                                 "minutes (KEDA runs in tests/integration/test_autoscaling.py); promtool: autoscaling",
+                                 "minutes (KEDA runs in tests/e2e/test_autoscaling.py); promtool: autoscaling",
 }
 
 
@@ -364,7 +364,7 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
             got = mon.query(dashboard.expr(metric_sel, namespace, NAME, 0))
             assert any(s["metric"].get(label.strip()) for s in got), (var["name"], q)
     # Every target but the front end's (test_frontend.py: these pods run none) and autoscaling's (no KEDA here:
-    # tests/integration/test_autoscaling.py) returns data, none excepted.
+    # tests/e2e/test_autoscaling.py) returns data, none excepted.
     elsewhere = dashboard.FRONTEND_TARGETS | dashboard.AUTOSCALING_TARGETS
     mine = [(title, t) for title, t in dashboard.targets(dash) if (title, t["refId"]) not in elsewhere]
     assert len(mine) >= 17 and {(title, t["refId"]) for title, t in dashboard.targets(dash)} >= elsewhere

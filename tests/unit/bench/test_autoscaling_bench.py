@@ -1,5 +1,5 @@
 """bench/autoscaling.py's counting (its run needs the testbed and a real KEDA, for 35 minutes at the shipped
-defaults: not in CI; tests/integration/test_autoscaling.py proves the same loop with short windows): decisions,
+defaults: not in CI; tests/e2e/test_autoscaling.py proves the same loop with short windows): decisions,
 reversals and the most reversals in one stabilisation window, and the stand-in sidecars' load model."""
 
 from __future__ import annotations

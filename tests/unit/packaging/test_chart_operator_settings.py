@@ -94,3 +94,15 @@ def test_bad_settings_are_refused_at_render(values, message):
     proc = helm("template", "vlm", str(GOLDEN.parents[2] / "charts" / "vlm-operator"), "--kube-version", "1.34.4",
                 *args, check=False)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+def test_autoscalings_prometheus_and_trigger_authentication_reach_the_operator():
+    c, _ = _operator("--set", f"operator.prometheusURL={URL}",
+                     "--set", "operator.autoscalingPrometheusURL=http://prometheus-operated.monitoring:9090",
+                     "--set", "operator.autoscalingTriggerAuth=prometheus-credentials")
+    s = Settings.from_env(_env(c))
+    assert s.autoscaling_prometheus_url == "http://prometheus-operated.monitoring:9090"
+    assert s.autoscaling_trigger_auth == "prometheus-credentials"
+    # unset: nothing rendered, so the operator falls back to prometheusURL and no authentication
+    c, _ = _operator("--set", f"operator.prometheusURL={URL}")
+    assert not {"VLM_AUTOSCALING_PROMETHEUS_URL", "VLM_AUTOSCALING_TRIGGER_AUTH"} & set(_env(c))
