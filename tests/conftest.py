@@ -49,22 +49,23 @@ HEAVY = {
     "e2e/test_node_pairs.py": "measures node speeds through py-spy: no other sampler beside it",
     "e2e/test_monitoring.py": "the shipped cadence's verdicts and a surge next to a stable pod: no other sampler beside it",
 }
-# The longest files of the parallel pass (seconds of setup, call and teardown on 3 workers, 2026-12-06 17:20,
-# `--durations=0`), handed out first: hack/run-tests.sh passes --no-loadscope-reorder, so pytest-xdist hands
-# whole files (--dist loadfile) out in this collection order, two to a worker at the start, then one to each
-# worker that finishes. xdist's default order (files with the most tests first) handed these single-test files
-# out last and left the other workers idle behind them: 919 s of wall time for 2140 s of tests on 3 workers.
+# The longest files of the parallel pass (seconds of setup, call and teardown on 3 workers, CI of 2026-12-07's
+# per-test log; the Flagger and bench files as measured after their changes that day), handed out first:
+# hack/run-tests.sh passes --no-loadscope-reorder, so pytest-xdist hands whole files (--dist loadfile) out in this
+# collection order, two to a worker at the start, then one to each worker that finishes. xdist's default order
+# (files with the most tests first) handed these single-test files out last and left the other workers idle behind
+# them: 919 s of wall time for 2140 s of tests on 3 workers.
 LONGEST_FIRST = (
-    "e2e/test_canary.py",  # 379 (two tests)
-    "integration/test_judge_flagger.py",  # 358 (the real Flagger)
-    "integration/test_operator_fuzz.py",  # 342
-    "e2e/test_frontend.py",  # 262
-    "integration/test_judge_argo.py",  # 237
-    "integration/test_bench_operator_scale.py",  # 236
+    "e2e/test_canary.py",  # 348 (two tests)
+    "e2e/test_frontend.py",  # 248
+    "integration/test_judge_argo.py",  # 240
+    "integration/test_operator_fuzz.py",  # 200
+    "integration/test_judge_flagger.py",  # 193 (the real Flagger, both canaries at once)
     "integration/test_operator.py",  # 179
-    "e2e/test_load_hook.py",  # 124
-    "e2e/test_weights.py",  # 88
+    "integration/test_bench_operator_scale.py",  # 156 (no wait for a small run's namespace; 260 before)
+    "e2e/test_load_hook.py",  # 122
     "integration/test_placement.py",  # 80
+    "e2e/test_weights.py",  # 60
 )
 _TESTS = Path(__file__).resolve().parent
 

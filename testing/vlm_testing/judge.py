@@ -27,9 +27,11 @@ class StandIns:
         self.canary_hash = ""
         path.write_text("{}")
 
-    def add(self, pod: str, canary: bool) -> None:
-        level = 0.02 * (1 + (self.slower if canary else 0.0)) * (1 + 0.004 * (len(self.servers) % 3))
-        stages, functions = shares(self.slower if canary else 0.0)
+    def add(self, pod: str, canary: bool, slower: float | None = None) -> None:
+        """`slower`: this canary pod's slowdown, instead of the current `self.slower`."""
+        slow = (self.slower if slower is None else slower) if canary else 0.0
+        level = 0.02 * (1 + slow) * (1 + 0.004 * (len(self.servers) % 3))
+        stages, functions = shares(slow)
 
         def windows(_path: str, _peer: str) -> tuple[int, Any]:
             last = math.floor(time.time() / 5) * 5

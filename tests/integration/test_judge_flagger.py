@@ -33,11 +33,15 @@ def test_the_flagger_canary_passes_flaggers_own_schema(cluster, namespace):
 
 # ---------------------------------------------------------------- a real Flagger
 
-def _flagger_canary(namespace: str, loadtester: int, judge_port: int, token: Path, ca: Path) -> dict:
+def _flagger_canary(namespace: str, loadtester: int, judge_port: int, token: Path, ca: Path,
+                    name: str = "qwen-vl") -> dict:
     """The example Canary, made to run here: Blue/Green (the kubernetes provider shifts no traffic: `iterations`),
     15 s checks, the load tester and the judge on loopback, the judge's Service name resolved to 127.0.0.1 by curl,
-    and the token and CA from files (no pod runs the load tester here)."""
+    and the token and CA from files (no pod runs the load tester here); for the Deployment `name` (the example's
+    qwen-vl, or another: its names and selectors renamed)."""
     (canary,) = [d for d in _in(namespace, REPO / "examples" / "flagger" / "canary.yaml") if d["kind"] == "Canary"]
+    if name != "qwen-vl":
+        canary = json.loads(json.dumps(canary).replace("qwen-vl", name))
     host = f"vlm-operator-judge.{namespace}.svc"
     a = canary["spec"]["analysis"]
     for k in ("maxWeight", "stepWeight"):
@@ -65,10 +69,12 @@ def test_flagger_promotes_what_the_judge_passes_and_rolls_back_what_it_fails_nam
         cluster, crd, namespace, kube, tmp_path):
     """Flagger v1.36.1's own controller (`-mesh-provider kubernetes`: Blue/Green, no mesh) runs the example Canary,
     whose `rollout` webhook goes through Flagger's own load tester to the judge over HTTPS (verified against the CA
-    the operator publishes, with a caller's ServiceAccount token). An unchanged revision: the judge's checks pass
-    and Flagger promotes it. Then a revision whose loop is 20% slower: the judge answers Rollback, Flagger counts
-    failed checks and rolls it back, and its Warning Events carry the judge's reason and the function that grew.
-    Pods run on kwok; their sidecars are local stand-ins."""
+    the operator publishes, with a caller's ServiceAccount token), for two Deployments at once (one Flagger, one
+    judge, one namespace): qwen-vl gets an unchanged revision: the judge's checks pass and Flagger promotes it;
+    qwen-slow gets a revision whose loop is 20% slower: the judge answers Rollback, Flagger counts failed checks and
+    rolls it back, and its Warning Events carry the judge's reason and the function that grew. (Side by side
+    rather than one after the other: the same verdicts in half the wall time; each Canary's checks, Events and
+    primary are its own.) Pods run on kwok; their sidecars are local stand-ins."""
     import subprocess
     import threading
 
@@ -104,12 +110,15 @@ def test_flagger_promotes_what_the_judge_passes_and_rolls_back_what_it_fails_nam
     sidecars = StandIns(tmp_path / "endpoints.json", slower=0.0)
     stop = threading.Event()
 
-    def watch() -> None:  # a stand-in per pod as it appears: the canary's (app=qwen-vl) at the current slowdown
+    def watch() -> None:  # a stand-in per pod as it appears: qwen-slow's canary pods (app=qwen-slow) 20% slower
         while not stop.is_set():
             try:
-                for p in core.list_namespaced_pod(namespace, label_selector="app in (qwen-vl, qwen-vl-primary)").items:
+                for p in core.list_namespaced_pod(
+                        namespace, label_selector="app in (qwen-vl, qwen-vl-primary, qwen-slow, qwen-slow-primary)").items:
                     if p.metadata.name not in sidecars.servers:
-                        sidecars.add(p.metadata.name, canary=p.metadata.labels["app"] == "qwen-vl")
+                        app = p.metadata.labels["app"]
+                        sidecars.add(p.metadata.name, canary=app in ("qwen-vl", "qwen-slow"),
+                                     slower=0.20 if app == "qwen-slow" else 0.0)
             except Exception:
                 pass
             stop.wait(0.5)
@@ -140,42 +149,51 @@ def test_flagger_promotes_what_the_judge_passes_and_rolls_back_what_it_fails_nam
         template = rollout["spec"]["template"]
         for c in template["spec"]["containers"]:
             c.pop("resources", None)  # kwok's GPUs are shared with other tests: none taken here
-        apps.create_namespaced_deployment(namespace, {
-            "metadata": {"name": "qwen-vl"},
-            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "qwen-vl"}}, "template": template}})
-        cluster.kubectl("apply", "--server-side", "-f", "-",
-                        stdin=json.dumps(_flagger_canary(namespace, lt_port, judge_port, token, ca)))
+        names = ("qwen-vl", "qwen-slow")
+        for name in names:
+            t = json.loads(json.dumps(template).replace("qwen-vl", name))
+            apps.create_namespaced_deployment(namespace, {
+                "metadata": {"name": name},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}}, "template": t}})
+            cluster.kubectl("apply", "--server-side", "-f", "-",
+                            stdin=json.dumps(_flagger_canary(namespace, lt_port, judge_port, token, ca, name)))
 
-        def status() -> dict:
+        def status(name: str) -> dict:
             return custom.get_namespaced_custom_object("flagger.app", "v1beta1", namespace, "canaries",
-                                                       "qwen-vl").get("status") or {}
+                                                       name).get("status") or {}
 
         def tail() -> str:
-            out = [f"canary status: {json.dumps(status())[:1500]}"]
+            out = [f"canary status {n}: {json.dumps(status(n))[:1500]}" for n in names]
             for name in logs:
                 logs[name].flush()
                 out.append(f"--- {name}\n" + (tmp_path / f"{name}.log").read_text(errors="replace")[-2500:])
             return "\n".join([*out, "--- operator", op.log_tail(20)])
 
-        def reach(phase: str, timeout: float) -> None:
+        def reach(phases: dict[str, str], timeout: float) -> None:
             try:
-                wait_for(lambda: status().get("phase") == phase, timeout, f"Canary phase {phase}", interval=1)
+                wait_for(lambda: all(status(n).get("phase") == ph for n, ph in phases.items()), timeout,
+                         f"Canary phases {phases}", interval=1)
             except AssertionError as e:
                 raise AssertionError(f"{e}\n{tail()}") from None
 
-        reach("Initialized", 180)
+        reach(dict.fromkeys(names, "Initialized"), 180)
+        for name in names:  # a new revision of each: qwen-vl's canary as fast as its primary, qwen-slow's slower
+            apps.patch_namespaced_deployment(name, namespace, {
+                "spec": {"template": {"metadata": {"annotations": {"revision": "2"}}}}})
+        # Each leaves Progressing for its verdict; neither may take the other's.
+        seen: dict[str, set[str]] = {n: set() for n in names}
 
-        def revision(n: int) -> None:
-            apps.patch_namespaced_deployment("qwen-vl", namespace, {
-                "spec": {"template": {"metadata": {"annotations": {"revision": str(n)}}}}})
-
-        revision(2)  # unchanged: the canary's stand-ins run as fast as the primary's
-        reach("Progressing", 120)
-        reach("Succeeded", 420)
-        sidecars.slower = 0.20
-        revision(3)  # 20% slower: its new canary pods get the slower stand-ins
-        reach("Progressing", 120)
-        reach("Failed", 420)
+        def ended() -> bool:
+            for n in names:
+                seen[n].add(status(n).get("phase", ""))
+            return status("qwen-vl").get("phase") in ("Succeeded", "Failed") \
+                and status("qwen-slow").get("phase") in ("Succeeded", "Failed")
+        try:
+            wait_for(ended, 480, "both Canaries' verdicts", interval=1)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{tail()}") from None
+        assert (status("qwen-vl")["phase"], status("qwen-slow")["phase"]) == ("Succeeded", "Failed"), tail()
+        assert all("Progressing" in seen[n] for n in names), (seen, tail())
 
         # Flagger's own record of why: the failed checks (its webhook client drops a 5xx answer's body) and the
         # rollback at its threshold. Read from its log, which it writes with each Event: its Events on the Canary
@@ -191,19 +209,23 @@ def test_flagger_promotes_what_the_judge_passes_and_rolls_back_what_it_fails_nam
         except AssertionError as e:
             raise AssertionError(f"{e}\n{tail()}") from None
         assert "external check vlm-gate failed" in flagger_log(), tail()
-        assert any(c.get("reason") == "Failed" for c in status().get("conditions") or []), tail()
+        assert any(c.get("reason") == "Failed" for c in status("qwen-slow").get("conditions") or []), tail()
         uid = custom.get_namespaced_custom_object("flagger.app", "v1beta1", namespace, "canaries",
-                                                  "qwen-vl")["metadata"]["uid"]
+                                                  "qwen-slow")["metadata"]["uid"]
         # The judge's Event, on the same Canary (by uid: `kubectl describe canary` shows it): the reason and the
         # function. Its own source, so Flagger's many Events do not count against it.
         events = core.list_namespaced_event(namespace, field_selector="involvedObject.kind=Canary").items
         judged = [e for e in events if e.source.component == "vlm-operator-judge"]
+        assert not [e for e in judged if e.involved_object.name == "qwen-vl" and e.type == "Warning"], judged
+        judged = [e for e in judged if e.involved_object.name == "qwen-slow"]
         assert len(judged) == 1, [(e.reason, e.message[:200]) for e in judged]
         assert (judged[0].type, judged[0].reason, judged[0].involved_object.uid) == (
             "Warning", "LoopLatencyRegressed", uid)
         assert "reconstruct_on_target_device" in judged[0].message, judged[0].message
         primary = apps.read_namespaced_deployment("qwen-vl-primary", namespace)
-        assert primary.spec.template.metadata.annotations.get("revision") == "2"  # the promoted one, kept
+        assert primary.spec.template.metadata.annotations.get("revision") == "2"  # promoted
+        primary = apps.read_namespaced_deployment("qwen-slow-primary", namespace)
+        assert (primary.spec.template.metadata.annotations or {}).get("revision") is None  # the first one, kept
     finally:
         stop.set()
         for p in procs:
