@@ -11,8 +11,8 @@ Runs inside the testbed's network namespace (pod IPs are addresses there); adds 
 for every pod and removes them after. It follows Deployments (metadata only) and pods with a list and a watch
 each (raw JSON), so its own load on the API server and on the machine stays small, and reports when a quarter,
 half, 90% and all of the Deployments existed (deployments_seen_s), the same for the Services (services_seen_s)
-and, where the Prometheus Operator's CRDs exist, the PodMonitors and PrometheusRules; it starts once a previous run's namespace
-is gone. The steady state is measured once every service has converged (Progressing False:
+and, where the Prometheus Operator's CRDs exist, the PodMonitors and PrometheusRules; it starts once a previous big run's namespace
+(50 pods or more) is gone. The steady state is measured once every service has converged (Progressing False:
 the controller-manager has caught up with every Deployment), and reports which status fields its writes
 changed (steady_status_changes). The operator runs at its
 shipped settings (resync 15 s, sidecar timeout 1 s); the services at the API defaults (telemetry every 15 s). The sidecar endpoints answer
