@@ -18,7 +18,8 @@ grows; the autoscaler adds a third replica in the middle of the step (the stable
 its one pod); the canary is promoted on evidence with all three replicas moved to it; the load drops and the service
 goes back to 2 replicas after the scale-down window (30 s here). Throughout, Ready pods never fall below
 spec.replicas - rollout.maxUnavailable. The scheduler's busy share is a second trigger (target 85%, never reached):
-both queries answer through KEDA, and status, Events, `-o wide` and the dashboard's panels follow the decisions. Serial (tests/conftest.py SERIAL): KEDA's aggregated API, while it is not up,
+both queries answer through KEDA, and status, Events, `-o wide` and the dashboard's panels follow the decisions.
+Serial (tests/conftest.py SERIAL): KEDA's aggregated API, while it is not up,
 breaks API discovery for every other test.
 
 The schedulers sleep their stage times (`--standin-cost-model sleep`: a GPU-bound scheduler's shape, little CPU);
@@ -78,8 +79,9 @@ def _spec() -> dict:
         # the scheduler's busy share: read, never driving (20-40% busy against 85%)
         "targets": {"frontendBusyPercent": TARGET, "schedulerBusyPercent": 85},
         "scaleUpStabilization": "0s", "scaleDownStabilization": f"{SCALE_DOWN_WINDOW_S}s", "pollingInterval": "5s"}
-    # A 90 s step, so that the scale event falls inside it; stageTime 10: the step's load changes mid-step.
-    spec["rollout"]["steps"] = [{"replicas": 1, "analysis": "90s"}]
+    # A 60 s step, so that the scale event (15-30 s after the load rises) falls inside it; stageTime 10: the
+    # step's load changes mid-step.
+    spec["rollout"]["steps"] = [{"replicas": 1, "analysis": "60s"}]
     spec["rollout"]["analysis"]["maxDuration"] = "5m"
     spec["rollout"]["analysis"]["maxRegression"]["stageTime"] = 10
     return spec

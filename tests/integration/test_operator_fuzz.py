@@ -5,7 +5,8 @@ fifth of them.
 The specs are the canary example with one to four of its fields changed at a time (testing/vlm_testing/specfuzz.py's
 mutations, each kept only where the pydantic model still accepts the spec), sent until 500 were accepted by
 the API server (the model reads `true` as 1 where the schema wants an integer: those few are refused there). Replica counts are capped at 1 (service and steps) to keep the fake pods within what a
-2-core testbed runs; every other value stays as drawn (GPU counts no node has, tensor parallelism, odd
+2-core testbed runs, and the base's GPU product is one of two nodes of this test's own (so these pods never take the
+shared nodes' GPUs from the tests beside it); every other value stays as drawn (GPU counts no node has, tensor parallelism, odd
 durations, margins at their bounds, telemetry off, ...). What must hold, for every accepted spec:
 - the service ends with a Ready condition whose reason says what happened (AllReplicasReady,
   ReplicasNotReady, InvalidSpec or Unschedulable; FailedCreate where a drawn service account or priority class does not exist)
@@ -29,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
 
-from vlm_testing.cluster import wait_for
+from vlm_testing.cluster import gpu_nodes, wait_for
 from vlm_testing.operator_proc import GROUP, PLURAL, VERSION, condition, dump, run_operator, vlms
 from vlm_testing.specfuzz import BASE, READY_REASONS, model_accepts, mutants, mutate
 
@@ -39,8 +40,17 @@ MAX_REPLICAS = 1
 # or any traceback. ("failed temporarily" is the mapping of 409/429/5xx, retried by design.)
 FAILURE = re.compile(r"Traceback|failed with an exception|failed permanently")
 
+# The services' own nodes (shaped as the testbed's, a GPU product of their own): 500 services of 1 replica fill
+# every GPU they can reach, and on the testbed's shared gpu-node-0/1 they left none for the tests on the other
+# xdist workers (CI, 2026-12-07: a service of test_operator.py Unschedulable for its whole minute).
+FUZZ_NODES, FUZZ_PRODUCT = ["fuzz-node-0", "fuzz-node-1"], "NVIDIA-H100-80GB-HBM3-FUZZ"
+
+
 def _bounded(spec: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(spec)
+    gpu = out.get("gpu")
+    if isinstance(gpu, dict) and gpu.get("product") in (None, BASE["gpu"]["product"]):
+        gpu["product"] = FUZZ_PRODUCT  # a drawn product of another name matches no node: Unschedulable, as before
     if isinstance(out.get("replicas"), int | float):
         out["replicas"] = min(out["replicas"], MAX_REPLICAS)
     for step in ((out.get("rollout") or {}).get("steps") or []):
@@ -112,8 +122,14 @@ def _check(objs: dict[str, dict]) -> list[str]:
     return bad
 
 
+@pytest.fixture
+def fuzz_nodes(kube):
+    with gpu_nodes(kube, FUZZ_NODES, FUZZ_PRODUCT) as names:
+        yield names
+
+
 @pytest.mark.timeout(900)
-def test_500_unusual_valid_specs_through_the_running_operator(cluster, crd, kube, namespace, tmp_path):
+def test_500_unusual_valid_specs_through_the_running_operator(cluster, crd, kube, namespace, tmp_path, fuzz_nodes):
     # The model is lax where the API server is strict (it reads `true` as 1 and 1 as true): a few drawn specs
     # are refused by the API server, which is the earliest point and where they belong. Enough are drawn
     # that at least COUNT get through.
