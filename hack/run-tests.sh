@@ -29,7 +29,7 @@ TIERS=${VLM_TEST_TIERS:-unit,parallel,heavy,serial}
 declare -A BUDGET=([unit-quiet]=${VLM_BUDGET_UNIT_QUIET:-480} [unit-quiet-rerun]=${VLM_BUDGET_UNIT_QUIET_RERUN:-240}
                    [unit-beside-rerun]=${VLM_BUDGET_UNIT_BESIDE_RERUN:-120} [unit]=${VLM_BUDGET_UNIT:-180}
                    [unit-beside]=${VLM_BUDGET_UNIT_BESIDE:-1080} [parallel]=${VLM_BUDGET_PARALLEL:-1080} [heavy]=${VLM_BUDGET_HEAVY:-720}
-                   [serial]=${VLM_BUDGET_SERIAL:-540} [parallel-rerun]=${VLM_BUDGET_PARALLEL_RERUN:-480}
+                   [serial]=${VLM_BUDGET_SERIAL:-780} [parallel-rerun]=${VLM_BUDGET_PARALLEL_RERUN:-480}
                    [heavy-rerun]=${VLM_BUDGET_HEAVY_RERUN:-660})
 CACHE=${VLM_CACHE:-$HOME/.cache/vlm-operator}
 rc=0

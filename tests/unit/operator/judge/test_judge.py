@@ -491,7 +491,10 @@ def test_the_http_server_frames_answers_and_survives_a_bug():
                  **(headers or {})}
             req = urllib.request.Request(url, data=payload, headers=h, method="POST")
             try:
-                with urllib.request.urlopen(req, timeout=10) as r:
+                # A guard against a hang, not a latency bound (bench/judge_latency.py measures that): at nice
+                # 19 beside the parallel pass the first judgement took over 10 s (CI, 2026-12-07; the whole
+                # test took 2 s alone).
+                with urllib.request.urlopen(req, timeout=60) as r:
                     return r.status, json.loads(r.read()), r.headers
             except urllib.error.HTTPError as e:
                 return e.code, json.loads(e.read()), e.headers
