@@ -187,11 +187,12 @@ class ServiceLoad:
     def _list(self) -> None:
         from kubernetes import client
 
+        from vlm_testing.standin.podmap import LABEL_SERVICE
+
         core = client.CoreV1Api(self.kube)
         while not self._stop.is_set():
             try:
-                pods = core.list_namespaced_pod(
-                    self.namespace, label_selector=f"serving.vlmops.dev/vlmservice={self.name}").items
+                pods = core.list_namespaced_pod(self.namespace, label_selector=f"{LABEL_SERVICE}={self.name}").items
                 ready = [(p.metadata.name, p.status.pod_ip) for p in pods
                          if p.status.pod_ip and not p.metadata.deletion_timestamp
                          and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))]
