@@ -13,12 +13,17 @@
 #      LONGEST_FIRST, not by how many tests they hold) sharing ONE testbed, each test in its own namespace:
 #      `-m "not serial and not heavy"`. Its failures get one more run each, alone (`parallel-rerun`); the run
 #      fails when one fails again, and the summary names the others FLAKY UNDER LOAD.
-#   3. the tests whose verdicts rest on py-spy's samples (tests/conftest.py HEAVY), one at a time: `-m heavy`; its
-#      failures get one more run each (`heavy-rerun`), as pass 2's do.
-#   4. the tests that must have the testbed to themselves (tests/conftest.py SERIAL), one at a time: `-m serial`.
-# The testbed is started once before pass 2 (reused when one is already up) and stopped at the end when this
-# script started it. Each pass prints its wall time against its budget; every pass runs even when one fails,
-# and the exit status is non-zero when any did. Extra arguments go to every pytest run.
+#   3. the tests whose verdicts rest on py-spy's samples (tests/conftest.py HEAVY), side by side on
+#      $VLM_HEAVY_WORKERS workers (default 2) with nothing else running: `-m heavy`; its failures get one more run
+#      each, alone (`heavy-rerun`), as pass 2's do.
+#   4. the tests that must have a testbed to themselves (tests/conftest.py SERIAL), one at a time: `-m serial`,
+#      beside pass 2 on a second testbed of their own (`serial-beside`, $CACHE/testbed-serial, ports from
+#      $VLM_SERIAL_PORT_BASE, 47000); their failures once more each, alone on the first (`serial-rerun`).
+#      VLM_SERIAL_BESIDE=0 (or a run without pass 2) runs them last on the one testbed instead.
+# The first testbed is started once before pass 2 (reused when one is already up) and stopped at the end when this
+# script started it; the serial pass's pytest session starts and stops its own. Each pass prints its wall time
+# against its budget; every pass runs even when one fails, and the exit status is non-zero when any did. Extra
+# arguments go to every pytest run.
 # VLM_TEST_TIERS=unit,parallel,heavy,serial picks passes (all by default; `unit` runs both unit passes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +34,8 @@ TIERS=${VLM_TEST_TIERS:-unit,parallel,heavy,serial}
 declare -A BUDGET=([unit-quiet]=${VLM_BUDGET_UNIT_QUIET:-480} [unit-quiet-rerun]=${VLM_BUDGET_UNIT_QUIET_RERUN:-240}
                    [unit-beside-rerun]=${VLM_BUDGET_UNIT_BESIDE_RERUN:-120} [unit]=${VLM_BUDGET_UNIT:-180}
                    [unit-beside]=${VLM_BUDGET_UNIT_BESIDE:-1080} [parallel]=${VLM_BUDGET_PARALLEL:-1080} [heavy]=${VLM_BUDGET_HEAVY:-720}
-                   [serial]=${VLM_BUDGET_SERIAL:-780} [parallel-rerun]=${VLM_BUDGET_PARALLEL_RERUN:-480}
+                   [serial]=${VLM_BUDGET_SERIAL:-780} [serial-beside]=${VLM_BUDGET_SERIAL_BESIDE:-900}
+                   [serial-rerun]=${VLM_BUDGET_SERIAL_RERUN:-480} [parallel-rerun]=${VLM_BUDGET_PARALLEL_RERUN:-480}
                    [heavy-rerun]=${VLM_BUDGET_HEAVY_RERUN:-660})
 CACHE=${VLM_CACHE:-$HOME/.cache/vlm-operator}
 rc=0
@@ -96,6 +102,12 @@ finish() {
     kill -CONT -- "-$g" 2>/dev/null || true  # (held by a quiet test when the run was cut)
   fi
   rm -f "$CACHE/unit-beside.pgid"
+  if [[ -n ${serial_pid:-} && -s "$CACHE/serial-beside.pgid" ]]; then  # a run cut short: serial-beside goes too
+    kill -TERM -- "-$(cat "$CACHE/serial-beside.pgid")" 2>/dev/null || true
+    sleep 5
+    env "${SERIAL_ENV[@]}" "$PY" hack/testbed down >/dev/null 2>&1 || true
+  fi
+  rm -f "$CACHE/serial-beside.pgid"
   if (( started_testbed )); then
     echo "[tiers] stopping the testbed this run started"
     "$PY" hack/testbed down >/dev/null 2>&1 || true
@@ -201,6 +213,30 @@ if [[ ,$TIERS, == *,parallel,* || ,$TIERS, == *,heavy,* || ,$TIERS, == *,serial,
   fi
 fi
 
+# The serial pass beside the parallel pass, on a second testbed of its own (its own etcd, API server, nodes and network
+# namespace: hack/testbed's VLM_TESTBED_DIR and VLM_TESTBED_PORT_BASE): what it does to its cluster (an API server
+# restarted, KEDA's metrics API registered, the CRD upgraded by helm) no test of the parallel pass sees, and it still
+# runs one test at a time. The testbed pods' stand-ins nap most of each stage ("hybrid" cost model,
+# testing/vlm_testing/standin/podmap.py), so the two passes' pods no longer keep both cores spinning.
+serial_beside=0
+if [[ ,$TIERS, == *,serial,* && ,$TIERS, == *,parallel,* && ${VLM_SERIAL_BESIDE:-1} == 1 ]]; then
+  serial_beside=1
+fi
+SERIAL_ENV=(VLM_TESTBED_DIR="$CACHE/testbed-serial" VLM_TESTBED_PORT_BASE="${VLM_SERIAL_PORT_BASE:-47000}")
+if (( serial_beside )); then
+  serial_log=$(mktemp)
+  serial_failed=$(mktemp)
+  serial_end=$(mktemp)
+  serial_t0=$(date +%s)
+  CPU0[serial-beside]=$(cpu_ticks)
+  echo "[tiers] serial-beside (on its own testbed, $CACHE/testbed-serial): pytest -m serial tests/integration tests/e2e $(printf '%q ' "$@")(its output follows the parallel pass)"
+  rm -f "$CACHE/serial-beside.pgid"
+  env "${SERIAL_ENV[@]}" VLM_FAILED_FILE="$serial_failed" END="$serial_end" PGIDF="$CACHE/serial-beside.pgid" \
+    setsid -w bash -c 'echo $$ >"$PGIDF"; "$@"; rc=$?; date +%s >"$END"; exit $rc' _ \
+    "$PY" -m pytest -m serial tests/integration tests/e2e "$@" >"$serial_log" 2>&1 &
+  serial_pid=$!
+fi
+
 if [[ ,$TIERS, == *,parallel,* ]]; then
   # The parallel pass's failures get one more run each, alone (no other worker beside them): a wait-bound test
   # that three workers on two cores made late. The run fails if any fails again; the ones that passed alone are
@@ -234,16 +270,33 @@ if [[ ,$TIERS, == *,parallel,* ]]; then
     rerun unit-beside "$unit_rc" "$unit_failed" "$rc" "the quiet or the parallel pass" "$@"
   fi
 fi
+if (( serial_beside )); then
+  wait "$serial_pid"
+  serial_rc=$?
+  serial_pid=""
+  echo "[tiers] serial-beside's output:"
+  cat "$serial_log"
+  rm -f "$serial_log"
+  rc_before=$rc
+  record serial-beside "$serial_t0" "$serial_rc" "$(cat "$serial_end" 2>/dev/null)"
+  if [[ $serial_rc -ne 0 && $serial_rc -ne 5 && ! -s $serial_failed ]]; then rc=1; fi  # failed without naming a test
+  # Its failures once more each, alone on the first testbed (nothing else runs now): the run fails if one fails again.
+  rerun serial "$serial_rc" "$serial_failed" "$rc_before" "the parallel pass" "$@"
+fi
 if [[ ,$TIERS, == *,heavy,* ]]; then
-  # One at a time: each of the two long tests alone takes about 2 cores (their stand-ins and samplers); side by side
-  # (until 2026-12-07) both failed in two of three CI runs, and passed alone after (docs/testbed.md). As the parallel
-  # pass: a failure gets one more run; the run fails if it fails again, and the summary names it FLAKY if it passes.
+  # The two tests whose verdicts rest on py-spy's samples, side by side (VLM_HEAVY_WORKERS, 2) and with nothing else:
+  # with all-spinning stand-ins each took about 2 cores and side by side both failed in two of three CI runs
+  # (2026-12-07); with the stand-ins napping ("hybrid") the two passed side by side in the time of the longer one
+  # (docs/testbed.md). As the parallel pass: a failure gets one more run, alone; the run fails if it fails again,
+  # and the summary names it FLAKY if it passes.
   failed_file=$(mktemp)
   rc_before=$rc
-  VLM_FAILED_FILE=$failed_file tier heavy -m heavy tests/integration tests/e2e "$@"
-  rerun heavy "$last_rc" "$failed_file" "$rc_before" "the CI machine's load" "$@"
+  HEAVY=(-m heavy)
+  if (( ${VLM_HEAVY_WORKERS:-2} > 1 )); then HEAVY+=(-n "${VLM_HEAVY_WORKERS:-2}" --dist loadfile); fi
+  VLM_FAILED_FILE=$failed_file tier heavy "${HEAVY[@]}" tests/integration tests/e2e "$@"
+  rerun heavy "$last_rc" "$failed_file" "$rc_before" "the other heavy test" "$@"
 fi
-if [[ ,$TIERS, == *,serial,* ]]; then
+if [[ ,$TIERS, == *,serial,* ]] && (( ! serial_beside )); then
   tier serial -m serial tests/integration tests/e2e "$@"
 fi
 exit $rc

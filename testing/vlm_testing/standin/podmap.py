@@ -49,6 +49,12 @@ LABEL_PROFILE = "serving.vlmops.dev/profile"  # on pods the injection webhook ga
 
 DEFAULT_SGLANG_PORT = 30000
 DEFAULT_SIDECAR_PORT = 9400
+# The stand-ins' cost model unless a pod's args name one (they come after it and win): "hybrid" (each scheduler stage
+# naps in its own frame, then spins its last 0.2 ms to the deadline) keeps "wall"'s stage lengths and frames for
+# about 4% of a core per busy stand-in instead of a whole one (a pass with a dozen pods kept both cores spinning),
+# so the testbed's pods leave the CPU to the operator, the samplers and the tests beside them.
+# VLM_STANDIN_COST_MODEL=wall brings back the all-spinning stand-ins.
+COST_MODEL = os.environ.get("VLM_STANDIN_COST_MODEL", "hybrid")
 
 
 def bindable(ip: str) -> bool:
@@ -235,7 +241,7 @@ class PodMapper:
         env["STANDIN_NODE_NAME"] = pod.spec.node_name or ""  # the node's speed (STANDIN_NODE_SPEED), if set
         log = open(self.workdir / f"{pod.metadata.name}.standin.log", "ab")  # noqa: SIM115
         standin = subprocess.Popen(
-            [sys.executable, str(STANDIN), *args, *self.standin_args], env=env, stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, str(STANDIN), "--standin-cost-model", COST_MODEL, *args, *self.standin_args], env=env, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         senv = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "VLM_"))}

@@ -255,6 +255,19 @@ def calibrate_spins(seconds: float = 0.3) -> float:
     return best
 
 
+# Cost model "hybrid": the part of each scheduler stage spun to its deadline after its nap (a sleep alone wakes up to
+# a scheduler tick late, later on a loaded host: loop-latency noise a node-paired gate cannot tell from a 3%
+# regression, as the "sleep" model showed). Stages shorter than this spin whole.
+HYBRID_SPIN_S = 0.0002
+
+
+def _precise_sleeps() -> None:
+    """This thread's timer slack 1 us instead of Linux's 50 us (prctl PR_SET_TIMERSLACK): a nap then ends within
+    the spin tail on a busy host too. Best effort: elsewhere the spin tail absorbs the default slack."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(29, 1000, 0, 0, 0)
+
+
 def _sleep(seconds: float) -> tuple[float, int]:
     """Cost model "sleep": the stage's time passes asleep in this frame (called from the stage, so a sampler
     with --idle sees the stage's frame above it: its inclusive share is right, its self time shows here), and
@@ -287,24 +300,29 @@ class SimTransport:
         self.copy_s = costs_ms["cached"] / 1e3
         self.open_s = max(0.0, costs_ms["uncached"] - costs_ms["cached"]) / 1e3
 
-    def _budget(self, seconds: float) -> tuple[float, int]:
+    def _budget(self, seconds: float) -> tuple[float, int, float]:
+        """(deadline, spin count, nap 0): the transport spins (or sleeps in _sleep), "hybrid" included."""
         if self.sleep:
-            return _sleep(seconds)
+            return (*_sleep(seconds), 0.0)
         if self.spins_per_s is None:
-            return time.perf_counter() + seconds, 1 << 62
-        return math.inf, int(seconds * self.spins_per_s)
+            return time.perf_counter() + seconds, 1 << 62, 0.0
+        return math.inf, int(seconds * self.spins_per_s), 0.0
 
     def reconstruct(self, n_features: int) -> None:
-        end, n = self._budget(self.per_feature_s * n_features)
+        end, n, nap = self._budget(self.per_feature_s * n_features)
+        if nap:
+            time.sleep(nap)
         while n > 0 and time.perf_counter() < end:
             n -= 1
 
     def open_budget(self) -> tuple[float, int]:
         """(deadline, spins) of one IPC handle open; the proxy spins inline, as _new_shared_cuda is a C call."""
-        return self._budget(self.open_s)
+        return self._budget(self.open_s)[:2]
 
     def copy_feature(self, storage) -> None:
-        end, n = self._budget(self.copy_s)
+        end, n, nap = self._budget(self.copy_s)
+        if nap:
+            time.sleep(nap)
         while n > 0 and time.perf_counter() < end:
             n -= 1
 
@@ -559,10 +577,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--standin-jitter", type=float, default=0.05, help="relative uniform jitter on every cost")
     a("--standin-feature-bytes", type=int, default=5 << 20)
     a("--standin-seed", type=int, default=0)
-    a("--standin-cost-model", choices=("wall", "work", "sleep"), default="wall",
+    a("--standin-cost-model", choices=("wall", "work", "sleep", "hybrid"), default="wall",
       help="wall: stages last exact wall time; work: fixed CPU work per stage (overhead benchmark); sleep: "
            "stages sleep their time (near-zero CPU, a GPU-bound scheduler's shape; a hot stage costs the host "
-           "nothing, inclusive shares as sampled with --idle are those of wall, self time shows in _budget)")
+           "nothing, inclusive shares as sampled with --idle are those of wall, self time shows in _sleep); "
+           "hybrid: each scheduler stage sleeps in its own frame, then spins its last 0.2 ms to the deadline "
+           "(wall's lengths and frames for a few percent of its CPU: the testbed's pods)")
     a("--standin-restart", action="store_true", help="respawn a scheduler that exits (restart tests)")
     a("--standin-ipc-cache-broken", action="store_true",
       help="the pool-handle cache is on but a cached handle never works, so every feature takes SGLang's\n"
@@ -739,7 +759,9 @@ class SchedulerRequestReceiver:
         self.stage_clock = sched.stage_clock
 
     def recv_requests(self, local_reqs=None) -> list[Req]:
-        end, n = self.sched._budget(self.sched.cfg.recv_ms)
+        end, n, nap = self.sched._budget(self.sched.cfg.recv_ms)
+        if nap:
+            time.sleep(nap)
         while n > 0 and time.perf_counter() < end:
             n -= 1
         return self.sched._arrivals()
@@ -798,6 +820,8 @@ class Scheduler:
         self.idle_threads = start_idle_threads(cfg.threads)
         self.native_threads = start_native_threads(cfg.native_threads)
         self.spins_per_s = calibrate_spins() if cfg.cost_model == "work" else None
+        if cfg.cost_model == "hybrid":
+            _precise_sleeps()
         if cfg.transport == "cuda":
             self.transport = load_cuda_transport(cfg.path.cache, cfg.feature_bytes, rank)
         else:
@@ -819,8 +843,10 @@ class Scheduler:
             return 1.0 / self.cfg.request_rate
         return self.rng.expovariate(self.cfg.request_rate)
 
-    def _budget(self, ms: float) -> tuple[float, int]:
-        """(deadline, spin count) for a stage costing `ms`.
+    def _budget(self, ms: float) -> tuple[float, int, float]:
+        """(deadline, spin count, nap) for a stage costing `ms`: the stage sleeps `nap` seconds in its own frame
+        (a C call, as SGLang's waits on the GPU are: py-spy --idle shows the stage's line on top, self time and
+        all, exactly as for a spin), then spins to the deadline or through the count.
 
         Each stage spins inline, so its self time lands in the SGLang-named frame (like SGLang's C calls,
         which show on the calling line). cost model "wall": spin until a deadline (stage lengths exact,
@@ -830,10 +856,12 @@ class Scheduler:
         j = self.cfg.jitter
         seconds = ms / 1e3 * (1.0 + self.jrng.uniform(-j, j)) * self.cfg.speed
         if self.cfg.cost_model == "sleep":
-            return _sleep(seconds)
+            return (*_sleep(seconds), 0.0)
+        if self.cfg.cost_model == "hybrid":
+            return time.perf_counter() + seconds, 1 << 62, max(0.0, seconds - HYBRID_SPIN_S)
         if self.spins_per_s is None:
-            return time.perf_counter() + seconds, 1 << 62
-        return math.inf, int(seconds * self.spins_per_s)
+            return time.perf_counter() + seconds, 1 << 62, 0.0
+        return math.inf, int(seconds * self.spins_per_s), 0.0
 
     def _arrivals(self) -> list[Req]:
         if self.inbox_fd is not None:
@@ -873,7 +901,9 @@ class Scheduler:
     # --- the SGLang stages -------------------------------------------------------------------------------
     def recv_requests(self) -> list[Req]:
         """Up to 0.5.10 (0.5.15+: SchedulerRequestReceiver.recv_requests)."""
-        end, n = self._budget(self.cfg.recv_ms)
+        end, n, nap = self._budget(self.cfg.recv_ms)
+        if nap:
+            time.sleep(nap)
         while n > 0 and time.perf_counter() < end:
             n -= 1
         return self._arrivals()
@@ -888,7 +918,9 @@ class Scheduler:
         t2 = clock()
         it[0] += t1 - t0
         it[1] += t2 - t1
-        end, n = self._budget(self.cfg.ingest_ms)  # _poll_timeout_aborts, record_scheduler_active
+        end, n, nap = self._budget(self.cfg.ingest_ms)  # _poll_timeout_aborts, record_scheduler_active
+        if nap:
+            time.sleep(nap)
         while n > 0 and time.perf_counter() < end:
             n -= 1
 
@@ -925,13 +957,17 @@ class Scheduler:
     def hash_feature(self, req: Req, reconstruct_inside: bool) -> None:
         if reconstruct_inside:
             self.reconstruct_on_target_device(req)
-        end, n = self._budget(self.cfg.hash_feature_ms * req.n_features)
+        end, n, nap = self._budget(self.cfg.hash_feature_ms * req.n_features)
+        if nap:
+            time.sleep(nap)
         while n > 0 and time.perf_counter() < end:
             n -= 1
 
     def get_next_batch_to_run(self) -> Batch | None:
         """New requests make a prefill batch (prefill first, as SGLang does); else a decode of the running."""
-        end, n = self._budget(self.cfg.schedule_ms)
+        end, n, nap = self._budget(self.cfg.schedule_ms)
+        if nap:
+            time.sleep(nap)
         while n > 0 and time.perf_counter() < end:
             n -= 1
         room = self.cfg.max_running - len(self.batch)
@@ -958,7 +994,9 @@ class Scheduler:
             ms = base + cfg.prefill_per_req_ms * (len(batch) - 1)
         else:
             ms = cfg.batch_ms + cfg.batch_per_req_ms * len(batch)
-        end, n = self._budget(ms)
+        end, n, nap = self._budget(ms)
+        if nap:
+            time.sleep(nap)
         while n > 0 and time.perf_counter() < end:
             n -= 1
         step = getattr(self.transport, "step", None)
@@ -967,7 +1005,9 @@ class Scheduler:
         return batch
 
     def process_batch_result(self, batch: Batch, result) -> None:
-        end, n = self._budget(self.cfg.result_ms + 0.02 * len(batch))
+        end, n, nap = self._budget(self.cfg.result_ms + 0.02 * len(batch))
+        if nap:
+            time.sleep(nap)
         while n > 0 and time.perf_counter() < end:
             n -= 1
         now = time.perf_counter()
@@ -1002,7 +1042,9 @@ class Scheduler:
     def launch_batch_sample_if_needed(self, batch_result) -> None:
         if batch_result is None:
             return
-        end, n = self._budget(self.cfg.sample_ms)
+        end, n, nap = self._budget(self.cfg.sample_ms)
+        if nap:
+            time.sleep(nap)
         while n > 0 and time.perf_counter() < end:
             n -= 1
 
@@ -1012,13 +1054,17 @@ class Scheduler:
         time.sleep(self.cfg.idle_ms / 1e3)
 
     def check_memory(self) -> None:
-        end, n = self._budget(self.cfg.idle_check_ms)
+        end, n, nap = self._budget(self.cfg.idle_check_ms)
+        if nap:
+            time.sleep(nap)
         while n > 0 and time.perf_counter() < end:
             n -= 1
 
     def on_idle(self) -> None:
         """0.5.15+: guard, check, metrics, reset, sleep."""
-        end, n = self._budget(self.cfg.idle_check_ms)
+        end, n, nap = self._budget(self.cfg.idle_check_ms)
+        if nap:
+            time.sleep(nap)
         while n > 0 and time.perf_counter() < end:
             n -= 1
         time.sleep(self.cfg.idle_ms / 1e3)

@@ -266,6 +266,33 @@ def test_a_hot_function_on_a_sleeping_scheduler_is_sampled_at_its_share(standin,
     assert cores < 0.2, f"the sleeping scheduler used {cores:.2f} cores"
 
 
+def test_the_hybrid_cost_model_keeps_a_stage_self_time_in_its_own_frame_at_a_fraction_of_a_core(standin, pyspy):
+    """The testbed's pods run the stand-in's "hybrid" cost model (testing/vlm_testing/standin/podmap.py): each stage
+    naps in its own frame (time.sleep, a C call: py-spy shows the stage's line on top) and spins its last 0.2 ms. So
+    the hot hash_feature holds its share as self time in its own frame, as the spinning "wall" model gives (the
+    gate names a regressed function by self-time growth), not in a helper frame below it (the "sleep" model's
+    `_sleep`), while the scheduler uses a fraction of a core."""
+    s = standin("--standin-cost-model", "hybrid", "--standin-hash-feature-ms", "6", "--standin-request-rate", "10",
+                "--standin-arrivals", "fixed")
+    pid = s.pids[0]
+
+    def cpu() -> float:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    runner, _ = make_runner(pyspy, s, duration=2.0)
+    c0, t0 = cpu(), time.monotonic()
+    windows = runner.run_window()
+    cores = (cpu() - c0) / (time.monotonic() - t0)
+    assert len(windows) == 1, windows
+    w = windows[0]
+    assert 0.3 < w.function_shares.get("hash_feature", 0.0) < 0.7, w.function_shares
+    assert 0.3 < w.self_shares.get("hash_feature", 0.0) < 0.7, w.self_shares  # its own frame, not a helper's
+    assert "_sleep" not in w.function_shares, w.function_shares
+    assert cores < 0.25, f"the napping scheduler used {cores:.2f} cores"
+
+
 def test_a_pyspy_that_ignores_sigint_is_killed_at_shutdown(standin, tmp_path):
     """The sidecar's exit waits for its py-spy windows: one that does not exit on SIGINT is killed after the grace
     period (`Runner.kill`), so the exit is bounded."""
