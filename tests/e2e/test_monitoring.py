@@ -406,6 +406,10 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
                                if t["labels"].get("job") == "vlm-operator"]
         except (OSError, KeyError) as err:
             seen["targets"] = repr(err)
+        try:  # the Alertmanager Prometheus sends to, found through its Service's Endpoints (a kwok pod's IP)
+            seen["alertmanagers"] = mon.api("alertmanagers")
+        except (OSError, KeyError) as err:
+            seen["alertmanagers"] = repr(err)
         raise AssertionError(f"{e}; Prometheus saw: {seen}") from e
     assert [{k: a["labels"].get(k) for k in ("severity", "component", *ext)} for a in down] == [
         {"severity": "critical", "component": "vlm-operator", **ext}], down
