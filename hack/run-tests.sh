@@ -19,7 +19,8 @@
 #   4. the tests that must have a testbed to themselves (tests/conftest.py SERIAL), one at a time: `-m serial`,
 #      beside pass 2 on a second testbed of their own (`serial-beside`, $CACHE/testbed-serial, ports from
 #      $VLM_SERIAL_PORT_BASE, 47000); their failures once more each, alone on the first (`serial-rerun`).
-#      VLM_SERIAL_BESIDE=0 (or a run without pass 2) runs them last on the one testbed instead.
+#      VLM_SERIAL_BESIDE=0 (or a run without pass 2) runs them last on the one testbed instead. Those that need the
+#      machine quiet as well (tests/conftest.py ALONE) run last, alone: `-m alone` (`alone`, `alone-rerun`).
 # The first testbed is started once before pass 2 (reused when one is already up) and stopped at the end when this
 # script started it; the serial pass's pytest session starts and stops its own. Each pass prints its wall time
 # against its budget; every pass runs even when one fails, and the exit status is non-zero when any did. Extra
@@ -35,7 +36,8 @@ declare -A BUDGET=([unit-quiet]=${VLM_BUDGET_UNIT_QUIET:-480} [unit-quiet-rerun]
                    [unit-beside-rerun]=${VLM_BUDGET_UNIT_BESIDE_RERUN:-120} [unit]=${VLM_BUDGET_UNIT:-180}
                    [unit-beside]=${VLM_BUDGET_UNIT_BESIDE:-1080} [parallel]=${VLM_BUDGET_PARALLEL:-1080} [heavy]=${VLM_BUDGET_HEAVY:-720}
                    [serial]=${VLM_BUDGET_SERIAL:-780} [serial-beside]=${VLM_BUDGET_SERIAL_BESIDE:-900}
-                   [serial-rerun]=${VLM_BUDGET_SERIAL_RERUN:-480} [parallel-rerun]=${VLM_BUDGET_PARALLEL_RERUN:-480}
+                   [serial-rerun]=${VLM_BUDGET_SERIAL_RERUN:-480} [alone]=${VLM_BUDGET_ALONE:-360}
+                   [alone-rerun]=${VLM_BUDGET_ALONE_RERUN:-360} [parallel-rerun]=${VLM_BUDGET_PARALLEL_RERUN:-480}
                    [heavy-rerun]=${VLM_BUDGET_HEAVY_RERUN:-660})
 CACHE=${VLM_CACHE:-$HOME/.cache/vlm-operator}
 rc=0
@@ -229,11 +231,11 @@ if (( serial_beside )); then
   serial_end=$(mktemp)
   serial_t0=$(date +%s)
   CPU0[serial-beside]=$(cpu_ticks)
-  echo "[tiers] serial-beside (on its own testbed, $CACHE/testbed-serial): pytest -m serial tests/integration tests/e2e $(printf '%q ' "$@")(its output follows the parallel pass)"
+  echo "[tiers] serial-beside (on its own testbed, $CACHE/testbed-serial): pytest -m 'serial and not alone' tests/integration tests/e2e $(printf '%q ' "$@")(its output follows the parallel pass)"
   rm -f "$CACHE/serial-beside.pgid"
   env "${SERIAL_ENV[@]}" VLM_FAILED_FILE="$serial_failed" END="$serial_end" PGIDF="$CACHE/serial-beside.pgid" \
     setsid -w bash -c 'echo $$ >"$PGIDF"; "$@"; rc=$?; date +%s >"$END"; exit $rc' _ \
-    "$PY" -m pytest -m serial tests/integration tests/e2e "$@" >"$serial_log" 2>&1 &
+    "$PY" -m pytest -m "serial and not alone" tests/integration tests/e2e "$@" >"$serial_log" 2>&1 &
   serial_pid=$!
 fi
 
@@ -298,5 +300,12 @@ if [[ ,$TIERS, == *,heavy,* ]]; then
 fi
 if [[ ,$TIERS, == *,serial,* ]] && (( ! serial_beside )); then
   tier serial -m serial tests/integration tests/e2e "$@"
+elif [[ ,$TIERS, == *,serial,* ]]; then
+  # The serial tests that need the machine quiet too (tests/conftest.py ALONE: the autoscaling e2e's replica counts
+  # follow a busy share that a busy machine moves), last, with nothing beside them; their failures once more each.
+  failed_file=$(mktemp)
+  rc_before=$rc
+  VLM_FAILED_FILE=$failed_file tier alone -m alone tests/integration tests/e2e "$@"
+  rerun alone "$last_rc" "$failed_file" "$rc_before" "nothing (a second try)" "$@"
 fi
 exit $rc

@@ -239,14 +239,12 @@ def test_a_renamed_scheduler_is_not_found_and_the_profile_is_stale(standin, pysp
     assert [t.pid for t in discover("/proc", "sglang::scheduler", found.proc.pid)] == found.pids[:1]
 
 
-def test_a_hot_function_on_a_sleeping_scheduler_is_sampled_at_its_share(standin, pyspy):
-    """The stand-in's "sleep" cost model (stages sleep their time: a GPU-bound scheduler's shape, nearly no CPU)
-    with a hot hash_feature: the sidecar (py-spy --idle) still samples the stage in its frame, so the watched
-    function's inclusive share is what VLMSchedulerHotFunctionShareHigh reads (> 25%) while the scheduler uses
-    a fraction of a core (the e2e monitoring test produces that alert this way, at no cost to the host)."""
-    # Fixed arrivals: ~20 Poisson arrivals in a 2 s window would move the share by +-22% (sd) on their own; a CI
-    # run read 28% that way.
-    s = standin("--standin-cost-model", "sleep", "--standin-hash-feature-ms", "6", "--standin-request-rate", "10",
+def _hot_window(standin, pyspy, model: str):
+    """One 2 s sidecar window of a stand-in on cost model `model` with a hot hash_feature (per request, 8 features x
+    6 ms against one ~45 ms prefill batch: ~50% of the loop), and the cores its scheduler used meanwhile. Fixed
+    arrivals: ~20 Poisson arrivals in a 2 s window would move the share by +-22% (sd) on their own; a CI run read
+    28% that way."""
+    s = standin("--standin-cost-model", model, "--standin-hash-feature-ms", "6", "--standin-request-rate", "10",
                 "--standin-arrivals", "fixed")
     pid = s.pids[0]
 
@@ -260,8 +258,15 @@ def test_a_hot_function_on_a_sleeping_scheduler_is_sampled_at_its_share(standin,
     windows = runner.run_window()
     cores = (cpu() - c0) / (time.monotonic() - t0)
     assert len(windows) == 1, windows
-    w = windows[0]
-    # per request, 8 features x 6 ms in hash_feature against one ~45 ms prefill batch: ~50% of the loop
+    return windows[0], cores
+
+
+def test_a_hot_function_on_a_sleeping_scheduler_is_sampled_at_its_share(standin, pyspy):
+    """The stand-in's "sleep" cost model (stages sleep their time: a GPU-bound scheduler's shape, nearly no CPU)
+    with a hot hash_feature: the sidecar (py-spy --idle) still samples the stage in its frame, so the watched
+    function's inclusive share is what VLMSchedulerHotFunctionShareHigh reads (> 25%) while the scheduler uses
+    a fraction of a core (the e2e monitoring test produces that alert this way, at no cost to the host)."""
+    w, cores = _hot_window(standin, pyspy, "sleep")
     assert 0.3 < w.function_shares.get("hash_feature", 0.0) < 0.7, w.function_shares
     assert cores < 0.2, f"the sleeping scheduler used {cores:.2f} cores"
 
@@ -272,21 +277,7 @@ def test_the_hybrid_cost_model_keeps_a_stage_self_time_in_its_own_frame_at_a_fra
     the hot hash_feature holds its share as self time in its own frame, as the spinning "wall" model gives (the
     gate names a regressed function by self-time growth), not in a helper frame below it (the "sleep" model's
     `_sleep`), while the scheduler uses a fraction of a core."""
-    s = standin("--standin-cost-model", "hybrid", "--standin-hash-feature-ms", "6", "--standin-request-rate", "10",
-                "--standin-arrivals", "fixed")
-    pid = s.pids[0]
-
-    def cpu() -> float:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    runner, _ = make_runner(pyspy, s, duration=2.0)
-    c0, t0 = cpu(), time.monotonic()
-    windows = runner.run_window()
-    cores = (cpu() - c0) / (time.monotonic() - t0)
-    assert len(windows) == 1, windows
-    w = windows[0]
+    w, cores = _hot_window(standin, pyspy, "hybrid")
     assert 0.3 < w.function_shares.get("hash_feature", 0.0) < 0.7, w.function_shares
     assert 0.3 < w.self_shares.get("hash_feature", 0.0) < 0.7, w.self_shares  # its own frame, not a helper's
     assert "_sleep" not in w.function_shares, w.function_shares
