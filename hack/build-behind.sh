@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Start the binaries the integration and e2e tiers need (hack/build-binaries.sh --stage
-# cluster,monitoring,prometheus,argo,flagger,keda) in the background, at the lowest CPU priority, and return at once. `make
+# cluster,monitoring,argo,flagger,prometheus,keda) in the background, at the lowest CPU priority, and return at once. `make
 # test` runs this first, before the virtualenv, the tools and the fetches: on a cold machine the Go build (15-20
 # minutes on 2 cores) then overlaps the whole setup as well as the unit tier, instead of starting only with the
 # unit tier. Its process group id goes to CACHE/build-behind.pgid: the unit session adopts it (and holds it while a
@@ -22,8 +22,8 @@ command -v go >/dev/null || { echo "[build-behind] go not found: the tests' clus
 # kept on purpose: a cold run (2026-12-07) with the group itself at nice 19 finished the control plane 20 minutes in
 # instead of about 15 and had not built Prometheus 18 minutes later, and the Argo Rollouts and Flagger tests timed
 # out waiting; the build is on the tests' critical path. The timing tests hold it anyway (binaries.paused).
-setsid nice -n 19 bash hack/build-binaries.sh --stage cluster,monitoring,prometheus,argo,flagger,keda \
+setsid nice -n 19 bash hack/build-binaries.sh --stage cluster,monitoring,argo,flagger,prometheus,keda \
   >"$CACHE/build-cluster.log" 2>&1 </dev/null &
 echo $! >"$PGID"
-echo "[build-behind] hack/build-binaries.sh --stage cluster,monitoring,prometheus,argo,flagger,keda in the background (nice 19," \
+echo "[build-behind] hack/build-binaries.sh --stage cluster,monitoring,argo,flagger,prometheus,keda in the background (nice 19," \
   "process group $!, log $CACHE/build-cluster.log)" >&2

@@ -2,13 +2,14 @@
 
 `make test` builds only the tools stage in front (py-spy and helm, which the unit tier uses). When the
 collected tests include integration or e2e ones, the session starts `hack/build-binaries.sh --stage
-cluster,monitoring,prometheus,argo,flagger,keda` in the background, at nice 19 in a session of its own: with the
+cluster,monitoring,argo,flagger,prometheus,keda` in the background, at nice 19 in a session of its own: with the
 kernel's scheduling autogroups that is an equal share of the CPU beside the tests, on purpose (the builds are on
 the integration tests' critical path: hack/build-behind.sh says what a real yield cost), and the timing tests
 hold it while they measure (`paused`). The first test that needs the control
-plane waits for the cluster stage; the Prometheus Operator (monitoring) and Prometheus with kubernetes_sd
-(prometheus) go on building behind the integration tests, and only the tests that run them wait for them
-(`require`). On a machine where everything is cached the background run finishes in a second. On a cold
+plane waits for the cluster stage; the Prometheus Operator (monitoring), the Argo Rollouts and Flagger controllers
+(argo, flagger: the parallel pass's judge tests), Prometheus with kubernetes_sd (prometheus: the heavy pass) and KEDA
+(keda: the autoscaling e2e, last) go on building behind the integration tests in that order, and only the tests that
+run them wait for them (`require`). On a machine where everything is cached the background run finishes in a second. On a cold
 one it overlaps the 15-20 minute Go build with the tests instead of running them one after the other.
 
 `make test` starts that build before anything else (`hack/build-behind.sh`: before the virtualenv, the tools and
@@ -42,7 +43,7 @@ SCRIPT = REPO / "hack" / "build-binaries.sh"
 CACHE = Path(os.environ.get("VLM_CACHE") or Path.home() / ".cache" / "vlm-operator")
 LOG = CACHE / "build-cluster.log"
 PGID = CACHE / "build-behind.pgid"
-STAGES = "cluster,monitoring,prometheus,argo,flagger,keda"
+STAGES = "cluster,monitoring,argo,flagger,prometheus,keda"
 
 
 def behind() -> bool:
