@@ -44,6 +44,12 @@ rc=0
 run_t0=$(date +%s)
 summary=()
 started_testbed=0
+# Every pass's whole output, kept on this machine after the run ($CACHE/runs/<start>/<pass>.log, the last 10 runs):
+# a CI run that passes keeps no log of its own, and a test that failed and passed on its rerun (FLAKY) needs its
+# first failure's traceback to be fixed.
+RUN_LOGS="$CACHE/runs/$(date -u +%Y%m%dT%H%M%SZ)-$$"
+mkdir -p "$RUN_LOGS"
+ls -1dt "$CACHE"/runs/*/ 2>/dev/null | tail -n +11 | xargs -r rm -rf
 
 # How busy the machine's CPUs are, per pass and per test (tests/conftest.py writes VLM_CPU_LOG): a pass that waits
 # more than it computes has room beside it; one near 100% has none.
@@ -65,8 +71,8 @@ tier() {  # tier NAME pytest-args...
   echo "[tiers] $name: pytest $(printf '%q ' "$@")"
   CPU0[$name]=$(cpu_ticks)
   t0=$(date +%s)
-  "$PY" -m pytest "$@"
-  record "$name" "$t0" $?
+  "$PY" -m pytest "$@" 2>&1 | tee "$RUN_LOGS/$name.log"
+  record "$name" "$t0" "${PIPESTATUS[0]}"
 }
 
 record() {  # record NAME START-EPOCH PYTEST-EXIT [END-EPOCH]: a pass's wall time against its budget, into the summary
@@ -122,11 +128,14 @@ finish() {
   fi
   echo "[tiers] wall time per pass (budgets: docs/testbed.md, \"Test tiers and their budgets\"):"
   for line in "${summary[@]}"; do echo "[tiers]   $line"; done
+  printf '%s\n' "${summary[@]}" >"$RUN_LOGS/summary.log" 2>/dev/null || true
   if [[ -s $VLM_CPU_LOG ]]; then
     cp "$VLM_CPU_LOG" "$CACHE/tests-cpu.tsv" 2>/dev/null || true
+    cp "$VLM_CPU_LOG" "$RUN_LOGS/tests-cpu.tsv" 2>/dev/null || true
     echo "[tiers] the 12 longest tests (wall seconds from setup to teardown, the machine's CPU busy meanwhile, worker):"
     sort -t$'\t' -k1,1 -rn "$VLM_CPU_LOG" | head -12 | awk -F'\t' '{printf "[tiers]   %6.1fs  CPU %3d%%  %-3s %s\n", $1, 100*$2, $3, $4}'
   fi
+  echo "[tiers]   every pass's output: $RUN_LOGS"
   local total=$(( $(date +%s) - run_t0 ))
   echo "[tiers]   all passes with the testbed's start: ${total}s ($(awk "BEGIN{print $total/60}") min); goal for the whole" \
        ".ci/run on this 2-core machine: 35 min warm, 45 cold"
@@ -256,7 +265,7 @@ if [[ ,$TIERS, == *,parallel,* ]]; then
     unit_rc=$?
     echo "[tiers] unit-beside's output:"
     cat "$unit_log"
-    rm -f "$unit_log"
+    mv "$unit_log" "$RUN_LOGS/unit-beside.log"
     record unit-beside "$unit_t0" "$unit_rc" "$(cat "$unit_end" 2>/dev/null)"
     unit_pid=""
     # unit-beside's failures are decided by their own rerun (below); the parallel pass's stand as they were
@@ -278,7 +287,7 @@ if (( serial_beside )); then
   serial_pid=""
   echo "[tiers] serial-beside's output:"
   cat "$serial_log"
-  rm -f "$serial_log"
+  mv "$serial_log" "$RUN_LOGS/serial-beside.log"
   rc_before=$rc
   record serial-beside "$serial_t0" "$serial_rc" "$(cat "$serial_end" 2>/dev/null)"
   if [[ $serial_rc -ne 0 && $serial_rc -ne 5 && ! -s $serial_failed ]]; then rc=1; fi  # failed without naming a test

@@ -295,11 +295,18 @@ KWOK_NODES = REPO / "hack" / "kwok-nodes.yaml"
 def fake_gpu_node(name: str, product: str, zone: str | None = None) -> dict[str, Any]:
     """A kwok node shaped as the testbed's gpu-node-0 (hack/kwok-nodes.yaml: 8 GPUs), named `name`, of its own
     GPU product. A VLMService with `gpu.product: <product>` runs only there, and the operator's capacity reads
-    (nodes by product label) see only these nodes: a test that fills its nodes can run beside other tests."""
+    (nodes by product label) see only these nodes: a test that fills its nodes can run beside other tests.
+
+    Tainted `nvidia.com/gpu=present:NoSchedule`, as cloud GPU node pools are (the operator's pods tolerate it):
+    a pod without that toleration (another test's Alertmanager or operator pod, a weights Job's pod) is never
+    scheduled here, so it is not deleted with the node when the test that made it ends. Untainted, the monitoring
+    proof's Alertmanager pod landed on the node pairs' node beside it, went with it, and its last alert had no
+    Alertmanager to reach (2026-12-08). The testbed's own gpu-node-0/1 stay untainted: they hold those pods."""
     node = copy.deepcopy(next(d for d in yaml.safe_load_all(KWOK_NODES.read_text()) if d and d["kind"] == "Node"))
     labels = node["metadata"]["labels"]
     node["metadata"]["name"] = labels["kubernetes.io/hostname"] = name
     labels["nvidia.com/gpu.product"] = product
+    node["spec"] = {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}
     if zone:
         labels["topology.kubernetes.io/zone"] = zone
     # kwok reports the node's info itself; the client's model of a Node asks for every nodeInfo field.

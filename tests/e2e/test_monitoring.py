@@ -43,6 +43,7 @@ import time
 
 import pytest
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from vlm_operator.analysis import gate, sources
 from vlm_operator.api import units
@@ -52,6 +53,7 @@ from vlm_operator.desired import builders as B
 from vlm_testing import dashboard
 from vlm_testing.cluster import wait_for
 from vlm_testing.e2e import (
+    ALERTMANAGER,
     NAME,
     PROMETHEUS,
     SHIPPED,
@@ -159,10 +161,11 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
     create(kube, namespace, {**{k: v for k, v in copy.deepcopy(SHIPPED).items() if k != "rollout"}, "replicas": 0},
            name=BLOCKED)
     # STALE's server titles its scheduler as a (hypothetical) release renaming it would: its sidecar, matching
-    # SGLang's titles, is up but finds nothing to sample. No requests, no rollout: it costs this host little.
+    # SGLang's titles, is up but finds nothing to sample. No requests, no rollout, and its idle loop naps 50 ms an
+    # iteration, not 1: it costs this host little (at 1 ms, a fifth of a core for the whole test, 2026-12-08).
     stale = {**{k: v for k, v in copy.deepcopy(SHIPPED).items() if k != "rollout"},
              "sglang": {**SHIPPED["sglang"], "args": ["--standin-scheduler-title", "sglang::sched_v2",
-                                                      "--standin-request-rate", "0"]}}
+                                                      "--standin-request-rate", "0", "--standin-idle-ms", "50"]}}
     # HOT's scheduler spends about half its loop in hash_feature, asleep (the stand-in's "sleep" cost model: the
     # stack a sampler sees is the same, the host pays no busy wait). No rollout.
     hot = {**{k: v for k, v in copy.deepcopy(quarter).items() if k != "rollout"},
@@ -410,6 +413,14 @@ def test_shipped_cadence_verdicts_dashboard_alerts_and_gate_sources(kube, namesp
             seen["alertmanagers"] = mon.api("alertmanagers")
         except (OSError, KeyError) as err:
             seen["alertmanagers"] = repr(err)
+        try:  # and that pod and Endpoints as the API server has them (a pod gone with its node empties them)
+            core = client.CoreV1Api(kube)
+            pods = core.list_namespaced_pod(namespace, label_selector=f"alertmanager={ALERTMANAGER}").items
+            seen["alertmanager pods"] = [(p.metadata.name, p.spec.node_name, p.status.phase, p.status.pod_ip,
+                                          p.metadata.deletion_timestamp) for p in pods]
+            seen["alertmanager endpoints"] = core.read_namespaced_endpoints(ALERTMANAGER, namespace).to_dict()["subsets"]
+        except ApiException as err:
+            seen["alertmanager pods"] = repr(err)
         raise AssertionError(f"{e}; Prometheus saw: {seen}") from e
     assert [{k: a["labels"].get(k) for k in ("severity", "component", *ext)} for a in down] == [
         {"severity": "critical", "component": "vlm-operator", **ext}], down

@@ -21,7 +21,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from vlm_testing.cluster import TESTBED, Cluster, home_network, netns, wait_for
+from vlm_testing.cluster import TESTBED, Cluster, gpu_nodes, home_network, netns, wait_for
 from vlm_testing.jsonhttp import serve_json
 
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -116,6 +116,28 @@ def test_pod_asking_for_nine_gpus_stays_pending_unschedulable(kube, namespace):
     pod = core.read_namespaced_pod("too-big", namespace)
     assert pod.status.phase == "Pending"
     assert pod.spec.node_name is None
+
+
+def test_a_tests_own_gpu_node_takes_only_pods_that_tolerate_the_gpu_taint(kube, namespace):
+    """A test's own fake GPU nodes (`gpu_nodes`) carry the GPU taint: a plain pod (an Alertmanager, an operator
+    pod) is never put there, to be deleted with the node when that test ends; the operator's pods, which tolerate
+    it, are."""
+    core = client.CoreV1Api(kube)
+    with gpu_nodes(kube, ["taint-node-0"], "NVIDIA-H100-80GB-HBM3-TAINT"):
+        base = {"nodeSelector": {"kubernetes.io/hostname": "taint-node-0"},
+                "containers": [{"name": "c", "image": "quay.io/prometheus/alertmanager:e2e"}]}
+        core.create_namespaced_pod(namespace, {"metadata": {"name": "plain"}, "spec": base})
+        tolerant = {**base, "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
+        core.create_namespaced_pod(namespace, {"metadata": {"name": "tolerant"}, "spec": tolerant})
+        wait_for(lambda: core.read_namespaced_pod("tolerant", namespace).spec.node_name == "taint-node-0", 30,
+                 "the tolerating pod on taint-node-0", interval=0.5)
+        cond = wait_for(lambda: next((c for c in core.read_namespaced_pod("plain", namespace).status.conditions or []
+                                      if c.type == "PodScheduled" and c.status == "False"), None), 30,
+                        "PodScheduled=False on the plain pod", interval=0.5)
+        assert "1 node(s) had untolerated taint" in cond.message, cond.message
+        taints = core.read_node("taint-node-0").spec.taints
+        assert [(t.key, t.value, t.effect) for t in taints] == [("nvidia.com/gpu", "present", "NoSchedule")], taints
+        assert core.read_namespaced_pod("plain", namespace).spec.node_name is None
 
 
 def test_deleting_owner_garbage_collects_dependents(kube, namespace):

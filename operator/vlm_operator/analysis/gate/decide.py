@@ -130,12 +130,15 @@ def decide(
     )
 
     def attribution(signal: str | None = None) -> tuple[str | None, str | None]:
-        """(function, stage) that grew most; for a front-end signal the role's function and no stage."""
+        """(function, stage) that grew most; for a front-end signal the role's function and no stage. A verdict
+        on one stage's time (the profiler's or SGLang's counters) names that stage: the evidence is on it, where
+        the stage that grew most by point estimate can be a noisier one (a node pair's run_batch on a loaded
+        host, 2026-12-08)."""
         if not (b.units and c.units):
             return None, None
         if signal is not None and family_of(signal) == "frontend_busy":
             return regressed_role_function(b.units, c.units, signal.split(":", 1)[1]), None
-        if signal is not None and family_of(signal) == "sglang_stage_time":  # the stage SGLang's counters name
+        if signal is not None and family_of(signal) in ("stage_time", "sglang_stage_time"):
             return regressed_function(b.units, c.units), signal.split(":", 1)[1]
         return regressed_function(b.units, c.units), regressed_stage(b.units, c.units)
 

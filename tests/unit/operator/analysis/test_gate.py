@@ -1,5 +1,6 @@
 """vlm_operator.analysis.gate: verdicts on constructed windows, the sidecar parser, and seeded error rates."""
 
+import importlib
 import math
 import zlib
 from dataclasses import replace
@@ -343,6 +344,20 @@ def test_stage_time_regression_names_the_stage():
     assert "time per iteration of process_input_requests" in d.message
     s_pi = next(s for s in d.signals if s.name == "stage_time:process_input_requests")
     assert s_pi.delta == pytest.approx(0.25, abs=0.02)  # 25 points of the baseline's loop time
+
+
+def test_a_stage_verdict_names_its_own_stage_not_the_one_that_grew_most_by_estimate(monkeypatch):
+    """The evidence names the stage: where a noisier stage's point estimate grew more (run_batch on a loaded host,
+    seen on the testbed), a verdict on process_input_requests' time still names process_input_requests; a verdict
+    on the whole loop names the stage that grew most."""
+    monkeypatch.setattr(importlib.import_module("vlm_operator.analysis.gate.decide"), "regressed_stage",
+                        lambda b, c: "run_batch")
+    policy = replace(POLICY, max_regression={"stage_time": 0.05})
+    d = run(windows("stable", n=30, pods=3), windows("canary", n=30, effect=0.25, seed=1), policy)
+    assert (d.verdict, d.reason, d.regressed_stage) == ("Rollback", "StageTimeRegressed", "process_input_requests")
+    assert "grew most: stage process_input_requests" in d.message
+    loop = run(windows("stable", n=18, pods=3), windows("canary", n=18, effect=0.10, seed=1))
+    assert (loop.reason, loop.regressed_stage) == ("LoopLatencyRegressed", "run_batch")
 
 
 def faster(revision: str, *, n: int, speedup: float, seed: int, pods: int = 1) -> list[Window]:
