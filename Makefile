@@ -3,9 +3,11 @@
 # they need first; setup is cached and idempotent.
 SHELL := /bin/bash
 # The project's own virtualenv: every target runs its Python, ruff and lint-imports, never the system's. Made by
-# the system python3 (SYSTEM_PYTHON) once; `pip install -e '.[test]'` runs again only when pyproject.toml is newer
-# than the last install (the stamp file).
+# the system python3 (SYSTEM_PYTHON) once; the project is installed into it (`uv pip install -e '.[test]'`, uv
+# itself pip-installed into the venv first) again only when pyproject.toml is newer than the last install (the
+# stamp file). uv, not pip: every CI run is a fresh clone, so a fresh venv (docs/testbed.md, "Setup").
 VENV ?= .venv
+UV_VERSION ?= 0.13.10
 SYSTEM_PYTHON ?= python3
 PY := $(VENV)/bin/python
 VENV_STAMP := $(VENV)/.installed
@@ -28,7 +30,8 @@ venv: $(VENV_STAMP)
 # Order-only on system-deps: it installs python3-venv where the system Python lacks ensurepip.
 $(VENV_STAMP): pyproject.toml | system-deps
 	@test -x $(PY) || { echo "[make] $(SYSTEM_PYTHON) -m venv $(VENV)"; $(SYSTEM_PYTHON) -m venv $(VENV); }
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	@test -x $(VENV)/bin/uv || $(PY) -m pip install -q --disable-pip-version-check 'uv==$(UV_VERSION)'
+	$(VENV)/bin/uv pip install -q --python $(PY) -e '.[test]'
 	@touch $@
 
 binaries:
