@@ -23,15 +23,11 @@ log() { printf '[build-argo-rollouts] %s\n' "$*" >&2; }
 exec 9>"$CACHE/build-argo-rollouts.lock"
 flock 9
 
-module_dir() {
-  local dir
-  dir="$(cd "$CACHE/src" && go mod download -json "$MODULE@$VERSION" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')"
-  [[ -d "$dir" ]] || { log "go mod download $MODULE@$VERSION gave no directory"; exit 1; }
-  echo "$dir"
-}
+# shellcheck source=hack/go-module.sh
+. "$(dirname "$0")/go-module.sh"  # module_dir
 
 if [[ ! -x "$BIN/rollouts-controller-$VERSION" ]]; then
-  src="$(module_dir)"
+  src="$(module_dir "$MODULE" "$VERSION")"
   work="$CACHE/src/argo-rollouts-wrapper-$VERSION"
   rm -rf "$work" && mkdir -p "$work"
   cd "$work"

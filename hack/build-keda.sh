@@ -38,13 +38,8 @@ log() { printf '[build-keda] %s\n' "$*" >&2; }
 exec 9>"$CACHE/build-keda-wrapper.lock"  # not build-keda.lock: build-binaries.sh holds that one around this script
 flock 9
 
-module_dir() {  # KEDA's module in the Go module cache (downloaded by `make fetch`, hack/fetch-crds.sh, or here)
-  local out dir
-  out="$(cd "$CACHE/src" && go mod download -json "$MODULE@$VERSION" 2>&1)" || true
-  dir="$(sed -n 's/.*"Dir": "\(.*\)",/\1/p' <<<"$out")"
-  [[ -d "$dir" ]] || { log "go mod download $MODULE@$VERSION gave no directory: $(tr -s ' \n' ' ' <<<"$out" | cut -c1-300)"; exit 1; }
-  echo "$dir"
-}
+# shellcheck source=hack/go-module.sh
+. "$(dirname "$0")/go-module.sh"  # module_dir: KEDA's module in the Go module cache (make fetch downloads it)
 
 # trim SRC DEST: a writable copy of KEDA's module SRC (the module cache is read-only) in DEST, with three scalers.
 trim() {
@@ -78,7 +73,7 @@ trim() {
 
 if [[ "${1:-}" == "--trim-only" ]]; then
   [[ -n "${2:-}" ]] || { log "--trim-only needs a directory"; exit 2; }
-  src="$(module_dir)"
+  src="$(module_dir "$MODULE" "$VERSION")"
   trim "$src" "$2" || exit 1
   exit 0
 fi
@@ -86,7 +81,7 @@ if [[ -x "$BIN/keda-operator-$TAG" && -x "$BIN/keda-adapter-$TAG" ]]; then
   ln -sf "keda-operator-$TAG" "$BIN/keda-operator"; ln -sf "keda-adapter-$TAG" "$BIN/keda-adapter"
   exit 0
 fi
-src="$(module_dir)"
+src="$(module_dir "$MODULE" "$VERSION")"
 replace=""
 if [[ "$SCALERS" == trimmed ]]; then
   trimmed="$CACHE/src/keda-trimmed-$VERSION"
