@@ -1,6 +1,6 @@
 """The project's test harness: what tests, benchmarks and hack/ scripts share, installed with the `test` extra
-(`pip install -e '.[test]'`; pytest also finds it through pyproject.toml's `pythonpath`). Never shipped in an
-image: the Dockerfile builds its wheel from operator/ and sidecar/ alone.
+(`make venv`, `uv pip install -e '.[test]'`; pytest also finds it through pyproject.toml's `pythonpath`). Never
+shipped in an image: the Dockerfile builds its wheel from operator/ and sidecar/ alone.
 
 - `cluster`: the pytest plugin for the local control plane (`cluster`, `kube`, `namespace`, `wait_for`,
   `gpu_nodes`); `testbed`: hack/testbed_lib, the testbed's own code; `binaries`: the control plane's build

@@ -88,14 +88,18 @@ def test_every_target_runs_the_project_venv() -> None:
     assert re.search(r"^VENV \?= \.venv$", MAKEFILE, re.M) and re.search(r"^PY := \$\(VENV\)/bin/python$", MAKEFILE, re.M)
     recipes = [line.strip() for line in MAKEFILE.splitlines() if line.startswith("\t")]
     bare = [line for line in recipes
-            if re.search(r"(^|[\s;{])(python3?|pip3?|ruff|lint-imports|pytest)(\s|$)", re.sub(r"-m \S+", "", line))
+            if re.search(r"(^|[\s;{])(python3?|pip3?|uv|ruff|lint-imports|pytest)(\s|$)",
+                         re.sub(r"-m \S+|\$\(VENV\)/bin/uv pip", "", line))  # the venv's uv is no bare pip
             and "-m venv" not in line]
     assert not bare, bare
     _, lint = _rule("lint")
     assert lint[:2] == ["$(VENV)/bin/ruff check --no-cache .", "$(VENV)/bin/lint-imports"], lint
     _, install = _rule("$(VENV_STAMP)")
-    assert install[-2:] == ["$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'", "@touch $@"], install
-    assert _rule("$(VENV_STAMP)")[0][0] == "pyproject.toml"  # pip again only when pyproject.toml changed
+    # uv into the venv with the venv's pip, then the project with the venv's uv, for the venv's Python only
+    assert install[-3:] == ["@test -x $(VENV)/bin/uv || $(PY) -m pip install -q --disable-pip-version-check "
+                            "'uv==$(UV_VERSION)'",
+                            "$(VENV)/bin/uv pip install -q --python $(PY) -e '.[test]'", "@touch $@"], install
+    assert _rule("$(VENV_STAMP)")[0][0] == "pyproject.toml"  # installed again only when pyproject.toml changed
 
 
 def test_make_demo_builds_only_what_the_demo_runs() -> None:
