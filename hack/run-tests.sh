@@ -71,8 +71,10 @@ tier() {  # tier NAME pytest-args...
   echo "[tiers] $name: pytest $(printf '%q ' "$@")"
   CPU0[$name]=$(cpu_ticks)
   t0=$(date +%s)
-  "$PY" -m pytest "$@" 2>&1 | tee "$RUN_LOGS/$name.log"
-  record "$name" "$t0" "${PIPESTATUS[0]}"
+  # tee through a process substitution, not a pipe: a pipe would wait for every process still holding its write
+  # end (a stand-in or server a failed test left behind) before the pass could end
+  "$PY" -m pytest "$@" > >(tee "$RUN_LOGS/$name.log") 2>&1
+  record "$name" "$t0" $?
 }
 
 record() {  # record NAME START-EPOCH PYTEST-EXIT [END-EPOCH]: a pass's wall time against its budget, into the summary
